@@ -1,0 +1,71 @@
+package core
+
+import (
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/mcguard/mcguard/verify"
+)
+
+// Config is everything mc_guard_open accepts. Each setting has a JSON key
+// and an MC_GUARD_* variable; JSON wins over env.
+type Config struct {
+	// Listen is the control endpoint "host:port" peers name as the session;
+	// port 0 picks a free one. Loopback by default.
+	Listen string
+	// MaxBatch is how many descriptors are posted and verified at a time.
+	MaxBatch int
+	// Timeout bounds every wait on a peer's data connection.
+	Timeout time.Duration
+	// ConnectTimeout bounds the handshake with a new session.
+	ConnectTimeout time.Duration
+	Verify         verify.Config
+	Inject         FaultConfig
+}
+
+// FaultConfig turns on target-side fault injection, for tests and demos.
+type FaultConfig struct {
+	Mode   string        // "none" or "lag"
+	LagMax time.Duration // lag: writes are applied up to this long after their ack
+	Seed   int
+}
+
+// DefaultConfig returns the settings used when nothing is configured.
+func DefaultConfig() Config {
+	return Config{
+		Listen:         "127.0.0.1:0",
+		MaxBatch:       512,
+		Timeout:        5 * time.Second,
+		ConnectTimeout: 2 * time.Second,
+		Verify:         verify.Defaults(),
+		Inject:         FaultConfig{Mode: "none", LagMax: 20 * time.Millisecond},
+	}
+}
+
+// LoadConfig builds a Config from the environment and the open() JSON.
+func LoadConfig(getenv verify.Getenv, configJSON string) (Config, error) {
+	l, err := verify.NewLoader(getenv, configJSON)
+	if err != nil {
+		return Config{}, err
+	}
+	c := DefaultConfig()
+	l.String("listen", []string{"MC_GUARD_LISTEN"}, &c.Listen)
+	l.Int("max_batch", []string{"MC_GUARD_MAX_BATCH"}, &c.MaxBatch, 1, 1<<16)
+	l.Millis("timeout_ms", []string{"MC_GUARD_TIMEOUT_MS"}, &c.Timeout, time.Hour)
+	l.Millis("connect_timeout_ms", []string{"MC_GUARD_CONNECT_TIMEOUT_MS"}, &c.ConnectTimeout, time.Hour)
+	c.Verify = verify.Load(l)
+	l.Choice("inject", []string{"MC_GUARD_INJECT"}, &c.Inject.Mode, []string{"none", "lag"}, map[string]string{"": "none", "off": "none"})
+	l.Millis("inject_lag_max_ms", []string{"MC_GUARD_INJECT_LAG_MAX_MS"}, &c.Inject.LagMax, time.Minute)
+	l.Int("inject_seed", []string{"MC_GUARD_INJECT_SEED"}, &c.Inject.Seed, 0, 1<<31-1)
+	if err := l.Err(); err != nil {
+		return Config{}, err
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return Config{}, fmt.Errorf("%w: listen %q is not host:port: %v", ErrConfig, c.Listen, err)
+	}
+	if c.Timeout <= 0 || c.ConnectTimeout <= 0 {
+		return Config{}, fmt.Errorf("%w: timeout_ms and connect_timeout_ms must be positive", ErrConfig)
+	}
+	return c, nil
+}

@@ -1,0 +1,403 @@
+package core
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/verify"
+)
+
+// mem is memory outside the Go heap, as an application's buffers are.
+type mem struct {
+	b []byte
+}
+
+func newMem(t *testing.T, n int) *mem {
+	t.Helper()
+	b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	require.NoError(t, err)
+	t.Cleanup(func() { syscall.Munmap(b) })
+	return &mem{b: b}
+}
+
+func (m *mem) addr(off int) uint64 { return uint64(uintptr(unsafe.Pointer(&m.b[off]))) }
+
+func testConfig(t *testing.T, js string) Config {
+	t.Helper()
+	c, err := LoadConfig(nil, js)
+	require.NoError(t, err)
+	return c
+}
+
+func openGuard(t *testing.T, js string) *Guard {
+	t.Helper()
+	g, err := Open(testConfig(t, js))
+	require.NoError(t, err)
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
+// pair is a sender with a source region and a receiver with a destination.
+type pair struct {
+	send, recv *Guard
+	src, dst   *mem
+}
+
+func newPair(t *testing.T, sendJS, recvJS string, size int) *pair {
+	// Memory first: cleanups run last-in first-out, so the guards close
+	// (and stop applying late writes) before the memory is unmapped.
+	p := &pair{src: newMem(t, size), dst: newMem(t, size)}
+	p.send, p.recv = openGuard(t, sendJS), openGuard(t, recvJS)
+	require.NoError(t, p.send.Register(p.src.addr(0), uint64(size)))
+	require.NoError(t, p.recv.Register(p.dst.addr(0), uint64(size)))
+	return p
+}
+
+// blocks returns n descriptors of size bytes each, src block i to dst block i.
+func (p *pair) blocks(n, size int) []verify.Desc {
+	d := make([]verify.Desc, n)
+	for i := range d {
+		d[i] = verify.Desc{Src: p.src.addr(i * size), Dst: p.dst.addr(i * size), Len: uint64(size)}
+	}
+	return d
+}
+
+func fill(b []byte) { rand.Read(b) }
+
+func TestTransferDeliversBytes(t *testing.T) {
+	for _, mode := range []string{"off", "tail"} {
+		t.Run(mode, func(t *testing.T) {
+			p := newPair(t, fmt.Sprintf(`{"verify": %q}`, mode), "", 1<<20)
+			fill(p.src.b)
+			res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(16, 64<<10), TransferOptions{})
+			require.NoError(t, err)
+			require.NotZero(t, res.ID)
+			require.True(t, bytes.Equal(p.src.b, p.dst.b), "destination equals source")
+		})
+	}
+}
+
+func TestTransferLargeDescriptorIsSliced(t *testing.T) {
+	size := 9<<20 + 123 // over two wire slices, not a multiple of one
+	p := newPair(t, "", "", size)
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.recv.Endpoint(), []verify.Desc{{Src: p.src.addr(0), Dst: p.dst.addr(0), Len: uint64(size)}}, TransferOptions{})
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(p.src.b, p.dst.b))
+}
+
+func TestTransferChunksAboveMaxBatch(t *testing.T) {
+	const n, size = 1300, 256
+	p := newPair(t, `{"max_batch": 512}`, "", n*size)
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{})
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(p.src.b, p.dst.b))
+	st := stats(t, p.send)
+	require.EqualValues(t, n, st["descriptors"])
+	require.EqualValues(t, n*64, st["probed_bytes"], "every descriptor's tail was read back once")
+}
+
+func stats(t *testing.T, g *Guard) map[string]any {
+	b, err := g.Stats()
+	require.NoError(t, err)
+	var m map[string]any
+	require.NoError(t, jsonUnmarshal(b, &m))
+	return m
+}
+
+func TestLagIsCaughtByTailAndMissedByOff(t *testing.T) {
+	const n, size = 32, 4096
+	recvJS := `{"inject": "lag", "inject_lag_max_ms": 30, "inject_seed": 7}`
+	p := newPair(t, `{"verify": "off"}`, recvJS, n*size)
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{})
+	require.NoError(t, err, "off trusts the acknowledgement")
+	require.False(t, bytes.Equal(p.src.b, p.dst.b), "right after an off transfer under lag some bytes are not there yet")
+
+	time.Sleep(50 * time.Millisecond)
+	fill(p.src.b)
+	tail := verify.Tail
+	res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{Verify: &tail})
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(p.src.b, p.dst.b), "tail verification returned only once every block landed")
+	require.Positive(t, res.Retries)
+}
+
+func TestVerifyFailsAfterRetries(t *testing.T) {
+	recvJS := `{"inject": "lag", "inject_lag_max_ms": 2000, "inject_seed": 1}`
+	p := newPair(t, `{"max_retries": 3, "retry_sleep_s": 0.001}`, recvJS, 8*1024)
+	fill(p.src.b)
+	start := time.Now()
+	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(8, 1024), TransferOptions{})
+	require.ErrorIs(t, err, ErrVerify)
+	var me *verify.MismatchError
+	require.True(t, errors.As(err, &me))
+	require.NotEmpty(t, me.Descs)
+	require.Less(t, time.Since(start), time.Second)
+	require.EqualValues(t, 1, stats(t, p.send)["verify_failures"])
+}
+
+// Two goroutines write whole-region patterns to the same session at once.
+// Serialised batches leave the region all one pattern; interleaved ones
+// would leave a mixture.
+func TestSameSessionBatchesNeverInterleave(t *testing.T) {
+	const n, size = 64, 1024
+	send := openGuard(t, "")
+	recv := openGuard(t, "")
+	dst := newMem(t, n*size)
+	require.NoError(t, recv.Register(dst.addr(0), n*size))
+	srcs := [2]*mem{newMem(t, n*size), newMem(t, n*size)}
+	for i, m := range srcs {
+		for j := range m.b {
+			m.b[j] = byte('A' + i)
+		}
+		require.NoError(t, send.Register(m.addr(0), n*size))
+	}
+	descs := func(m *mem) []verify.Desc {
+		d := make([]verify.Desc, n)
+		for i := range d {
+			d[i] = verify.Desc{Src: m.addr(i * size), Dst: dst.addr(i * size), Len: size}
+		}
+		return d
+	}
+	for round := 0; round < 30; round++ {
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i := range srcs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, errs[i] = send.Transfer(recv.Endpoint(), descs(srcs[i]), TransferOptions{Verify: ptr(verify.Off)})
+			}()
+		}
+		wg.Wait()
+		require.NoError(t, errs[0])
+		require.NoError(t, errs[1])
+		first := dst.b[0]
+		require.Equal(t, -1, bytes.IndexFunc(dst.b, func(r rune) bool { return byte(r) != first }), "round %d: region is all %q", round, first)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// Sessions verify at the same time with different data; each has its own
+// scratch, so all succeed and every destination is right.
+func TestConcurrentSessionsUseSeparateScratch(t *testing.T) {
+	const sessions, n, size = 4, 32, 8192
+	send := openGuard(t, "")
+	src := newMem(t, sessions*n*size)
+	fill(src.b)
+	require.NoError(t, send.Register(src.addr(0), uint64(len(src.b))))
+	recvs := make([]*Guard, sessions)
+	dsts := make([]*mem, sessions)
+	for i := range recvs {
+		dsts[i] = newMem(t, n*size)
+		recvs[i] = openGuard(t, `{"inject": "lag", "inject_lag_max_ms": 5}`)
+		require.NoError(t, recvs[i].Register(dsts[i].addr(0), n*size))
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, sessions)
+	for i := range recvs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for round := 0; round < 10 && errs[i] == nil; round++ {
+				d := make([]verify.Desc, n)
+				for j := range d {
+					d[j] = verify.Desc{Src: src.addr((i*n + j) * size), Dst: dsts[i].addr(j * size), Len: size}
+				}
+				_, errs[i] = send.Transfer(recvs[i].Endpoint(), d, TransferOptions{})
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range recvs {
+		require.NoError(t, errs[i])
+		require.True(t, bytes.Equal(src.b[i*n*size:(i+1)*n*size], dsts[i].b), "session %d", i)
+	}
+	seen := map[*byte]bool{}
+	for _, s := range send.sessions {
+		b := s.scratch.Bytes(1)
+		require.False(t, seen[&b[0]], "two sessions share scratch")
+		seen[&b[0]] = true
+	}
+	require.Len(t, seen, sessions)
+}
+
+func TestTransferRejectsBadInput(t *testing.T) {
+	p := newPair(t, `{"connect_timeout_ms": 200}`, "", 4096)
+	ep := p.recv.Endpoint()
+	ok := verify.Desc{Src: p.src.addr(0), Dst: p.dst.addr(0), Len: 64}
+	cases := []struct {
+		name    string
+		session string
+		descs   []verify.Desc
+		want    error
+	}{
+		{"no descriptors", ep, nil, ErrInvalidArg},
+		{"zero length", ep, []verify.Desc{ok, {Src: ok.Src, Dst: ok.Dst}}, ErrInvalidArg},
+		{"source unregistered", ep, []verify.Desc{{Src: p.src.addr(0) + 8192, Dst: ok.Dst, Len: 8}}, ErrNotRegistered},
+		{"source overruns region", ep, []verify.Desc{{Src: p.src.addr(4000), Dst: ok.Dst, Len: 200}}, ErrNotRegistered},
+		{"source wraps", ep, []verify.Desc{{Src: ^uint64(0) - 4, Dst: ok.Dst, Len: 64}}, ErrNotRegistered},
+		{"destination unregistered", ep, []verify.Desc{{Src: ok.Src, Dst: p.dst.addr(0) + 8192, Len: 8}}, ErrNotRegistered},
+		{"destination wraps", ep, []verify.Desc{{Src: ok.Src, Dst: ^uint64(0) - 4, Len: 64}}, ErrInvalidArg},
+		{"bad session name", "nonsense", []verify.Desc{ok}, ErrInvalidArg},
+		{"unreachable session", unusedAddr(t), []verify.Desc{ok}, ErrTimeout},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := p.send.Transfer(tc.session, tc.descs, TransferOptions{})
+			require.ErrorIs(t, err, tc.want)
+		})
+	}
+	before := append([]byte(nil), p.dst.b...)
+	_, err := p.send.Transfer(ep, []verify.Desc{ok}, TransferOptions{})
+	require.NoError(t, err, "the session still works after refusals")
+	require.Equal(t, p.src.b[:64], p.dst.b[:64])
+	require.Equal(t, before[64:], p.dst.b[64:])
+}
+
+func TestDestinationRegisteredAfterHandshake(t *testing.T) {
+	more := newMem(t, 4096)
+	p := newPair(t, "", "", 4096)
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(1, 64), TransferOptions{})
+	require.NoError(t, err)
+	require.NoError(t, p.recv.Register(more.addr(0), 4096))
+	_, err = p.send.Transfer(p.recv.Endpoint(), []verify.Desc{{Src: p.src.addr(0), Dst: more.addr(100), Len: 500}}, TransferOptions{})
+	require.NoError(t, err, "a stale region table is refreshed once")
+	require.Equal(t, p.src.b[:500], more.b[100:600])
+}
+
+func unusedAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func TestDeadPeerErrorsThenRecovers(t *testing.T) {
+	addr := unusedAddr(t)
+	js := fmt.Sprintf(`{"listen": %q}`, addr)
+	send := openGuard(t, `{"connect_timeout_ms": 300, "timeout_ms": 500}`)
+	src, dst := newMem(t, 4096), newMem(t, 4096)
+	fill(src.b)
+	require.NoError(t, send.Register(src.addr(0), 4096))
+	d := []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}
+
+	recv, err := Open(testConfig(t, js))
+	require.NoError(t, err)
+	require.NoError(t, recv.Register(dst.addr(0), 4096))
+	_, err = send.Transfer(addr, d, TransferOptions{})
+	require.NoError(t, err)
+	require.NoError(t, recv.Close())
+
+	start := time.Now()
+	_, err = send.Transfer(addr, d, TransferOptions{})
+	require.Error(t, err)
+	require.True(t, errors.Is(err, ErrPeer) || errors.Is(err, ErrTimeout), err.Error())
+	require.Less(t, time.Since(start), 2*time.Second)
+	_, err = send.Transfer(addr, d, TransferOptions{})
+	require.ErrorIs(t, err, ErrTimeout, "no guard there: the handshake times out")
+
+	recv, err = Open(testConfig(t, js))
+	require.NoError(t, err)
+	defer recv.Close()
+	require.NoError(t, recv.Register(dst.addr(0), 4096))
+	clear(dst.b)
+	_, err = send.Transfer(addr, d, TransferOptions{})
+	require.NoError(t, err, "a restarted receiver on the same address works again")
+	require.Equal(t, src.b, dst.b)
+}
+
+func TestCloseWhileTransfersInFlight(t *testing.T) {
+	p := newPair(t, "", `{"inject": "lag", "inject_lag_max_ms": 5}`, 1<<20)
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(16, 64<<10), TransferOptions{})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(50 * time.Millisecond)
+	done := make(chan struct{})
+	go func() { p.send.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close hung with transfers in flight")
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.ErrorIs(t, err, ErrClosed)
+	}
+	require.ErrorIs(t, p.send.Close(), ErrClosed)
+	require.ErrorIs(t, p.send.Register(p.src.addr(0), 1), ErrClosed)
+	_, err := p.send.Stats()
+	require.ErrorIs(t, err, ErrClosed)
+}
+
+func TestSyncChecksRanges(t *testing.T) {
+	g := openGuard(t, "")
+	m := newMem(t, 4096)
+	require.NoError(t, g.Register(m.addr(0), 4096))
+	require.NoError(t, g.Sync([]SyncRange{{m.addr(0), 4096}, {m.addr(10), 1}}))
+	require.ErrorIs(t, g.Sync([]SyncRange{{m.addr(4000), 200}}), ErrNotRegistered)
+	require.ErrorIs(t, g.Sync([]SyncRange{{m.addr(0), 0}}), ErrNotRegistered)
+}
+
+func TestRegions(t *testing.T) {
+	var r Regions
+	require.NoError(t, r.Add(1000, 100))
+	require.NoError(t, r.Add(2000, 100))
+	require.NoError(t, r.Add(1100, 900), "adjacent is fine")
+	require.ErrorIs(t, r.Add(1050, 10), ErrInvalidArg)
+	require.ErrorIs(t, r.Add(500, 501), ErrInvalidArg)
+	require.ErrorIs(t, r.Add(0, 10), ErrInvalidArg)
+	require.ErrorIs(t, r.Add(^uint64(0)-5, 10), ErrInvalidArg)
+	require.NoError(t, r.Check(1000, 100))
+	require.Error(t, r.Check(1050, 100), "a range across two regions is not inside one")
+	require.Error(t, r.Check(2050, 100))
+	require.Error(t, r.Check(999, 1))
+	require.NoError(t, r.Remove(1100))
+	require.Error(t, r.Check(1100, 1))
+	require.ErrorIs(t, r.Remove(1100), ErrNotRegistered)
+	require.Len(t, r.Snapshot(), 2)
+}
+
+func TestLoadConfig(t *testing.T) {
+	env := map[string]string{"MC_GUARD_MAX_BATCH": "64", "MC_GUARD_INJECT": "lag"}
+	get := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	c, err := LoadConfig(get, `{"timeout_ms": 250}`)
+	require.NoError(t, err)
+	require.Equal(t, 64, c.MaxBatch)
+	require.Equal(t, "lag", c.Inject.Mode)
+	require.Equal(t, 250*time.Millisecond, c.Timeout)
+	for _, js := range []string{`{"listen": "nope"}`, `{"max_batch": 0}`, `{"timeout_ms": 0}`, `{"inject": "gremlins"}`, `{"bogus": 1}`} {
+		_, err := LoadConfig(nil, js)
+		require.ErrorIs(t, err, ErrConfig, js)
+	}
+}
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -1,0 +1,79 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"github.com/mcguard/mcguard/verify"
+)
+
+// session is one remote guard, named "host:port" by its control endpoint.
+// Its lock is held for a whole batch, so batches to one session never
+// interleave, while batches to different sessions run in parallel.
+type session struct {
+	name string
+	mu   sync.Mutex
+
+	// Under mu:
+	hello   helloReply
+	conn    transport // nil until connected, and again after an I/O error
+	scratch verify.Scratch
+}
+
+func validSessionName(name string) error {
+	host, port, err := net.SplitHostPort(name)
+	if err != nil || host == "" || port == "" || port == "0" {
+		return fmt.Errorf("%w: session %q is not \"host:port\"", ErrInvalidArg, name)
+	}
+	return nil
+}
+
+// connect makes sure the session has a handshake and a data connection.
+func (s *session) connect(ctx context.Context, zctx *zmq.Context, cfg *Config) error {
+	if s.conn != nil {
+		return nil
+	}
+	rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout)
+	if err != nil {
+		return err
+	}
+	conn, err := dialTCP(ctx, rep.Data, rep.Token, cfg.Timeout)
+	if err != nil {
+		return err
+	}
+	s.hello, s.conn = rep, conn
+	return nil
+}
+
+// refresh fetches the region table again, for a destination that the last
+// handshake did not list (the receiver may have registered more since).
+func (s *session) refresh(ctx context.Context, zctx *zmq.Context, cfg *Config) error {
+	rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout)
+	if err != nil {
+		return err
+	}
+	s.hello.Regions = rep.Regions
+	return nil
+}
+
+func (s *session) disconnect() {
+	if s.conn != nil {
+		s.conn.close()
+		s.conn = nil
+	}
+}
+
+// checkDst returns the index of the first descriptor whose destination
+// is outside the session's registered regions, or -1.
+func (s *session) checkDst(descs []verify.Desc) int {
+	for i, d := range descs {
+		if !containsAll(s.hello.Regions, d.Dst, d.Len) {
+			return i
+		}
+	}
+	return -1
+}

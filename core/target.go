@@ -1,0 +1,259 @@
+package core
+
+import (
+	"bufio"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"math/rand"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/mcguard/mcguard/core/wire"
+)
+
+// target is the receiving half of a guard: it applies peers' writes into
+// registered memory and serves their read-backs. Without fault injection
+// a write is acknowledged only after its bytes are in place.
+type target struct {
+	regions *Regions
+	token   []byte // a data connection must present it first
+	timeout time.Duration
+
+	// Fault injection (lag): writes are acknowledged first and applied
+	// later. applyMu makes each late apply atomic with respect to reads,
+	// so a read-back sees a write either not at all or whole.
+	lag     time.Duration
+	applyMu sync.Mutex
+	rng     *rand.Rand
+	closed  bool // under applyMu: late applies stop touching memory
+	late    sync.WaitGroup
+
+	ln    net.Listener
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+func newTarget(regions *Regions, token []byte, host string, timeout time.Duration, f FaultConfig) (*target, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("%w: target cannot listen on %s: %v", ErrConfig, host, err)
+	}
+	t := &target{regions: regions, token: token, timeout: timeout, ln: ln, conns: map[net.Conn]struct{}{}}
+	if f.Mode == "lag" {
+		t.lag = f.LagMax
+		t.rng = rand.New(rand.NewSource(int64(f.Seed)))
+		log.Printf("mcguard: WARNING: FAULT INJECTION ON at %s: lag — writes are acknowledged before they are applied and land up to %v later", ln.Addr(), f.LagMax)
+	}
+	t.wg.Add(1)
+	go t.accept()
+	return t, nil
+}
+
+func (t *target) addr() string { return t.ln.Addr().String() }
+
+func (t *target) accept() {
+	defer t.wg.Done()
+	for {
+		c, err := t.ln.Accept()
+		if err != nil {
+			return
+		}
+		t.mu.Lock()
+		if t.conns == nil {
+			t.mu.Unlock()
+			c.Close()
+			return
+		}
+		t.conns[c] = struct{}{}
+		t.wg.Add(1)
+		t.mu.Unlock()
+		go t.serve(c)
+	}
+}
+
+func (t *target) close() {
+	t.ln.Close()
+	t.mu.Lock()
+	for c := range t.conns {
+		c.Close()
+	}
+	t.conns = nil
+	t.mu.Unlock()
+	t.wg.Wait()
+	t.applyMu.Lock()
+	t.closed = true
+	t.applyMu.Unlock()
+	t.late.Wait()
+}
+
+// serve runs one data connection until it fails or the peer leaves. A
+// malformed header ends the connection: the stream cannot be resynchronised.
+func (t *target) serve(c net.Conn) {
+	defer t.wg.Done()
+	defer func() {
+		t.mu.Lock()
+		if t.conns != nil {
+			delete(t.conns, c)
+		}
+		t.mu.Unlock()
+		c.Close()
+	}()
+	r := bufio.NewReaderSize(c, 256<<10)
+	w := bufio.NewWriterSize(c, 64<<10)
+	hdr := make([]byte, wire.HeaderSize)
+	bound := false
+	for {
+		c.SetReadDeadline(time.Time{}) // an idle, reused connection may wait
+		if _, err := io.ReadFull(r, hdr); err != nil {
+			return
+		}
+		h, err := wire.Decode(hdr)
+		if err != nil || h.Op&wire.Reply != 0 {
+			return
+		}
+		// Once a frame has begun, the rest of it must arrive in time.
+		c.SetDeadline(time.Now().Add(t.timeout))
+		var st wire.Status
+		var payload func(io.Writer) error
+		var n uint64
+		switch {
+		case h.Op == wire.OpHello:
+			st = t.hello(r, h.Len)
+			bound = st == wire.StatusOK
+		case !bound:
+			st = wire.StatusUnauthorized
+		case h.Op == wire.OpWrite:
+			st, err = t.write(h.Addr, h.Len, r)
+		case h.Op == wire.OpRead:
+			st, n, payload, err = t.read(r, h.Len)
+		}
+		if err != nil {
+			return
+		}
+		rep := wire.Header{Op: h.Op | wire.Reply, Status: st, ID: h.ID, Addr: h.Addr, Len: n}
+		rep.Encode(hdr)
+		if _, err := w.Write(hdr); err != nil {
+			return
+		}
+		if payload != nil {
+			if err := payload(w); err != nil {
+				return
+			}
+		}
+		if st == wire.StatusUnauthorized {
+			w.Flush()
+			return
+		}
+		// Coalesce the replies of a pipelined batch.
+		if r.Buffered() == 0 {
+			if err := w.Flush(); err != nil {
+				return
+			}
+		}
+	}
+}
+
+func (t *target) hello(r io.Reader, n uint64) wire.Status {
+	if n != wire.TokenSize {
+		io.CopyN(io.Discard, r, int64(n))
+		return wire.StatusUnauthorized
+	}
+	got := make([]byte, n)
+	if _, err := io.ReadFull(r, got); err != nil {
+		return wire.StatusUnauthorized
+	}
+	if subtle.ConstantTimeCompare(got, t.token) != 1 {
+		return wire.StatusUnauthorized
+	}
+	return wire.StatusOK
+}
+
+// write applies a Write frame's payload. A range outside registered memory
+// is refused and its payload discarded, so the stream stays in step.
+func (t *target) write(addr, n uint64, r io.Reader) (wire.Status, error) {
+	if err := t.regions.Check(addr, n); err != nil {
+		_, err := io.CopyN(io.Discard, r, int64(n))
+		return wire.StatusNotRegistered, err
+	}
+	if t.lag > 0 {
+		return t.writeLate(addr, n, r)
+	}
+	err := t.regions.Access(addr, n, func(m []byte) error {
+		_, err := io.ReadFull(r, m)
+		return err
+	})
+	if errors.Is(err, ErrNotRegistered) { // unregistered since the check
+		_, err = io.CopyN(io.Discard, r, int64(n))
+		return wire.StatusNotRegistered, err
+	}
+	return wire.StatusOK, err
+}
+
+// writeLate is the lag fault: keep the bytes, acknowledge now, apply later.
+func (t *target) writeLate(addr, n uint64, r io.Reader) (wire.Status, error) {
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return 0, err
+	}
+	t.applyMu.Lock()
+	delay := time.Duration(t.rng.Int63n(int64(t.lag) + 1))
+	t.late.Add(1)
+	t.applyMu.Unlock()
+	time.AfterFunc(delay, func() {
+		defer t.late.Done()
+		t.applyMu.Lock()
+		defer t.applyMu.Unlock()
+		if !t.closed {
+			t.regions.Access(addr, n, func(m []byte) error { copy(m, buf); return nil })
+		}
+	})
+	return wire.StatusOK, nil
+}
+
+// read decodes a Read frame's ranges and returns the reply's length and a
+// function that writes the bytes, or a refusal if any range is outside
+// registered memory.
+func (t *target) read(r io.Reader, n uint64) (wire.Status, uint64, func(io.Writer) error, error) {
+	if n > wire.MaxRanges*16 {
+		_, err := io.CopyN(io.Discard, r, int64(n))
+		return wire.StatusTooLarge, 0, nil, err
+	}
+	p := make([]byte, n)
+	if _, err := io.ReadFull(r, p); err != nil {
+		return 0, 0, nil, err
+	}
+	addrs, lens, total, err := wire.DecodeRanges(p)
+	if err != nil {
+		return wire.StatusBadRequest, 0, nil, nil
+	}
+	for i := range addrs {
+		if t.regions.Check(addrs[i], lens[i]) != nil {
+			return wire.StatusNotRegistered, 0, nil, nil
+		}
+	}
+	send := func(w io.Writer) error {
+		if t.lag > 0 { // see applyMu
+			t.applyMu.Lock()
+			defer t.applyMu.Unlock()
+		}
+		for i := range addrs {
+			err := t.regions.Access(addrs[i], lens[i], func(m []byte) error {
+				_, err := w.Write(m)
+				return err
+			})
+			// A region unregistered after the reply header went out leaves a
+			// promised length unfillable: drop the connection so the reader
+			// fails rather than compares invented bytes.
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return wire.StatusOK, total, send, nil
+}

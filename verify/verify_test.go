@@ -1,0 +1,196 @@
+package verify
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func envOf(m map[string]string) Getenv {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func load(t *testing.T, env map[string]string, js string) (Config, error) {
+	t.Helper()
+	l, err := NewLoader(envOf(env), js)
+	if err != nil {
+		return Config{}, err
+	}
+	c := Load(l)
+	return c, l.Err()
+}
+
+func TestConfigDefaults(t *testing.T) {
+	c, err := load(t, nil, "")
+	require.NoError(t, err)
+	require.Equal(t, Defaults(), c)
+	require.Equal(t, Tail, c.Mode)
+	require.Equal(t, 64, c.TailBytes)
+	require.Equal(t, 500, c.MaxRetries)
+	require.Equal(t, time.Millisecond, c.RetrySleep)
+}
+
+func TestConfigPrecedence(t *testing.T) {
+	env := map[string]string{
+		"VLLM_MOONCAKE_TRANSFER_VERIFY":               "false",
+		"VLLM_MOONCAKE_TRANSFER_VERIFY_TAIL_BYTES":    "128",
+		"VLLM_MOONCAKE_TRANSFER_VERIFY_MAX_RETRIES":   "7",
+		"VLLM_MOONCAKE_TRANSFER_VERIFY_RETRY_SLEEP_S": "0.002",
+	}
+	c, err := load(t, env, "")
+	require.NoError(t, err)
+	require.Equal(t, Config{Mode: Off, TailBytes: 128, MaxRetries: 7, RetrySleep: 2 * time.Millisecond}, c)
+
+	env["MC_GUARD_TAIL_BYTES"] = "256"
+	env["MC_GUARD_VERIFY"] = "tail"
+	c, err = load(t, env, "")
+	require.NoError(t, err)
+	require.Equal(t, 256, c.TailBytes, "MC_GUARD_* beats the vLLM name")
+	require.Equal(t, Tail, c.Mode)
+
+	c, err = load(t, env, `{"tail_bytes": 32, "verify": false, "retry_sleep_s": 0}`)
+	require.NoError(t, err)
+	require.Equal(t, 32, c.TailBytes, "JSON beats env")
+	require.Equal(t, Off, c.Mode)
+	require.Equal(t, time.Duration(0), c.RetrySleep)
+}
+
+func TestConfigRejectsBadValues(t *testing.T) {
+	cases := []struct {
+		name, js string
+		env      map[string]string
+		want     string
+	}{
+		{"tail zero", `{"tail_bytes": 0}`, nil, "tail_bytes"},
+		{"tail text", "", map[string]string{"VLLM_MOONCAKE_TRANSFER_VERIFY_TAIL_BYTES": "lots"}, "VLLM_MOONCAKE_TRANSFER_VERIFY_TAIL_BYTES"},
+		{"retries negative", `{"max_retries": -1}`, nil, "max_retries"},
+		{"sleep negative", `{"retry_sleep_s": -0.5}`, nil, "retry_sleep_s"},
+		{"sleep NaN", "", map[string]string{"MC_GUARD_RETRY_SLEEP_S": "NaN"}, "MC_GUARD_RETRY_SLEEP_S"},
+		{"mode", `{"verify": "maybe"}`, nil, "verify"},
+		{"unknown key", `{"tial_bytes": 3}`, nil, `unknown config key "tial_bytes"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := load(t, tc.env, tc.js)
+			require.Error(t, err)
+			require.ErrorIs(t, err, ErrConfig)
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+	for _, js := range []string{"[1]", "{", `{"a":1} {}`, "nul"} {
+		_, err := NewLoader(nil, js)
+		require.ErrorIs(t, err, ErrConfig, js)
+	}
+}
+
+// fakeTarget is remote memory as a map of address to byte, with optional
+// writes that become visible only after a number of reads (a lagging target).
+type fakeTarget struct {
+	mu    sync.Mutex
+	mem   map[uint64]byte
+	reads int
+	late  []func()
+	after int // reads before late writes land; <0: never
+}
+
+func (f *fakeTarget) read(_ context.Context, ranges []Range, out []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reads++
+	if f.after >= 0 && f.reads > f.after {
+		for _, w := range f.late {
+			w()
+		}
+		f.late = nil
+	}
+	off := 0
+	for _, r := range ranges {
+		for i := uint64(0); i < r.Len; i++ {
+			out[off] = f.mem[r.Addr+i]
+			off++
+		}
+	}
+	return nil
+}
+
+func localOf(src []byte) LocalFunc {
+	return func(addr, n uint64) []byte { return src[addr : addr+n] }
+}
+
+func TestCheckPassesWhenBytesArriveLate(t *testing.T) {
+	src := []byte("0123456789abcdefghij")
+	f := &fakeTarget{mem: map[uint64]byte{}, after: 3}
+	f.late = append(f.late, func() {
+		for i, b := range src {
+			f.mem[1000+uint64(i)] = b
+		}
+	})
+	cfg := Config{Mode: Tail, TailBytes: 4, MaxRetries: 10, RetrySleep: 0}
+	res, err := Check(context.Background(), cfg, []Desc{{Src: 0, Dst: 1000, Len: 20}}, 0, localOf(src), f.read, &Scratch{})
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Retries)
+	require.Equal(t, int64(4*4), res.Probed)
+}
+
+func TestCheckFailsAfterRetriesNamingDescriptors(t *testing.T) {
+	src := make([]byte, 64)
+	for i := range src {
+		src[i] = byte(i + 1)
+	}
+	f := &fakeTarget{mem: map[uint64]byte{}, after: -1}
+	for i := 0; i < 16; i++ { // descriptor 0 arrived; 1 and 2 never do
+		f.mem[100+uint64(i)] = src[i]
+	}
+	descs := []Desc{{0, 100, 16}, {16, 200, 16}, {32, 300, 32}}
+	cfg := Config{Mode: Tail, TailBytes: 8, MaxRetries: 5, RetrySleep: time.Microsecond}
+	res, err := Check(context.Background(), cfg, descs, 10, localOf(src), f.read, &Scratch{})
+	require.ErrorIs(t, err, ErrMismatch)
+	var me *MismatchError
+	require.True(t, errors.As(err, &me))
+	require.Equal(t, []int{11, 12}, me.Descs)
+	require.Equal(t, 5, me.Retries)
+	require.Equal(t, 5, res.Retries)
+	require.Equal(t, 6, f.reads, "one read, then max_retries more")
+	require.Contains(t, err.Error(), "[11 12]")
+}
+
+func TestCheckOffReadsNothing(t *testing.T) {
+	f := &fakeTarget{mem: map[uint64]byte{}, after: -1}
+	cfg := Defaults()
+	cfg.Mode = Off
+	_, err := Check(context.Background(), cfg, []Desc{{0, 0, 8}}, 0, localOf(make([]byte, 8)), f.read, &Scratch{})
+	require.NoError(t, err)
+	require.Zero(t, f.reads)
+}
+
+func TestCheckShortDescriptorReadsWhole(t *testing.T) {
+	src := []byte{1, 2, 3}
+	f := &fakeTarget{mem: map[uint64]byte{10: 1, 11: 2, 12: 3}, after: -1}
+	res, err := Check(context.Background(), Defaults(), []Desc{{0, 10, 3}}, 0, localOf(src), f.read, &Scratch{})
+	require.NoError(t, err)
+	require.Equal(t, int64(3), res.Probed)
+}
+
+func TestCheckHonoursContext(t *testing.T) {
+	f := &fakeTarget{mem: map[uint64]byte{}, after: -1}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	cfg := Config{Mode: Tail, TailBytes: 1, MaxRetries: 1 << 20, RetrySleep: time.Millisecond}
+	start := time.Now()
+	_, err := Check(ctx, cfg, []Desc{{0, 0, 1}}, 0, localOf([]byte{9}), f.read, &Scratch{})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, time.Since(start), 2*time.Second)
+}
+
+func TestScratchGrows(t *testing.T) {
+	var s Scratch
+	require.Len(t, s.Bytes(10), 10)
+	b := s.Bytes(1000)
+	require.Len(t, b, 1000)
+	require.Len(t, s.Bytes(5), 5)
+	require.Equal(t, &b[0], &s.Bytes(5)[0], "scratch is reused, not reallocated")
+}
