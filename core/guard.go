@@ -165,48 +165,71 @@ func (g *Guard) Transfer(name string, descs []verify.Desc, opts TransferOptions)
 	return res, nil
 }
 
-func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions) (TransferResult, error) {
-	var res TransferResult
+// checkBatch validates a batch whose local side is Src and remote side
+// Dst, and returns its byte count.
+func (g *Guard) checkBatch(name string, descs []verify.Desc) (uint64, error) {
 	if len(descs) == 0 {
-		return res, fmt.Errorf("%w: a transfer needs at least one descriptor", ErrInvalidArg)
+		return 0, fmt.Errorf("%w: a transfer needs at least one descriptor", ErrInvalidArg)
 	}
 	if len(descs) > MaxDescriptors {
-		return res, fmt.Errorf("%w: %d descriptors, limit %d per call", ErrInvalidArg, len(descs), MaxDescriptors)
+		return 0, fmt.Errorf("%w: %d descriptors, limit %d per call", ErrInvalidArg, len(descs), MaxDescriptors)
 	}
 	if err := validSessionName(name); err != nil {
-		return res, err
+		return 0, err
 	}
 	var total uint64
 	for i, d := range descs {
 		if d.Len == 0 {
-			return res, fmt.Errorf("%w: descriptor %d has length 0", ErrInvalidArg, i)
+			return 0, fmt.Errorf("%w: descriptor %d has length 0", ErrInvalidArg, i)
 		}
 		if err := g.regions.Check(d.Src, d.Len); err != nil {
-			return res, fmt.Errorf("descriptor %d source: %w", i, err)
+			return 0, fmt.Errorf("descriptor %d local side: %w", i, err)
 		}
 		if d.Dst+d.Len < d.Dst {
-			return res, fmt.Errorf("%w: descriptor %d destination %#x+%d wraps", ErrInvalidArg, i, d.Dst, d.Len)
+			return 0, fmt.Errorf("%w: descriptor %d remote address %#x+%d wraps", ErrInvalidArg, i, d.Dst, d.Len)
 		}
 		total += d.Len
+	}
+	return total, nil
+}
+
+// lockSession returns name's session locked, connected, and with a region
+// table that covers every remote range of descs. The caller unlocks it.
+func (g *Guard) lockSession(name string, descs []verify.Desc) (*session, error) {
+	s := g.session(name)
+	s.mu.Lock()
+	err := s.connect(g.ctx, g.zctx, &g.cfg)
+	if err == nil {
+		if i := s.checkDst(descs); i >= 0 {
+			if err = s.refresh(g.ctx, g.zctx, &g.cfg); err == nil {
+				if i = s.checkDst(descs); i >= 0 {
+					err = fmt.Errorf("descriptor %d remote side: %w at session %s: [%#x, +%d)", i, ErrNotRegistered, name, descs[i].Dst, descs[i].Len)
+				}
+			}
+		}
+	}
+	if err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions) (TransferResult, error) {
+	var res TransferResult
+	total, err := g.checkBatch(name, descs)
+	if err != nil {
+		return res, err
 	}
 	vcfg := g.cfg.Verify
 	if opts.Verify != nil {
 		vcfg.Mode = *opts.Verify
 	}
-	s := g.session(name)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.connect(g.ctx, g.zctx, &g.cfg); err != nil {
+	s, err := g.lockSession(name, descs)
+	if err != nil {
 		return res, err
 	}
-	if i := s.checkDst(descs); i >= 0 {
-		if err := s.refresh(g.ctx, g.zctx, &g.cfg); err != nil {
-			return res, err
-		}
-		if i = s.checkDst(descs); i >= 0 {
-			return res, fmt.Errorf("descriptor %d destination: %w at session %s: [%#x, +%d)", i, ErrNotRegistered, name, descs[i].Dst, descs[i].Len)
-		}
-	}
+	defer s.mu.Unlock()
 	local := func(addr, n uint64) []byte { return bytesAt(addr, n) }
 	for base := 0; base < len(descs); base += g.cfg.MaxBatch {
 		chunk := descs[base:min(base+g.cfg.MaxBatch, len(descs))]
@@ -229,6 +252,58 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 	g.stats.bytes.Add(int64(total))
 	res.ID = g.nextTransfer.Add(1)
 	return res, nil
+}
+
+// Read copies remote bytes into local registered memory: for each
+// descriptor, Len bytes from the session's Dst into local Src.
+func (g *Guard) Read(name string, descs []verify.Desc) error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	defer g.inflight.Done()
+	if _, err := g.checkBatch(name, descs); err != nil {
+		return err
+	}
+	s, err := g.lockSession(name, descs)
+	if err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	// Pieces of at most one wire slice, fetched in groups that fit a reply.
+	type piece struct{ local, remote, n uint64 }
+	var group []piece
+	var ranges []verify.Range
+	var size uint64
+	flush := func() error {
+		if len(group) == 0 {
+			return nil
+		}
+		buf := s.scratch.Bytes(size)
+		if err := s.conn.read(g.ctx, ranges, buf); err != nil {
+			s.disconnect()
+			return fmt.Errorf("session %s: %w", name, err)
+		}
+		for _, p := range group {
+			g.regions.Access(p.local, p.n, func(m []byte) error { copy(m, buf[:p.n]); return nil })
+			buf = buf[p.n:]
+		}
+		group, ranges, size = group[:0], ranges[:0], 0
+		return nil
+	}
+	for _, d := range descs {
+		for off := uint64(0); off < d.Len; off += wire.WriteSlice {
+			n := min(wire.WriteSlice, d.Len-off)
+			if size+n > wire.MaxPayload || len(ranges) == wire.MaxRanges {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+			group = append(group, piece{d.Src + off, d.Dst + off, n})
+			ranges = append(ranges, verify.Range{Addr: d.Dst + off, Len: n})
+			size += n
+		}
+	}
+	return flush()
 }
 
 func (g *Guard) session(name string) *session {

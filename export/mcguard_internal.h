@@ -1,0 +1,13 @@
+/* Declarations shared by the Go exports and the C entry points in
+ * shim.c. Declarations only: cgo copies this into the generated header. */
+#ifndef MCGUARD_INTERNAL_H
+#define MCGUARD_INTERNAL_H
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* getenv of the live C environment (Go's os.Getenv sees a copy taken at load). */
+const char *mcg_getenv(const char *name);
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,87 @@
+// The public entry points. Each checks for a forked child first, in C:
+// entering the Go runtime in a child of fork() hangs (golang/go#15538), so
+// a child gets MC_ERR_FORKED without ever reaching Go. Then it calls the Go
+// export of the same job; that this file compiles against both mcguard.h
+// and the cgo-generated _cgo_export.h is what keeps the two in agreement.
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mcguard.h"
+#include "_cgo_export.h"
+
+static pid_t mcg_pid;
+
+__attribute__((constructor)) static void mcg_record_pid(void) { mcg_pid = getpid(); }
+
+static int mcg_forked(void) { return getpid() != mcg_pid; }
+
+static const char mcg_forked_msg[] =
+    "mcguard: this process is a child of fork(); the library cannot be used "
+    "after fork (the Go runtime would hang). Open a guard in a spawned process.";
+
+const char *mcg_getenv(const char *name) { return getenv(name); }
+
+mc_status mc_guard_open(const char *config_json, mc_guard_t *out) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgOpen((char *)config_json, out);
+}
+
+mc_status mc_guard_close(mc_guard_t g) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgClose(g);
+}
+
+mc_status mc_guard_register(mc_guard_t g, void *addr, size_t len) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgRegister(g, addr, len);
+}
+
+mc_status mc_guard_unregister(mc_guard_t g, void *addr) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgUnregister(g, addr);
+}
+
+mc_status mc_guard_transfer(mc_guard_t g, const char *session, const uint64_t *src,
+                            const uint64_t *dst, const uint64_t *len, size_t n,
+                            mc_transfer_opts *opts) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgTransfer(g, (char *)session, (uint64_t *)src, (uint64_t *)dst, (uint64_t *)len, n, opts);
+}
+
+mc_status mc_guard_read(mc_guard_t g, const char *session, const uint64_t *local,
+                        const uint64_t *remote, const uint64_t *len, size_t n) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgRead(g, (char *)session, (uint64_t *)local, (uint64_t *)remote, (uint64_t *)len, n);
+}
+
+mc_status mc_guard_sync(mc_guard_t g, const uint64_t *addr, const uint64_t *len, size_t n,
+                        const mc_sync_opts *opts) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgSync(g, (uint64_t *)addr, (uint64_t *)len, n, (mc_sync_opts *)opts);
+}
+
+mc_status mc_guard_endpoint(mc_guard_t g, char *buf, size_t len) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgEndpoint(g, buf, len);
+}
+
+mc_status mc_guard_stats(mc_guard_t g, char *buf, size_t len, size_t *needed) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgStats(g, buf, len, needed);
+}
+
+size_t mc_guard_last_error(mc_guard_t g, char *buf, size_t len) {
+    if (mcg_forked()) {
+        size_t n = sizeof mcg_forked_msg - 1;
+        if (buf && len > 0) {
+            size_t k = n < len - 1 ? n : len - 1;
+            memcpy(buf, mcg_forked_msg, k);
+            buf[k] = '\0';
+        }
+        return n;
+    }
+    return mcgLastError(g, buf, len);
+}
+
+const char *mc_guard_version(void) { return MC_GUARD_VERSION_STRING; }

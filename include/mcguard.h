@@ -1,0 +1,171 @@
+/*
+ * mcguard.h — the public C API of libmcguard.
+ *
+ * mcguard turns "sent" into "delivered" for KV-cache transfers between a
+ * prefill (sending) and a decode (receiving) process: mc_guard_transfer
+ * returns MC_OK only after the destination bytes were confirmed at the
+ * target by the configured verification, never when they were merely sent.
+ *
+ * Every guard is both a sender and a receiver ("target"). A guard is
+ * reachable by peers under its endpoint "host:port" (mc_guard_endpoint);
+ * that string is the session name peers pass to mc_guard_transfer, as a
+ * Mooncake session is "host:rpc_port".
+ *
+ * Conventions
+ *  - Every function returns an mc_status: MC_OK (0) or a negative code.
+ *    After a failure, mc_guard_last_error gives the message, per thread.
+ *  - Handles are integers; 0 is never a valid handle. A bogus or closed
+ *    handle gives MC_ERR_BAD_HANDLE, never a crash.
+ *  - The library keeps no pointer you pass it after the call returns,
+ *    except the memory you register, which it reads and writes (as source
+ *    and as target for peers) until you unregister it or close the guard.
+ *  - All functions are thread safe. Transfers to one session are
+ *    serialised; transfers to different sessions run in parallel.
+ *
+ * Process rules (libmcguard embeds a Go runtime)
+ *  - One Go runtime per process: do not load a second Go c-shared library.
+ *  - Never dlclose libmcguard.
+ *  - After fork(), the child must not use the library: every call in a
+ *    child returns MC_ERR_FORKED without entering the runtime (it would
+ *    hang). Open guards in the child after exec, or use spawn-style
+ *    process creation.
+ */
+#ifndef MCGUARD_H
+#define MCGUARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MC_GUARD_VERSION_MAJOR 0
+#define MC_GUARD_VERSION_MINOR 1
+#define MC_GUARD_VERSION_PATCH 0
+#define MC_GUARD_VERSION_STRING "0.1.0"
+
+/* Largest descriptor count of one mc_guard_transfer call. Any count up to
+ * it works; the library chunks it at the max_batch setting. */
+#define MC_GUARD_MAX_DESCRIPTORS (1u << 24)
+
+/* A guard handle. 0 is never valid. */
+typedef uint64_t mc_guard_t;
+
+/* Status codes. Negative values are errors. */
+typedef int32_t mc_status;
+#define MC_OK                    0
+#define MC_ERR_INVALID_ARG      -1  /* null pointer, zero count or length, count over the limit */
+#define MC_ERR_BAD_HANDLE       -2  /* handle unknown or already closed */
+#define MC_ERR_CONFIG           -3  /* bad configuration JSON or environment value, or cannot listen */
+#define MC_ERR_NOT_REGISTERED   -4  /* an address range outside registered memory (local or at the peer) */
+#define MC_ERR_SESSION          -5  /* session refused or broke the handshake */
+#define MC_ERR_TIMEOUT          -6  /* a peer did not answer within its deadline (dead or unreachable) */
+#define MC_ERR_PEER             -7  /* the connection to a peer failed or the peer sent nonsense */
+#define MC_ERR_VERIFY           -8  /* bytes did not match at the target after all retries */
+#define MC_ERR_CLOSED           -9  /* the guard was closed while the call was in flight */
+#define MC_ERR_FORKED          -10  /* called in a child process after fork() */
+#define MC_ERR_BUFFER_TOO_SMALL -11 /* an output buffer cannot hold the result */
+#define MC_ERR_INTERNAL        -12  /* a bug in mcguard (a recovered panic); the message says where */
+
+/* Verification modes, for mc_transfer_opts.verify. */
+#define MC_VERIFY_DEFAULT -1 /* the guard's configured mode */
+#define MC_VERIFY_OFF      0 /* check nothing (regression baseline) */
+#define MC_VERIFY_TAIL     1 /* read back each descriptor's last tail_bytes, poll until equal */
+
+/* Options of one transfer. Set struct_size = sizeof(mc_transfer_opts) so
+ * later versions can grow the struct; pass NULL for the defaults. */
+typedef struct mc_transfer_opts {
+    uint32_t struct_size;
+    int32_t verify;       /* MC_VERIFY_*; MC_VERIFY_DEFAULT for the guard's mode */
+    uint64_t transfer_id; /* out: the id of a successful transfer */
+    uint64_t retries;     /* out: verification polling rounds it needed */
+} mc_transfer_opts;
+
+/* Options of one sync. Set struct_size = sizeof(mc_sync_opts); NULL for
+ * the defaults. */
+typedef struct mc_sync_opts {
+    uint32_t struct_size;
+    uint32_t reserved;
+    uint64_t stream; /* a CUstream to synchronise, or 0 (unused for host memory) */
+} mc_sync_opts;
+
+/* Open a guard. config_json may be NULL or "" for defaults, else a JSON
+ * object; keys (and MC_GUARD_* variables; JSON wins over environment):
+ *   listen "host:port" (default "127.0.0.1:0"), verify "off"|"tail" or
+ *   true/false, tail_bytes, max_retries, retry_sleep_s, max_batch,
+ *   timeout_ms, connect_timeout_ms, inject "none"|"lag",
+ *   inject_lag_max_ms, inject_seed.
+ * The vLLM variables VLLM_MOONCAKE_TRANSFER_VERIFY[_TAIL_BYTES|
+ * _MAX_RETRIES|_RETRY_SLEEP_S] are honoured too. On success *out is the
+ * new handle. MC_ERR_CONFIG names every bad key or value. */
+mc_status mc_guard_open(const char *config_json, mc_guard_t *out);
+
+/* Close a guard. Transfers in flight on other threads fail with
+ * MC_ERR_CLOSED; close waits for them. The handle is invalid afterwards
+ * and registered memory is no longer touched: you may free it. */
+mc_status mc_guard_close(mc_guard_t g);
+
+/* Register [addr, addr+len): usable as a transfer source, and writable
+ * and readable by peers that handshake with this guard. Regions must not
+ * overlap. The memory must stay valid until unregistered or closed. */
+mc_status mc_guard_register(mc_guard_t g, void *addr, size_t len);
+
+/* Unregister the region starting at addr. Waits for accesses in
+ * progress; afterwards peers' writes to it are refused. */
+mc_status mc_guard_unregister(mc_guard_t g, void *addr);
+
+/* Write n descriptors to session ("host:port" of the receiving guard):
+ * len[i] bytes from local src[i] (registered here) to remote dst[i]
+ * (registered at the peer). Returns MC_OK only after verification
+ * confirmed the bytes at the target. n may be anything from 1 to
+ * MC_GUARD_MAX_DESCRIPTORS; every len[i] must be > 0. The arrays are read
+ * during the call only. opts may be NULL.
+ * Errors: MC_ERR_INVALID_ARG, MC_ERR_NOT_REGISTERED (names the descriptor),
+ * MC_ERR_SESSION, MC_ERR_TIMEOUT, MC_ERR_PEER, MC_ERR_VERIFY (names the
+ * descriptors that never matched), MC_ERR_CLOSED. On any error the
+ * destination may hold some, all or none of the new bytes. */
+mc_status mc_guard_transfer(mc_guard_t g, const char *session,
+                            const uint64_t *src, const uint64_t *dst,
+                            const uint64_t *len, size_t n,
+                            mc_transfer_opts *opts);
+
+/* Read n descriptors back from session: len[i] bytes from remote
+ * remote[i] (registered at the peer) into local[i] (registered here), as
+ * Mooncake's batch_transfer_sync_read. Same errors as mc_guard_transfer
+ * except MC_ERR_VERIFY. */
+mc_status mc_guard_read(mc_guard_t g, const char *session,
+                        const uint64_t *local, const uint64_t *remote,
+                        const uint64_t *len, size_t n);
+
+/* Receiver side: after the sender's notice, make the n ranges
+ * [addr[i], addr[i]+len[i]) of this guard's registered memory safe for the
+ * application to read. n may be 0 (synchronise only). Errors:
+ * MC_ERR_INVALID_ARG, MC_ERR_NOT_REGISTERED. */
+mc_status mc_guard_sync(mc_guard_t g, const uint64_t *addr,
+                        const uint64_t *len, size_t n,
+                        const mc_sync_opts *opts);
+
+/* Copy this guard's endpoint, the session name peers use, into buf as a
+ * NUL-terminated string. MC_ERR_BUFFER_TOO_SMALL if it does not fit. */
+mc_status mc_guard_endpoint(mc_guard_t g, char *buf, size_t len);
+
+/* Copy the guard's counters and settings as a JSON object into buf,
+ * NUL-terminated. If needed is not NULL it receives the length the JSON
+ * requires (without the NUL), also when MC_ERR_BUFFER_TOO_SMALL. */
+mc_status mc_guard_stats(mc_guard_t g, char *buf, size_t len, size_t *needed);
+
+/* The message of the last failed call this thread made with handle g
+ * (g = 0: the last failed mc_guard_open on this thread). Copies
+ * at most len-1 bytes and a NUL into buf (when len > 0) and returns the
+ * full message length, like snprintf; "" and 0 if there is none. */
+size_t mc_guard_last_error(mc_guard_t g, char *buf, size_t len);
+
+/* The library's version, "MAJOR.MINOR.PATCH"; a static string. */
+const char *mc_guard_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MCGUARD_H */

@@ -1,0 +1,248 @@
+"""The Guard class: a Pythonic wrapper over libmcguard's C API."""
+
+import array
+import ctypes
+import json
+import os
+import threading
+
+from . import _lib
+
+STATUS_NAMES = {
+    0: "MC_OK",
+    -1: "MC_ERR_INVALID_ARG",
+    -2: "MC_ERR_BAD_HANDLE",
+    -3: "MC_ERR_CONFIG",
+    -4: "MC_ERR_NOT_REGISTERED",
+    -5: "MC_ERR_SESSION",
+    -6: "MC_ERR_TIMEOUT",
+    -7: "MC_ERR_PEER",
+    -8: "MC_ERR_VERIFY",
+    -9: "MC_ERR_CLOSED",
+    -10: "MC_ERR_FORKED",
+    -11: "MC_ERR_BUFFER_TOO_SMALL",
+    -12: "MC_ERR_INTERNAL",
+}
+globals().update({name: code for code, name in STATUS_NAMES.items()})
+
+VERIFY_MODES = {None: -1, "off": 0, "tail": 1}
+
+
+class MCGuardError(Exception):
+    """A failed mcguard call: .status (int), .name (MC_ERR_*), .message."""
+
+    def __init__(self, status, message):
+        self.status = status
+        self.name = STATUS_NAMES.get(status, "status %d" % status)
+        self.message = message
+        super().__init__("%s: %s" % (self.name, message))
+
+
+# A child of os.fork() must never call into the Go runtime: it would hang.
+# The C entry points refuse too, but this catches it before any call.
+_forked_child = False
+
+
+def _after_fork_in_child():
+    global _forked_child
+    _forked_child = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _check_not_forked():
+    if _forked_child:
+        raise MCGuardError(MC_ERR_FORKED,
+                           "this process is a child of os.fork(); mcguard cannot be used "
+                           "after fork. Use multiprocessing's 'spawn' start method.")
+
+
+def address_of(x):
+    """An address from an int or an object with data_ptr() (a torch tensor)."""
+    if isinstance(x, int):
+        return x
+    ptr = getattr(x, "data_ptr", None)
+    if callable(ptr):
+        return int(ptr())
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        raise TypeError("expected an address (int) or an object with data_ptr(), got %r"
+                        % type(x).__name__) from None
+
+
+def u64_array(values):
+    """(ctypes pointer, count, keepalive) for a sequence of addresses or
+    lengths: a list or tuple, array.array('Q'), a numpy uint64 array, or a
+    single int. Contiguous 64-bit buffers are passed without copying."""
+    if isinstance(values, int) or hasattr(values, "data_ptr") and not hasattr(values, "__len__"):
+        values = [values]
+    if isinstance(values, array.array) and values.typecode in ("Q", "L") and values.itemsize == 8:
+        n = len(values)
+        if n == 0:
+            return None, 0, values
+        buf = (ctypes.c_uint64 * n).from_buffer(values)
+        return ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint64)), n, (values, buf)
+    iface = getattr(values, "__array_interface__", None)
+    if iface is not None and iface.get("typestr") in ("<u8", "<i8") and iface.get("strides") is None \
+            and len(iface.get("shape", ())) == 1:
+        n = iface["shape"][0]
+        ptr = ctypes.cast(iface["data"][0], ctypes.POINTER(ctypes.c_uint64))
+        return (ptr if n else None), n, values
+    items = [address_of(v) for v in values]
+    n = len(items)
+    if n == 0:
+        return None, 0, None
+    for v in items:
+        if v < 0 or v >= 1 << 64:
+            raise MCGuardError(MC_ERR_INVALID_ARG, "address or length %d is out of the uint64 range" % v)
+    buf = (ctypes.c_uint64 * n)(*items)
+    return ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint64)), n, buf
+
+
+class TransferResult:
+    __slots__ = ("id", "retries")
+
+    def __init__(self, id, retries):
+        self.id, self.retries = id, retries
+
+    def __repr__(self):
+        return "TransferResult(id=%d, retries=%d)" % (self.id, self.retries)
+
+
+class Guard:
+    """One mcguard instance. config is a dict or a JSON string (see the
+    README's configuration table); keyword arguments are added to it.
+
+    with Guard(verify="tail") as g:
+        g.register(addr, size)
+        g.transfer("10.0.0.2:4567", src_ptrs, dst_ptrs, lengths)
+    """
+
+    def __init__(self, config=None, **settings):
+        _check_not_forked()
+        self._lib = _lib.lib()
+        if isinstance(config, str):
+            config = json.loads(config) if config.strip() else {}
+        cfg = dict(config or {})
+        cfg.update(settings)
+        handle = ctypes.c_uint64(0)
+        self._handle = 0
+        self._closed = False
+        self._check(self._lib.mc_guard_open(json.dumps(cfg).encode(), ctypes.byref(handle)), 0)
+        self._handle = handle.value
+        self._lock = threading.Lock()
+        buf = ctypes.create_string_buffer(256)
+        self._check(self._lib.mc_guard_endpoint(self._handle, buf, len(buf)))
+        self.endpoint = buf.value.decode()
+
+    def _check(self, status, handle=None):
+        if status == MC_OK:
+            return
+        h = self._handle if handle is None else handle
+        size = self._lib.mc_guard_last_error(h, None, 0)
+        buf = ctypes.create_string_buffer(size + 1)
+        self._lib.mc_guard_last_error(h, buf, len(buf))
+        raise MCGuardError(status, buf.value.decode(errors="replace"))
+
+    def _h(self):
+        _check_not_forked()
+        if self._closed:
+            raise MCGuardError(MC_ERR_BAD_HANDLE, "this Guard is closed")
+        return self._handle
+
+    @property
+    def port(self):
+        """The port of this guard's endpoint (Mooncake's rpc port)."""
+        return int(self.endpoint.rsplit(":", 1)[1])
+
+    def register(self, addr, length):
+        """Register [addr, addr+length) as source and as target memory."""
+        self._check(self._lib.mc_guard_register(self._h(), address_of(addr), int(length)))
+
+    def unregister(self, addr):
+        self._check(self._lib.mc_guard_unregister(self._h(), address_of(addr)))
+
+    def transfer(self, session, src, dst, lengths, verify=None):
+        """Write len bytes from each local src to each remote dst of session
+        and return only once the target confirmed them. Raises MCGuardError."""
+        if verify not in VERIFY_MODES:
+            raise MCGuardError(MC_ERR_INVALID_ARG, "verify must be one of %s"
+                               % sorted(k for k in VERIFY_MODES if k))
+        h = self._h()
+        s, ns, ks = u64_array(src)
+        d, nd, kd = u64_array(dst)
+        ln, nl, kl = u64_array(lengths)
+        if not (ns == nd == nl):
+            raise MCGuardError(MC_ERR_INVALID_ARG, "src, dst and lengths differ in length (%d, %d, %d)"
+                               % (ns, nd, nl))
+        opts = _lib.TransferOpts(ctypes.sizeof(_lib.TransferOpts), VERIFY_MODES[verify], 0, 0)
+        st = self._lib.mc_guard_transfer(h, session.encode(), s, d, ln, ns, ctypes.byref(opts))
+        del ks, kd, kl
+        self._check(st)
+        return TransferResult(opts.transfer_id, opts.retries)
+
+    def read(self, session, local, remote, lengths):
+        """Read len bytes from each remote address of session into local."""
+        h = self._h()
+        lp, n1, k1 = u64_array(local)
+        rp, n2, k2 = u64_array(remote)
+        ln, n3, k3 = u64_array(lengths)
+        if not (n1 == n2 == n3):
+            raise MCGuardError(MC_ERR_INVALID_ARG, "local, remote and lengths differ in length")
+        st = self._lib.mc_guard_read(h, session.encode(), lp, rp, ln, n1)
+        del k1, k2, k3
+        self._check(st)
+
+    def sync(self, addrs=(), lengths=(), stream=0):
+        """Receiver side: make the ranges safe to read after the sender's
+        notice. stream: a CUDA stream handle (int) or 0."""
+        h = self._h()
+        a, na, ka = u64_array(addrs)
+        ln, nl, kl = u64_array(lengths)
+        if na != nl:
+            raise MCGuardError(MC_ERR_INVALID_ARG, "addrs and lengths differ in length")
+        opts = _lib.SyncOpts(ctypes.sizeof(_lib.SyncOpts), 0, address_of(stream))
+        st = self._lib.mc_guard_sync(h, a, ln, na, ctypes.byref(opts))
+        del ka, kl
+        self._check(st)
+
+    def stats(self):
+        h = self._h()
+        needed = ctypes.c_size_t(0)
+        buf = ctypes.create_string_buffer(4096)
+        st = self._lib.mc_guard_stats(h, buf, len(buf), ctypes.byref(needed))
+        if st == MC_ERR_BUFFER_TOO_SMALL:
+            buf = ctypes.create_string_buffer(needed.value + 1)
+            st = self._lib.mc_guard_stats(h, buf, len(buf), ctypes.byref(needed))
+        self._check(st)
+        return json.loads(buf.value.decode())
+
+    def close(self):
+        """Close the guard; idempotent from Python."""
+        with self._lock:
+            if self._closed or not self._handle:
+                return
+            self._closed = True
+        if _forked_child:
+            return  # the parent owns it; a child must not call in
+        self._check(self._lib.mc_guard_close(self._handle))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if getattr(self, "_handle", 0) and not getattr(self, "_closed", True) and not _forked_child:
+                self.close()
+        except Exception:
+            pass
+
+
+def version():
+    return _lib.lib().mc_guard_version().decode()
