@@ -1,0 +1,105 @@
+"""A drop-in for Mooncake's TransferEngine as vLLM's MooncakeConnector uses it.
+
+    # before
+    from mooncake.engine import TransferEngine
+    # after
+    from mcguard.mooncake import GuardedTransferEngine as TransferEngine
+
+Same method names, arguments and return conventions (0 on success, a
+negative int on failure); batch_transfer_sync_write returns 0 only after
+the bytes were confirmed at the target.
+"""
+
+import logging
+
+from .guard import Guard, MCGuardError
+
+log = logging.getLogger("mcguard.mooncake")
+
+
+class GuardedTransferEngine:
+    def __init__(self, config=None, **settings):
+        self._config = dict(config or {})
+        self._config.update(settings)
+        self._guard = None
+
+    @property
+    def guard(self):
+        if self._guard is None:
+            raise RuntimeError("GuardedTransferEngine.initialize() was not called")
+        return self._guard
+
+    def initialize(self, local_hostname, metadata_server="P2PHANDSHAKE", protocol="tcp", device_name=""):
+        """Start the guard listening on local_hostname; returns 0 or -1."""
+        if metadata_server not in ("P2PHANDSHAKE", "", None):
+            log.warning("mcguard: metadata server %r ignored: sessions handshake peer to peer", metadata_server)
+        if protocol not in ("tcp", ""):
+            log.warning("mcguard: protocol %r requested, but this mcguard moves bytes over its TCP "
+                        "transport (every transfer is still verified at the target)", protocol)
+        cfg = dict(self._config)
+        host = local_hostname.rsplit(":", 1)[0] if local_hostname.count(":") == 1 else local_hostname
+        cfg.setdefault("listen", "%s:0" % (host or "127.0.0.1"))
+        try:
+            self._guard = Guard(cfg)
+        except MCGuardError as e:
+            log.error("mcguard: initialize failed: %s", e)
+            return -1
+        return 0
+
+    def get_rpc_port(self):
+        return self.guard.port
+
+    def get_session_id(self):
+        return self.guard.endpoint
+
+    def _call(self, what, fn, *args):
+        try:
+            fn(*args)
+            return 0
+        except MCGuardError as e:
+            log.error("mcguard: %s failed: %s", what, e)
+            return e.status if e.status < 0 else -1
+
+    def register_memory(self, buffer_addr, capacity):
+        return self._call("register_memory", self.guard.register, buffer_addr, capacity)
+
+    def unregister_memory(self, buffer_addr):
+        return self._call("unregister_memory", self.guard.unregister, buffer_addr)
+
+    def batch_register_memory(self, buffer_addresses, capacities):
+        if len(buffer_addresses) != len(capacities):
+            log.error("mcguard: batch_register_memory: %d addresses, %d capacities",
+                      len(buffer_addresses), len(capacities))
+            return -1
+        for addr, cap in zip(buffer_addresses, capacities):
+            ret = self.register_memory(addr, cap)
+            if ret != 0:
+                return ret
+        return 0
+
+    def batch_unregister_memory(self, buffer_addresses):
+        for addr in buffer_addresses:
+            ret = self.unregister_memory(addr)
+            if ret != 0:
+                return ret
+        return 0
+
+    def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length):
+        return self.batch_transfer_sync_write(target_hostname, [buffer], [peer_buffer_address], [length])
+
+    def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses, lengths):
+        """Returns 0 once every descriptor is confirmed at the target, else negative."""
+        return self._call("batch_transfer_sync_write", self.guard.transfer,
+                          target_hostname, buffers, peer_buffer_addresses, lengths)
+
+    def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length):
+        return self.batch_transfer_sync_read(target_hostname, [buffer], [peer_buffer_address], [length])
+
+    def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses, lengths):
+        return self._call("batch_transfer_sync_read", self.guard.read,
+                          target_hostname, buffers, peer_buffer_addresses, lengths)
+
+    def close(self):
+        if self._guard is not None:
+            self._guard.close()
+            self._guard = None
