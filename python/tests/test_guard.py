@@ -1,0 +1,193 @@
+"""The guard's behaviours, through the Python binding. Every success is
+checked by comparing the destination's bytes with the source's."""
+
+import array
+import hashlib
+import threading
+import time
+
+import pytest
+
+import mcguard
+from mcguard import MCGuardError
+from conftest import Buf
+
+
+def h(b):
+    return hashlib.sha1(b).hexdigest()
+
+
+def descs(src, dst, n, size, src_off=0, dst_off=0):
+    return ([src.addr + src_off + i * size for i in range(n)],
+            [dst.addr + dst_off + i * size for i in range(n)],
+            [size] * n)
+
+
+@pytest.mark.parametrize("verify", ["off", "tail"])
+def test_transfer_delivers_bytes(pair, verify):
+    s, r, src, dst = pair({"verify": verify})
+    res = s.transfer(r.endpoint, *descs(src, dst, 16, 64 << 10))
+    assert res.id > 0
+    assert h(dst.bytes()) == h(src.bytes())
+
+
+def test_verification_passes_when_bytes_arrive_late(pair):
+    s, r, src, dst = pair({"verify": "tail"}, {"inject": "lag", "inject_lag_max_ms": 30})
+    res = s.transfer(r.endpoint, *descs(src, dst, 32, 4096))
+    assert res.retries > 0, "the lag made the guard poll"
+    assert h(dst.bytes(0, 32 * 4096)) == h(src.bytes(0, 32 * 4096))
+
+
+def test_off_under_lag_reports_success_for_missing_bytes(pair):
+    """The regression check: without verification the lag's corruption shows."""
+    s, r, src, dst = pair({"verify": "off"}, {"inject": "lag", "inject_lag_max_ms": 50})
+    s.transfer(r.endpoint, *descs(src, dst, 32, 4096))
+    assert dst.bytes(0, 32 * 4096) != src.bytes(0, 32 * 4096)
+
+
+def test_verification_fails_after_retries_when_bytes_never_arrive(pair):
+    s, r, src, dst = pair({"max_retries": 3, "retry_sleep_s": 0.001},
+                          {"inject": "lag", "inject_lag_max_ms": 3000, "inject_seed": 3})
+    start = time.monotonic()
+    with pytest.raises(MCGuardError) as e:
+        s.transfer(r.endpoint, *descs(src, dst, 8, 1024))
+    assert e.value.status == mcguard.MC_ERR_VERIFY
+    assert "after 3 retries" in e.value.message
+    assert "descriptor(s) still differ" in e.value.message
+    assert time.monotonic() - start < 2
+    assert s.stats()["verify_failures"] == 1
+
+
+def test_chunking_above_512_descriptors(pair):
+    n, size = 1300, 512
+    s, r, src, dst = pair(size=n * size)
+    s.transfer(r.endpoint, *descs(src, dst, n, size))
+    assert h(dst.bytes()) == h(src.bytes())
+    st = s.stats()
+    assert st["max_batch"] == 512
+    assert st["descriptors"] == n
+    assert st["probed_bytes"] == n * 64
+
+
+def test_chunking_with_small_max_batch_under_lag(pair):
+    n, size = 700, 256
+    s, r, src, dst = pair({"max_batch": 64}, {"inject": "lag", "inject_lag_max_ms": 5}, size=n * size)
+    s.transfer(r.endpoint, *descs(src, dst, n, size))
+    assert h(dst.bytes()) == h(src.bytes())
+
+
+def test_batches_to_one_session_are_serialised(guards):
+    """Two threads write whole-region patterns to one session at once; if
+    batches interleaved the region would end up a mixture."""
+    n, size = 64, 1024
+    s, r = guards(verify="off"), guards()
+    dst = Buf(n * size)
+    r.register(dst.addr, n * size)
+    srcs = [Buf(n * size, bytes([65 + i]) * (n * size)) for i in range(2)]
+    for b in srcs:
+        s.register(b.addr, n * size)
+    for _ in range(20):
+        errors = []
+
+        def push(b):
+            try:
+                s.transfer(r.endpoint, *descs(b, dst, n, size))
+            except Exception as e:  # pragma: no cover - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=push, args=(b,)) for b in srcs]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert not errors
+        data = dst.bytes()
+        assert data in (srcs[0].bytes(), srcs[1].bytes()), "batches interleaved"
+
+
+def test_concurrent_sessions_do_not_share_scratch(guards):
+    """Sessions verifying at the same time (the vLLM guard's shared-scratch
+    race) all succeed with the right bytes."""
+    k, n, size = 4, 32, 8192
+    s = guards()
+    src = Buf(k * n * size, bytes(range(256)) * (k * n * size // 256))
+    src.write(0, __import__("os").urandom(k * n * size))
+    s.register(src.addr, k * n * size)
+    recvs = [guards(inject="lag", inject_lag_max_ms=5) for _ in range(k)]
+    dsts = [Buf(n * size) for _ in range(k)]
+    for g, d in zip(recvs, dsts):
+        g.register(d.addr, n * size)
+    errors = []
+
+    def push(i):
+        try:
+            for _ in range(5):
+                s.transfer(recvs[i].endpoint, *descs(src, dsts[i], n, size, src_off=i * n * size))
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+
+    threads = [threading.Thread(target=push, args=(i,)) for i in range(k)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors
+    for i in range(k):
+        assert h(dsts[i].bytes()) == h(src.bytes(i * n * size, n * size))
+    assert s.stats()["sessions"] == k
+
+
+def test_address_forms(pair):
+    class Tensor:  # what torch tensors offer
+        def __init__(self, p):
+            self.p = p
+
+        def data_ptr(self):
+            return self.p
+
+    s, r, src, dst = pair()
+    a, b, ln = descs(src, dst, 4, 1024)
+    s.transfer(r.endpoint, array.array("Q", a), tuple(b), array.array("Q", ln))
+    s.transfer(r.endpoint, [Tensor(x) for x in a], [Tensor(x) for x in b], ln)
+    s.transfer(r.endpoint, a[0], b[0], ln[0])
+    assert dst.bytes(0, 4096) == src.bytes(0, 4096)
+    with pytest.raises(TypeError):
+        s.transfer(r.endpoint, ["nope"], b[:1], ln[:1])
+
+
+def test_read_back(pair):
+    s, r, src, dst = pair()
+    remote = Buf(8192, bytes(range(256)) * 32)
+    r.register(remote.addr, 8192)
+    before = src.bytes(4096, 904)
+    s.read(r.endpoint, [src.addr, src.addr + 5000], [remote.addr + 1, remote.addr + 5000], [4096, 3000])
+    assert src.bytes(0, 4096) == remote.bytes(1, 4096)
+    assert src.bytes(5000, 3000) == remote.bytes(5000, 3000)
+    assert src.bytes(4096, 904) == before, "bytes between the ranges are untouched"
+
+
+def test_sync(pair):
+    s, r, src, dst = pair()
+    r.sync([dst.addr], [dst.size])
+    r.sync()
+    with pytest.raises(MCGuardError) as e:
+        r.sync([dst.addr + dst.size - 10], [100])
+    assert e.value.status == mcguard.MC_ERR_NOT_REGISTERED
+
+
+def test_env_is_read_when_opened(monkeypatch, guards):
+    """Variables set after the library loaded still count (the live C env)."""
+    monkeypatch.setenv("VLLM_MOONCAKE_TRANSFER_VERIFY", "false")
+    monkeypatch.setenv("VLLM_MOONCAKE_TRANSFER_VERIFY_MAX_RETRIES", "9")
+    assert guards().stats()["verify"] == "off"
+    assert guards(verify="tail").stats()["verify"] == "tail", "JSON wins over env"
+    monkeypatch.setenv("MC_GUARD_TAIL_BYTES", "zero")
+    with pytest.raises(MCGuardError) as e:
+        guards()
+    assert e.value.status == mcguard.MC_ERR_CONFIG
+    assert "MC_GUARD_TAIL_BYTES" in e.value.message
+
+
+def test_context_manager_closes():
+    with mcguard.Guard() as g:
+        assert g.port > 0
+    with pytest.raises(MCGuardError) as e:
+        g.stats()
+    assert e.value.status == mcguard.MC_ERR_BAD_HANDLE
+    g.close()  # idempotent from Python

@@ -1,0 +1,45 @@
+"""GuardedTransferEngine keeps Mooncake's TransferEngine conventions."""
+
+import hashlib
+import os
+
+from mcguard.mooncake import GuardedTransferEngine
+from conftest import Buf
+
+
+def test_drop_in_engine_round_trip():
+    send, recv = GuardedTransferEngine(), GuardedTransferEngine()
+    try:
+        assert send.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        assert recv.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_0") == 0
+        port = recv.get_rpc_port()
+        assert isinstance(port, int) and port > 0
+        session = "127.0.0.1:%d" % port
+        src, kv = [Buf(1 << 16, os.urandom(1 << 16)) for _ in range(2)], [Buf(1 << 16) for _ in range(2)]
+        assert send.batch_register_memory([b.addr for b in src], [b.size for b in src]) == 0
+        assert recv.batch_register_memory([b.addr for b in kv], [b.size for b in kv]) == 0
+        assert send.batch_transfer_sync_write(session, [b.addr for b in src], [b.addr for b in kv],
+                                              [b.size for b in src]) == 0
+        for s, d in zip(src, kv):
+            assert hashlib.sha1(d.bytes()).digest() == hashlib.sha1(s.bytes()).digest()
+        assert send.transfer_sync_write(session, src[0].addr, kv[0].addr + 100, 50) == 0
+        back = Buf(1 << 16)
+        assert send.register_memory(back.addr, back.size) == 0
+        assert send.batch_transfer_sync_read(session, [back.addr], [kv[1].addr], [1 << 16]) == 0
+        assert back.bytes() == src[1].bytes()
+        # Failures are negative return values, never exceptions or success.
+        assert send.batch_transfer_sync_write(session, [src[0].addr], [kv[0].addr + (1 << 16)], [8]) < 0
+        assert send.batch_transfer_sync_write(session, [], [], []) < 0
+        assert send.batch_register_memory([1, 2], [3]) == -1
+        assert send.register_memory(src[0].addr, 10) < 0, "overlapping registration"
+        assert send.unregister_memory(back.addr) == 0
+        assert send.batch_unregister_memory([b.addr for b in src]) == 0
+        assert send.batch_transfer_sync_write(session, [src[0].addr], [kv[0].addr], [8]) < 0
+    finally:
+        send.close()
+        recv.close()
+
+
+def test_initialize_failure_returns_minus_one():
+    e = GuardedTransferEngine(max_batch=0)
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == -1

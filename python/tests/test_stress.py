@@ -1,0 +1,42 @@
+"""The main job end to end: two or more processes on loopback, every
+successful descriptor hashed at the decode side."""
+
+import json
+import os
+import subprocess
+import sys
+
+
+PKG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def stress(*flags):
+    p = subprocess.run([sys.executable, "-m", "mcguard.stress", "--json", "--quiet", "--seconds", "30",
+                        "--batches", "12", "--threads", "2", "--batch", "16", "--blocks", "64",
+                        "--block-bytes", "16384"] + list(flags),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120, cwd=PKG_DIR)
+    return p.returncode, json.loads(p.stdout.strip().splitlines()[-1]), p.stdout
+
+
+def test_off_under_lag_shows_mismatches():
+    rc, out, text = stress("--verify", "off", "--inject", "lag")
+    assert out["mismatches"] > 0
+    assert rc == 1
+    assert "mismatches" in text.splitlines()[0], "a summary table precedes the JSON"
+
+
+def test_tail_under_lag_shows_none():
+    rc, out, _ = stress("--verify", "tail", "--inject", "lag")
+    assert rc == 0
+    assert out["ok"] == 24 and out["failed"] == 0 and out["mismatches"] == 0
+    assert out["descriptors"] == 24 * 16 and out["bytes"] == 24 * 16 * 16384
+    assert out["retries"] > 0
+    for key in ("verify", "inject", "transport", "transfers", "descriptors", "bytes", "ok", "failed",
+                "mismatches", "retries", "seconds", "gbps"):
+        assert key in out
+
+
+def test_arguments_are_checked():
+    p = subprocess.run([sys.executable, "-m", "mcguard.stress", "--blocks", "4", "--threads", "4",
+                        "--batch", "4"], cwd=PKG_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.returncode == 2 and "must be at least" in p.stderr
