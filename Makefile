@@ -6,7 +6,7 @@ PYTHON   ?= python3
 GO       ?= go
 PREFIX   ?= /usr/local
 LIB      := build/libmcguard.so
-APT_PKGS := pkg-config libzmq3-dev cmake g++ make
+APT_PKGS := pkg-config libzmq3-dev cmake g++ make libgtest-dev
 GO_SRC   := $(shell find core verify export -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) include/mcguard.h go.mod go.sum
 CTEST_DIR := build/cmake
 
@@ -42,7 +42,7 @@ build: $(LIB)
 
 $(LIB): $(GO_SRC) | deps-system deps-go
 	$(GO) build -buildmode=c-shared -o $(LIB) \
-	  -ldflags "-extldflags=-Wl,--version-script=$(CURDIR)/export/mcguard.map" ./export
+	  -ldflags "-extldflags=-Wl,--version-script=$(CURDIR)/export/mcguard.map,-soname,libmcguard.so" ./export
 
 ## test: Go (race detector), C/C++ (ctest), Python (pytest)
 test: deps build test-go test-c test-python

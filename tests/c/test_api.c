@@ -1,0 +1,108 @@
+/* C11 consumer of include/mcguard.h: two guards in one process, real
+ * transfers checked with memcmp, and the error paths of every call. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mcguard.h"
+
+static int failures;
+
+#define CHECK(cond)                                                       \
+    do {                                                                  \
+        if (!(cond)) {                                                    \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+            failures++;                                                   \
+        }                                                                 \
+    } while (0)
+
+#define CHECK_STATUS(call, want, h, text)                                 \
+    do {                                                                  \
+        mc_status st_ = (call);                                           \
+        char msg_[512];                                                   \
+        mc_guard_last_error((h), msg_, sizeof msg_);                      \
+        if (st_ != (want) || ((want) != MC_OK && !strstr(msg_, (text)))) { \
+            fprintf(stderr, "%s:%d: %s -> %d (want %d), message \"%s\" (want \"%s\")\n", \
+                    __FILE__, __LINE__, #call, st_, (want), msg_, (text)); \
+            failures++;                                                   \
+        }                                                                 \
+    } while (0)
+
+enum { BLOCKS = 600, BLOCK = 4096, SIZE = BLOCKS * BLOCK };
+
+int main(void) {
+    mc_guard_t sender = 0, receiver = 0;
+    CHECK(strcmp(mc_guard_version(), MC_GUARD_VERSION_STRING) == 0);
+    CHECK_STATUS(mc_guard_open("{\"verify\": \"tail\", \"connect_timeout_ms\": 300}", &sender), MC_OK, 0, "");
+    CHECK_STATUS(mc_guard_open(NULL, &receiver), MC_OK, 0, "");
+    CHECK(sender != 0 && receiver != 0 && sender != receiver);
+
+    char endpoint[128];
+    CHECK_STATUS(mc_guard_endpoint(receiver, endpoint, sizeof endpoint), MC_OK, receiver, "");
+    CHECK(strchr(endpoint, ':') != NULL);
+
+    unsigned char *src = malloc(SIZE), *dst = calloc(1, SIZE);
+    for (size_t i = 0; i < SIZE; i++) src[i] = (unsigned char)(i * 131 + 7);
+    CHECK_STATUS(mc_guard_register(sender, src, SIZE), MC_OK, sender, "");
+    CHECK_STATUS(mc_guard_register(receiver, dst, SIZE), MC_OK, receiver, "");
+
+    /* 600 descriptors: more than one max_batch chunk of 512. */
+    uint64_t *s = malloc(BLOCKS * sizeof *s), *d = malloc(BLOCKS * sizeof *d), *l = malloc(BLOCKS * sizeof *l);
+    for (size_t i = 0; i < BLOCKS; i++) {
+        s[i] = (uint64_t)(uintptr_t)(src + i * BLOCK);
+        d[i] = (uint64_t)(uintptr_t)(dst + (BLOCKS - 1 - i) * BLOCK); /* reversed order */
+        l[i] = BLOCK;
+    }
+    mc_transfer_opts opts = {sizeof opts, MC_VERIFY_DEFAULT, 0, 0};
+    CHECK_STATUS(mc_guard_transfer(sender, endpoint, s, d, l, BLOCKS, &opts), MC_OK, sender, "");
+    CHECK(opts.transfer_id > 0);
+    int same = 1;
+    for (size_t i = 0; i < BLOCKS; i++)
+        same &= memcmp(src + i * BLOCK, dst + (BLOCKS - 1 - i) * BLOCK, BLOCK) == 0;
+    CHECK(same);
+    uint64_t range_addr = d[0], range_len = BLOCK;
+    CHECK_STATUS(mc_guard_sync(receiver, &range_addr, &range_len, 1, NULL), MC_OK, receiver, "");
+
+    /* Error paths: each a named status and a message. */
+    mc_guard_t bogus = 0;
+    CHECK_STATUS(mc_guard_open("{\"max_batch\": -3}", &bogus), MC_ERR_CONFIG, 0, "max_batch");
+    CHECK_STATUS(mc_guard_open(NULL, NULL), MC_ERR_INVALID_ARG, 0, "NULL");
+    CHECK_STATUS(mc_guard_transfer(sender, NULL, s, d, l, 1, NULL), MC_ERR_INVALID_ARG, sender, "session is NULL");
+    CHECK_STATUS(mc_guard_transfer(sender, endpoint, NULL, d, l, 1, NULL), MC_ERR_INVALID_ARG, sender, "NULL");
+    CHECK_STATUS(mc_guard_transfer(sender, endpoint, s, d, l, 0, NULL), MC_ERR_INVALID_ARG, sender, "n is 0");
+    CHECK_STATUS(mc_guard_transfer(sender, endpoint, s, d, l, (size_t)-1, NULL), MC_ERR_INVALID_ARG, sender, "MAX_DESCRIPTORS");
+    uint64_t zero = 0, outside = (uint64_t)(uintptr_t)(src + SIZE);
+    CHECK_STATUS(mc_guard_transfer(sender, endpoint, s, d, &zero, 1, NULL), MC_ERR_INVALID_ARG, sender, "length 0");
+    CHECK_STATUS(mc_guard_transfer(sender, endpoint, &outside, d, l, 1, NULL), MC_ERR_NOT_REGISTERED, sender, "local side");
+    CHECK_STATUS(mc_guard_transfer(sender, endpoint, s, &outside, l, 1, NULL), MC_ERR_NOT_REGISTERED, sender, "remote side");
+    CHECK_STATUS(mc_guard_transfer(sender, "nowhere", s, d, l, 1, NULL), MC_ERR_INVALID_ARG, sender, "host:port");
+    CHECK_STATUS(mc_guard_transfer(sender, "127.0.0.1:1", s, d, l, 1, NULL), MC_ERR_TIMEOUT, sender, "did not answer");
+    CHECK_STATUS(mc_guard_register(sender, NULL, 10), MC_ERR_INVALID_ARG, sender, "null");
+    CHECK_STATUS(mc_guard_unregister(sender, dst), MC_ERR_NOT_REGISTERED, sender, "no region");
+    char tiny[4];
+    CHECK_STATUS(mc_guard_endpoint(receiver, tiny, sizeof tiny), MC_ERR_BUFFER_TOO_SMALL, receiver, "needed");
+    size_t needed = 0;
+    CHECK_STATUS(mc_guard_stats(sender, tiny, sizeof tiny, &needed), MC_ERR_BUFFER_TOO_SMALL, sender, "needed");
+    char *stats = malloc(needed + 1);
+    CHECK_STATUS(mc_guard_stats(sender, stats, needed + 1, NULL), MC_OK, sender, "");
+    CHECK(strstr(stats, "\"ok\":1") != NULL);
+    free(stats);
+    CHECK_STATUS(mc_guard_stats(424242, tiny, sizeof tiny, NULL), MC_ERR_BAD_HANDLE, 424242, "not a guard handle");
+
+    /* The sender's cached region table still lists dst: the target itself refuses. */
+    CHECK_STATUS(mc_guard_unregister(receiver, dst), MC_OK, receiver, "");
+    CHECK_STATUS(mc_guard_transfer(sender, endpoint, s, d, l, 1, NULL), MC_ERR_NOT_REGISTERED, sender, "target refused descriptor 0");
+    CHECK_STATUS(mc_guard_close(receiver), MC_OK, receiver, "");
+    CHECK_STATUS(mc_guard_close(receiver), MC_ERR_BAD_HANDLE, receiver, "closed");
+    CHECK_STATUS(mc_guard_transfer(receiver, endpoint, s, d, l, 1, NULL), MC_ERR_BAD_HANDLE, receiver, "closed");
+    CHECK_STATUS(mc_guard_close(sender), MC_OK, sender, "");
+
+    free(s); free(d); free(l); free(src); free(dst);
+    if (failures) {
+        fprintf(stderr, "%d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("c api: all checks passed\n");
+    return 0;
+}
