@@ -63,9 +63,10 @@ test-python: $(LIB) deps-python
 demo: build
 	$(PYTHON) -m mcguard.demo
 
-## bench: the stress throughput of off and tail, side by side
+## bench: guarded vs unguarded vs a raw socket pair (Go), and the stress's off vs tail (Python)
 bench: build
-	$(PYTHON) -m mcguard.bench
+	$(GO) test -run '^$$' -bench Modes -benchtime 3s -count 3 ./core/
+	$(PYTHON) -m mcguard.bench --rounds 5 --seconds 4
 
 install: build
 	cmake -S . -B build/install-tree -DMCGUARD_LIBRARY=$(CURDIR)/$(LIB) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null

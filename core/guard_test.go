@@ -23,7 +23,7 @@ type mem struct {
 	b []byte
 }
 
-func newMem(t *testing.T, n int) *mem {
+func newMem(t testing.TB, n int) *mem {
 	t.Helper()
 	b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 	require.NoError(t, err)

@@ -1,0 +1,128 @@
+package core
+
+import (
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/mcguard/mcguard/verify"
+)
+
+// BenchmarkModes moves 64 descriptors x 256 KiB per batch over loopback in
+// each verification mode, and through a raw TCP socket pair, alternating
+// batch by batch so that every figure sees the same machine load. It
+// reports each one's GB/s and the ratios to verify=off and to the raw pair.
+func BenchmarkModes(b *testing.B) {
+	const n, size = 64, 256 << 10
+	src, dst := benchMem(b, n*size), benchMem(b, n*size)
+	send, err := Open(mustConfig(b, `{"verify": "off"}`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer send.Close()
+	recv, err := Open(mustConfig(b, ""))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer recv.Close()
+	if err := send.Register(src.addr(0), n*size); err != nil {
+		b.Fatal(err)
+	}
+	if err := recv.Register(dst.addr(0), n*size); err != nil {
+		b.Fatal(err)
+	}
+	descs := make([]verify.Desc, n)
+	for i := range descs {
+		descs[i] = verify.Desc{Src: src.addr(i * size), Dst: dst.addr(i * size), Len: size}
+	}
+	raw := newRawPair(b, n*size)
+	defer raw.close()
+
+	modes := []verify.Mode{verify.Off, verify.Tail}
+	spent := map[string]time.Duration{}
+	b.SetBytes(n * size)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for _, m := range modes {
+			start := time.Now()
+			if _, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{Verify: &m}); err != nil {
+				b.Fatal(err)
+			}
+			spent[string(m)] += time.Since(start)
+		}
+		start := time.Now()
+		raw.batch(src.b)
+		spent["raw"] += time.Since(start)
+	}
+	b.StopTimer()
+	gbs := func(k string) float64 { return float64(b.N) * n * size / spent[k].Seconds() / 1e9 }
+	for _, k := range []string{"raw", "off", "tail"} {
+		b.ReportMetric(gbs(k), k+"_GB/s")
+	}
+	b.ReportMetric(gbs("tail")/gbs("off"), "tail/off")
+	b.ReportMetric(gbs("off")/gbs("raw"), "off/raw")
+}
+
+func mustConfig(b *testing.B, js string) Config {
+	c, err := LoadConfig(nil, js)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c
+}
+
+func benchMem(b *testing.B, n int) *mem {
+	return newMem(b, n)
+}
+
+// rawPair is the baseline: one TCP connection on loopback, the batch's
+// bytes written whole, and a one-byte acknowledgement after the reader
+// has them all.
+type rawPair struct {
+	w, r net.Conn
+	done chan struct{}
+}
+
+func newRawPair(b *testing.B, batch int) *rawPair {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	p := &rawPair{done: make(chan struct{})}
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		p.r = c
+		buf := make([]byte, batch)
+		for {
+			if _, err := io.ReadFull(c, buf); err != nil {
+				close(p.done)
+				return
+			}
+			if _, err := c.Write([]byte{1}); err != nil {
+				close(p.done)
+				return
+			}
+		}
+	}()
+	if p.w, err = net.Dial("tcp", ln.Addr().String()); err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+func (p *rawPair) batch(data []byte) {
+	p.w.Write(data)
+	var ack [1]byte
+	io.ReadFull(p.w, ack[:])
+}
+
+func (p *rawPair) close() {
+	p.w.Close()
+	<-p.done
+	p.r.Close()
+}
