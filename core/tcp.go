@@ -96,15 +96,20 @@ func (t *tcpConn) recv(op wire.Op, id uint64) (wire.Header, error) {
 	return h, nil
 }
 
-func (t *tcpConn) hello(ctx context.Context, token []byte) error {
+// request sends one frame and waits for its reply.
+func (t *tcpConn) request(ctx context.Context, op wire.Op, payload []byte) (wire.Header, error) {
 	t.deadline(ctx)
-	if err := t.send(wire.Header{Op: wire.OpHello, Len: uint64(len(token))}, token); err != nil {
-		return err
+	if err := t.send(wire.Header{Op: op, Len: uint64(len(payload))}, payload); err != nil {
+		return wire.Header{}, err
 	}
 	if err := t.w.Flush(); err != nil {
-		return ioErr("send", err)
+		return wire.Header{}, ioErr("send", err)
 	}
-	h, err := t.recv(wire.OpHello, t.nextID)
+	return t.recv(op, t.nextID)
+}
+
+func (t *tcpConn) hello(ctx context.Context, token []byte) error {
+	h, err := t.request(ctx, wire.OpHello, token)
 	if err != nil {
 		return err
 	}
@@ -183,14 +188,7 @@ func (t *tcpConn) read(ctx context.Context, ranges []verify.Range, out []byte) e
 			payload = wire.AppendRange(payload, ranges[k].Addr, ranges[k].Len)
 			total += ranges[k].Len
 		}
-		t.deadline(ctx)
-		if err := t.send(wire.Header{Op: wire.OpRead, Len: uint64(len(payload))}, payload); err != nil {
-			return err
-		}
-		if err := t.w.Flush(); err != nil {
-			return ioErr("send", err)
-		}
-		h, err := t.recv(wire.OpRead, t.nextID)
+		h, err := t.request(ctx, wire.OpRead, payload)
 		if err != nil {
 			return err
 		}
