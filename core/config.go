@@ -20,14 +20,21 @@ type Config struct {
 	Timeout time.Duration
 	// ConnectTimeout bounds the handshake with a new session.
 	ConnectTimeout time.Duration
-	Verify         verify.Config
-	Inject         FaultConfig
+	// Notify says when a transfer sends a completion notice to the
+	// receiving guard: "auto" (digest mode only), "always" or "never".
+	Notify string
+	// SyncTimeout bounds how long mc_guard_sync waits for notices and for
+	// writes still in flight.
+	SyncTimeout time.Duration
+	Verify      verify.Config
+	Inject      FaultConfig
 }
 
 // FaultConfig turns on target-side fault injection, for tests and demos.
 type FaultConfig struct {
-	Mode   string        // "none" or "lag"
-	LagMax time.Duration // lag: writes are applied up to this long after their ack
+	Mode   string        // one of FaultModes
+	Rate   float64       // drop, tear, stale: the fraction of writes hit
+	LagMax time.Duration // lag, reorder: the longest delay before a write lands
 	Seed   int
 }
 
@@ -38,8 +45,10 @@ func DefaultConfig() Config {
 		MaxBatch:       512,
 		Timeout:        5 * time.Second,
 		ConnectTimeout: 2 * time.Second,
+		Notify:         "auto",
+		SyncTimeout:    5 * time.Second,
 		Verify:         verify.Defaults(),
-		Inject:         FaultConfig{Mode: "none", LagMax: 20 * time.Millisecond},
+		Inject:         FaultConfig{Mode: FaultNone, Rate: 0.1, LagMax: 20 * time.Millisecond},
 	}
 }
 
@@ -54,8 +63,11 @@ func LoadConfig(getenv verify.Getenv, configJSON string) (Config, error) {
 	l.Int("max_batch", []string{"MC_GUARD_MAX_BATCH"}, &c.MaxBatch, 1, 1<<16)
 	l.Millis("timeout_ms", []string{"MC_GUARD_TIMEOUT_MS"}, &c.Timeout, time.Hour)
 	l.Millis("connect_timeout_ms", []string{"MC_GUARD_CONNECT_TIMEOUT_MS"}, &c.ConnectTimeout, time.Hour)
+	l.Choice("notify", []string{"MC_GUARD_NOTIFY"}, &c.Notify, []string{"auto", "always", "never"}, nil)
+	l.Millis("sync_timeout_ms", []string{"MC_GUARD_SYNC_TIMEOUT_MS"}, &c.SyncTimeout, time.Hour)
 	c.Verify = verify.Load(l)
-	l.Choice("inject", []string{"MC_GUARD_INJECT"}, &c.Inject.Mode, []string{"none", "lag"}, map[string]string{"": "none", "off": "none"})
+	l.Choice("inject", []string{"MC_GUARD_INJECT"}, &c.Inject.Mode, FaultModes, map[string]string{"": "none", "off": "none"})
+	l.Float("inject_rate", []string{"MC_GUARD_INJECT_RATE"}, &c.Inject.Rate, 0, 1)
 	l.Millis("inject_lag_max_ms", []string{"MC_GUARD_INJECT_LAG_MAX_MS"}, &c.Inject.LagMax, time.Minute)
 	l.Int("inject_seed", []string{"MC_GUARD_INJECT_SEED"}, &c.Inject.Seed, 0, 1<<31-1)
 	if err := l.Err(); err != nil {
@@ -64,8 +76,8 @@ func LoadConfig(getenv verify.Getenv, configJSON string) (Config, error) {
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return Config{}, fmt.Errorf("%w: listen %q is not host:port: %v", ErrConfig, c.Listen, err)
 	}
-	if c.Timeout <= 0 || c.ConnectTimeout <= 0 {
-		return Config{}, fmt.Errorf("%w: timeout_ms and connect_timeout_ms must be positive", ErrConfig)
+	if c.Timeout <= 0 || c.ConnectTimeout <= 0 || c.SyncTimeout <= 0 {
+		return Config{}, fmt.Errorf("%w: timeout_ms, connect_timeout_ms and sync_timeout_ms must be positive", ErrConfig)
 	}
 	return c, nil
 }

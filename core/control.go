@@ -17,7 +17,7 @@ import (
 const ProtocolVersion = 1
 
 // maxControlMessage bounds what a control socket accepts from a peer.
-const maxControlMessage = 1 << 20
+const maxControlMessage = 2 << 20
 
 type helloRequest struct {
 	Proto int    `json:"proto"`
@@ -33,15 +33,22 @@ type helloReply struct {
 	Regions []Region `json:"regions,omitempty"`
 }
 
-// controlServer answers handshakes on a ZMQ ROUTER socket. The socket has
-// one owner, the serve goroutine; others talk to it only through done.
+// controlReply is the answer to a notice, or to a request that failed.
+type controlReply struct {
+	Proto int    `json:"proto"`
+	Error string `json:"error,omitempty"`
+}
+
+// controlServer answers handshakes and notices on a ZMQ ROUTER socket. The
+// socket has one owner, the serve goroutine; others reach it only through
+// done. handle turns a request body into a reply body.
 type controlServer struct {
 	endpoint string // "host:port", the session name peers use
 	done     chan struct{}
 	wg       sync.WaitGroup
 }
 
-func newControlServer(zctx *zmq.Context, listen string, answer func(helloRequest) helloReply) (*controlServer, error) {
+func newControlServer(zctx *zmq.Context, listen string, handle func([]byte) []byte) (*controlServer, error) {
 	sock, err := zctx.NewSocket(zmq.ROUTER)
 	if err != nil {
 		return nil, fmt.Errorf("%w: control socket: %v", ErrConfig, err)
@@ -64,11 +71,11 @@ func newControlServer(zctx *zmq.Context, listen string, answer func(helloRequest
 	_, boundPort, _ := net.SplitHostPort(last[len("tcp://"):])
 	s := &controlServer{endpoint: net.JoinHostPort(host, boundPort), done: make(chan struct{})}
 	s.wg.Add(1)
-	go s.serve(sock, answer)
+	go s.serve(sock, handle)
 	return s, nil
 }
 
-func (s *controlServer) serve(sock *zmq.Socket, answer func(helloRequest) helloReply) {
+func (s *controlServer) serve(sock *zmq.Socket, handle func([]byte) []byte) {
 	defer s.wg.Done()
 	defer sock.Close()
 	poller := zmq.NewPoller()
@@ -88,19 +95,7 @@ func (s *controlServer) serve(sock *zmq.Socket, answer func(helloRequest) helloR
 		if err != nil || len(msg) != 3 || len(msg[1]) != 0 {
 			continue
 		}
-		var req helloRequest
-		var rep helloReply
-		if err := decodeStrict(msg[2], &req); err != nil {
-			rep = helloReply{Proto: ProtocolVersion, Error: "malformed handshake: " + err.Error()}
-		} else if req.Proto != ProtocolVersion {
-			rep = helloReply{Proto: ProtocolVersion, Error: fmt.Sprintf("protocol version %d, this guard speaks %d", req.Proto, ProtocolVersion)}
-		} else if req.Op != "hello" {
-			rep = helloReply{Proto: ProtocolVersion, Error: fmt.Sprintf("unknown control op %q", req.Op)}
-		} else {
-			rep = answer(req)
-		}
-		body, _ := json.Marshal(rep)
-		if _, err := sock.SendMessage(msg[0], "", body); err != nil {
+		if _, err := sock.SendMessage(msg[0], "", handle(msg[2])); err != nil {
 			log.Printf("mcguard: control reply failed: %v", err)
 		}
 	}
@@ -111,23 +106,44 @@ func (s *controlServer) close() {
 	s.wg.Wait()
 }
 
-// handshake asks the guard at session for its data endpoint and region
-// table. The REQ socket lives only for this call (a REQ that timed out
-// cannot be reused: Lazy Pirate), and this goroutine is its only owner.
-func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration) (helloReply, error) {
+// answerHello decodes a handshake request and answers it with hello.
+func answerHello(body []byte, hello func() helloReply) []byte {
+	var req helloRequest
+	var rep helloReply
+	if err := decodeStrict(body, &req); err != nil {
+		rep = helloReply{Proto: ProtocolVersion, Error: "malformed control request: " + err.Error()}
+	} else if req.Proto != ProtocolVersion {
+		rep = helloReply{Proto: ProtocolVersion, Error: fmt.Sprintf("protocol version %d, this guard speaks %d", req.Proto, ProtocolVersion)}
+	} else if req.Op != "hello" {
+		rep = helloReply{Proto: ProtocolVersion, Error: fmt.Sprintf("unknown control op %q", req.Op)}
+	} else {
+		rep = hello()
+	}
+	out, _ := json.Marshal(rep)
+	return out
+}
+
+// newReqSocket opens a REQ socket to session's control endpoint.
+func newReqSocket(zctx *zmq.Context, session string) (*zmq.Socket, error) {
 	sock, err := zctx.NewSocket(zmq.REQ)
 	if err != nil {
-		return helloReply{}, fmt.Errorf("%w: control socket: %v", ErrSession, err)
+		return nil, fmt.Errorf("%w: control socket: %v", ErrSession, err)
 	}
-	defer sock.Close()
 	sock.SetLinger(0)
 	sock.SetMaxmsgsize(maxControlMessage)
 	if err := sock.Connect("tcp://" + session); err != nil {
-		return helloReply{}, fmt.Errorf("%w: session %q: %v", ErrSession, session, err)
+		sock.Close()
+		return nil, fmt.Errorf("%w: session %q: %v", ErrSession, session, err)
 	}
-	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello"})
+	return sock, nil
+}
+
+// request sends body on a REQ socket and waits for the reply until the
+// timeout or ctx ends. After an error the socket must be closed: a REQ
+// that missed its reply cannot be reused (Lazy Pirate).
+func request(ctx context.Context, sock *zmq.Socket, session, what string, body []byte, timeout time.Duration) ([]byte, error) {
 	if _, err := sock.SendBytes(body, 0); err != nil {
-		return helloReply{}, fmt.Errorf("%w: session %q: handshake send: %v", ErrSession, session, err)
+		return nil, fmt.Errorf("%w: session %q: %s send: %v", ErrSession, session, what, err)
 	}
 	deadline := time.Now().Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
@@ -138,14 +154,14 @@ func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout t
 	for {
 		left := time.Until(deadline)
 		if left <= 0 {
-			return helloReply{}, fmt.Errorf("%w: session %q did not answer the handshake within %v (no guard listening there?)", ErrTimeout, session, timeout)
+			return nil, fmt.Errorf("%w: session %q did not answer the %s within %v (no guard listening there?)", ErrTimeout, session, what, timeout)
 		}
 		polled, err := poller.Poll(min(left, 50*time.Millisecond))
 		if err != nil {
-			return helloReply{}, fmt.Errorf("%w: session %q: %v", ErrSession, session, err)
+			return nil, fmt.Errorf("%w: session %q: %v", ErrSession, session, err)
 		}
 		if ctx.Err() != nil {
-			return helloReply{}, fmt.Errorf("%w: handshake with %q: %v", ErrClosed, session, ctx.Err())
+			return nil, fmt.Errorf("%w: %s with %q: %v", ErrClosed, what, session, ctx.Err())
 		}
 		if len(polled) > 0 {
 			break
@@ -153,7 +169,23 @@ func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout t
 	}
 	raw, err := sock.RecvBytes(0)
 	if err != nil {
-		return helloReply{}, fmt.Errorf("%w: session %q: handshake receive: %v", ErrSession, session, err)
+		return nil, fmt.Errorf("%w: session %q: %s receive: %v", ErrSession, session, what, err)
+	}
+	return raw, nil
+}
+
+// handshake asks the guard at session for its data endpoint and region
+// table, on a REQ socket that lives only for this call and this goroutine.
+func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration) (helloReply, error) {
+	sock, err := newReqSocket(zctx, session)
+	if err != nil {
+		return helloReply{}, err
+	}
+	defer sock.Close()
+	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello"})
+	raw, err := request(ctx, sock, session, "handshake", body, timeout)
+	if err != nil {
+		return helloReply{}, err
 	}
 	var rep helloReply
 	if err := decodeStrict(raw, &rep); err != nil {

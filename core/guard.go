@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -37,12 +39,14 @@ type Guard struct {
 	sessions map[string]*session
 	inflight sync.WaitGroup
 
-	nextTransfer atomic.Uint64
+	notices      *noticeStore
+	nextTransfer atomic.Uint64 // starts at a random value: ids differ across senders
 	stats        counters
 }
 
 type counters struct {
-	transfers, ok, failed, descriptors, bytes, retries, verifyFailures, probed atomic.Int64
+	transfers, ok, failed, descriptors, bytes, retries, resends, verifyFailures, probed atomic.Int64
+	noticesSent, noticesReceived, syncs, syncFailures                                   atomic.Int64
 }
 
 // Open starts a guard: its target server and control endpoint.
@@ -55,19 +59,26 @@ func Open(cfg Config) (*Guard, error) {
 	if _, err := rand.Read(token); err != nil {
 		return nil, fmt.Errorf("%w: random token: %v", ErrConfig, err)
 	}
-	g := &Guard{cfg: cfg, regions: &Regions{}, sessions: map[string]*session{}}
+	g := &Guard{cfg: cfg, regions: &Regions{}, sessions: map[string]*session{}, notices: newNoticeStore()}
+	g.nextTransfer.Store(mrand.Uint64() >> 1)
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	if g.zctx, err = zmq.NewContext(); err != nil {
 		return nil, fmt.Errorf("%w: zmq context: %v", ErrConfig, err)
 	}
-	if g.target, err = newTarget(g.regions, token, host, cfg.Timeout, cfg.Inject); err != nil {
+	if g.target, err = newTarget(g.regions, token, host, cfg.Timeout, cfg.Inject, cfg.Verify.TailBytes); err != nil {
 		g.zctx.Term()
 		return nil, err
 	}
-	answer := func(helloRequest) helloReply {
+	hello := func() helloReply {
 		return helloReply{Proto: ProtocolVersion, Data: g.target.addr(), Token: token, Regions: g.regions.Snapshot()}
 	}
-	if g.control, err = newControlServer(g.zctx, cfg.Listen, answer); err != nil {
+	handle := func(body []byte) []byte {
+		if wire.IsNotice(body) {
+			return g.receiveNotice(body)
+		}
+		return answerHello(body, hello)
+	}
+	if g.control, err = newControlServer(g.zctx, cfg.Listen, handle); err != nil {
 		g.target.close()
 		g.zctx.Term()
 		return nil, err
@@ -133,13 +144,16 @@ func (g *Guard) Unregister(addr uint64) error {
 
 // TransferOptions adjusts one call.
 type TransferOptions struct {
-	Verify *verify.Mode // nil: the guard's mode
+	Verify   *verify.Mode // nil: the guard's mode
+	Digests  []uint64     // if len(descs): filled with each source's digest (xxh3-64)
+	NoNotice bool         // do not send a completion notice even where the guard would
 }
 
 // TransferResult describes a successful transfer.
 type TransferResult struct {
 	ID      uint64
 	Retries int
+	Resends int
 }
 
 // Transfer writes every descriptor to session and returns nil only after
@@ -230,28 +244,152 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 		return res, err
 	}
 	defer s.mu.Unlock()
-	local := func(addr, n uint64) []byte { return bytesAt(addr, n) }
+	res.ID = g.nextTransfer.Add(1)
+	seed := mrand.Uint64()
+	notify := !opts.NoNotice && (g.cfg.Notify == "always" || (g.cfg.Notify == "auto" && vcfg.Mode == verify.Digest))
 	for base := 0; base < len(descs); base += g.cfg.MaxBatch {
 		chunk := descs[base:min(base+g.cfg.MaxBatch, len(descs))]
-		if err := s.conn.write(g.ctx, chunk, base, g.regions); err != nil {
-			s.disconnect()
-			return res, err
-		}
-		vr, err := verify.Check(g.ctx, vcfg, chunk, base, local, s.conn.read, &s.scratch)
-		res.Retries += vr.Retries
-		g.stats.retries.Add(int64(vr.Retries))
-		g.stats.probed.Add(vr.Probed)
-		if err != nil {
-			if !errors.Is(err, ErrVerify) {
-				s.disconnect()
+		var digests []uint64
+		if vcfg.Mode == verify.Digest || opts.Digests != nil {
+			digests = make([]uint64, len(chunk))
+			for i, d := range chunk {
+				digests[i] = verify.DigestOf(bytesAt(d.Src, d.Len))
 			}
+			if opts.Digests != nil {
+				copy(opts.Digests[base:], digests)
+			}
+		}
+		if err := g.deliver(s, vcfg, seed, chunk, base, &res); err != nil {
 			return res, fmt.Errorf("session %s: %w", name, err)
+		}
+		if notify {
+			if err := g.notify(s, res.ID, vcfg.Mode, len(descs), base, chunk, digests); err != nil {
+				return res, err
+			}
 		}
 	}
 	g.stats.descriptors.Add(int64(len(descs)))
 	g.stats.bytes.Add(int64(total))
-	res.ID = g.nextTransfer.Add(1)
 	return res, nil
+}
+
+// deliver writes one chunk and checks it as vcfg says: read-back modes
+// read after a fence (pipelined with the first read, so one round trip)
+// and may re-send what never matched; digest mode fences and leaves the
+// comparison to the receiver; off trusts the transport.
+func (g *Guard) deliver(s *session, vcfg verify.Config, seed uint64, chunk []verify.Desc, base int, res *TransferResult) error {
+	if err := s.conn.write(g.ctx, chunk, base, g.regions); err != nil {
+		s.disconnect()
+		return err
+	}
+	switch {
+	case vcfg.Mode == verify.Off:
+		return nil
+	case !vcfg.Mode.ReadsBack():
+		if err := s.conn.fence(g.ctx); err != nil {
+			s.disconnect()
+			return err
+		}
+		return nil
+	}
+	// index maps positions in the descriptors being checked to the batch.
+	todo, index := chunk, make([]int, len(chunk))
+	for i := range index {
+		index[i] = base + i
+	}
+	for attempt := 0; ; attempt++ {
+		fenced := false
+		read := func(ctx context.Context, ranges []verify.Range, out []byte) error {
+			first := !fenced
+			fenced = true
+			return s.conn.read(ctx, ranges, out, first)
+		}
+		local := func(addr, n uint64) []byte { return bytesAt(addr, n) }
+		vr, err := verify.Check(g.ctx, vcfg, seed, todo, local, read, &s.scratch)
+		res.Retries += vr.Retries
+		g.stats.retries.Add(int64(vr.Retries))
+		g.stats.probed.Add(vr.Probed)
+		var me *verify.MismatchError
+		if !errors.As(err, &me) {
+			if err != nil {
+				s.disconnect()
+			}
+			return err
+		}
+		bad, badIndex := make([]verify.Desc, len(me.Descs)), make([]int, len(me.Descs))
+		for i, k := range me.Descs {
+			bad[i], badIndex[i] = todo[k], index[k]
+		}
+		me.Descs = badIndex
+		if vcfg.OnMismatch != verify.Resend || attempt >= vcfg.MaxResends {
+			if attempt > 0 {
+				me.Where = fmt.Sprintf("still differ at the target after %d re-sends", attempt)
+			}
+			return me
+		}
+		res.Resends++
+		g.stats.resends.Add(1)
+		todo, index = bad, badIndex
+		if err := s.conn.write(g.ctx, todo, 0, g.regions); err != nil {
+			s.disconnect()
+			return err
+		}
+	}
+}
+
+// notify sends one chunk's completion notice to the session's guard and
+// waits for it to be recorded there.
+func (g *Guard) notify(s *session, id uint64, mode verify.Mode, total, base int, chunk []verify.Desc, digests []uint64) error {
+	for off := 0; off < len(chunk); off += wire.MaxNoticeDescs {
+		part := chunk[off:min(off+wire.MaxNoticeDescs, len(chunk))]
+		n := wire.Notice{ID: id, Mode: modeIndex(mode), Total: total, Base: base + off, Descs: make([]wire.NoticeDesc, len(part))}
+		for i, d := range part {
+			n.Descs[i] = wire.NoticeDesc{Dst: d.Dst, Len: d.Len}
+			if digests != nil {
+				n.Descs[i].Digest = digests[off+i]
+			}
+		}
+		if err := s.notify(g.ctx, g.zctx, &g.cfg, wire.EncodeNotice(nil, n)); err != nil {
+			return err
+		}
+		g.stats.noticesSent.Add(1)
+	}
+	return nil
+}
+
+func modeIndex(m verify.Mode) uint8 {
+	for i, x := range verify.Modes {
+		if x == m {
+			return uint8(i)
+		}
+	}
+	return 0
+}
+
+// receiveNotice records a peer's notice; the reply says whether it was
+// taken. A notice that is malformed or names memory this guard did not
+// register is refused whole.
+func (g *Guard) receiveNotice(body []byte) []byte {
+	rep := controlReply{Proto: ProtocolVersion}
+	n, err := wire.DecodeNotice(body, len(verify.Modes))
+	if err == nil {
+		for i, d := range n.Descs {
+			if g.regions.Check(d.Dst, d.Len) != nil {
+				err = fmt.Errorf("notice descriptor %d names [%#x, +%d), which is not registered here", n.Base+i, d.Dst, d.Len)
+				break
+			}
+		}
+	}
+	if err == nil {
+		err = g.notices.add(n)
+	}
+	if err != nil {
+		rep.Error = err.Error()
+	} else {
+		g.stats.noticesReceived.Add(1)
+	}
+	out, _ := json.Marshal(rep)
+	return out
 }
 
 // Read copies remote bytes into local registered memory: for each
@@ -279,7 +417,7 @@ func (g *Guard) Read(name string, descs []verify.Desc) error {
 			return nil
 		}
 		buf := s.scratch.Bytes(size)
-		if err := s.conn.read(g.ctx, ranges, buf); err != nil {
+		if err := s.conn.read(g.ctx, ranges, buf, false); err != nil {
 			s.disconnect()
 			return fmt.Errorf("session %s: %w", name, err)
 		}
@@ -320,12 +458,12 @@ func (g *Guard) session(name string) *session {
 // SyncRange is one destination range the receiver was told is complete.
 type SyncRange struct{ Addr, Len uint64 }
 
-// Sync is the receiver's half: after the sender's notice, it checks that
-// every range is registered memory of this guard and makes the bytes safe
-// for the application. For host memory a completed target write is
-// already visible (the target applies before it acknowledges), so this
-// is a check plus a full fence; device memory adds its flush later.
-func (g *Guard) Sync(ranges []SyncRange) error {
+// Sync is the receiver's half for ranges the application was told about
+// (the vLLM connector's own OK message): it waits until writes still in
+// flight to them have landed, makes them safe to read (the device hook: a
+// full fence for host memory) and, when digests are given (one per range,
+// as the sender's mc_guard_transfer returned them), compares them.
+func (g *Guard) Sync(ranges []SyncRange, digests []uint64) error {
 	if err := g.enter(); err != nil {
 		return err
 	}
@@ -333,13 +471,90 @@ func (g *Guard) Sync(ranges []SyncRange) error {
 	if len(ranges) > MaxDescriptors {
 		return fmt.Errorf("%w: %d ranges, limit %d per call", ErrInvalidArg, len(ranges), MaxDescriptors)
 	}
+	if digests != nil && len(digests) != len(ranges) {
+		return fmt.Errorf("%w: %d digests for %d ranges", ErrInvalidArg, len(digests), len(ranges))
+	}
 	for i, r := range ranges {
 		if err := g.regions.Check(r.Addr, r.Len); err != nil {
 			return fmt.Errorf("sync range %d: %w", i, err)
 		}
 	}
+	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.SyncTimeout)
+	defer cancel()
+	return g.settle(ctx, ranges, digests, "range")
+}
+
+// SyncTransfers is the receiver's half for transfers announced by
+// completion notices: it waits (up to sync_timeout) for each transfer's
+// notice, then settles its ranges as Sync does, comparing digests when the
+// transfer was sent in digest mode.
+func (g *Guard) SyncTransfers(ids []uint64) error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	defer g.inflight.Done()
+	if len(ids) == 0 || len(ids) > MaxDescriptors {
+		return fmt.Errorf("%w: %d transfer ids (1 to %d)", ErrInvalidArg, len(ids), MaxDescriptors)
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.SyncTimeout)
+	defer cancel()
+	for _, id := range ids {
+		n, err := g.notices.take(ctx, id)
+		if err != nil {
+			g.stats.syncFailures.Add(1)
+			return err
+		}
+		ranges := make([]SyncRange, len(n.descs))
+		var digests []uint64
+		if n.mode == verify.Digest {
+			digests = make([]uint64, len(n.descs))
+		}
+		for i, d := range n.descs {
+			ranges[i] = SyncRange{Addr: d.Dst, Len: d.Len}
+			if digests != nil {
+				digests[i] = d.Digest
+			}
+		}
+		if err := g.settle(ctx, ranges, digests, fmt.Sprintf("transfer %#x descriptor", id)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// settle waits for writes in flight to ranges, runs the device hook, and
+// compares digests if there are any.
+func (g *Guard) settle(ctx context.Context, ranges []SyncRange, digests []uint64, what string) error {
+	g.stats.syncs.Add(1)
+	regions := make([]Region, len(ranges))
+	for i, r := range ranges {
+		regions[i] = Region(r)
+	}
+	if err := g.target.held.wait(ctx, regions); err != nil {
+		g.stats.syncFailures.Add(1)
+		return fmt.Errorf("%w: writes to the synced ranges were still in flight after %v", ErrTimeout, g.cfg.SyncTimeout)
+	}
 	var fence atomic.Int64
 	fence.Add(1) // a locked instruction: a full memory barrier on every architecture Go supports
+	if digests == nil {
+		return nil
+	}
+	var bad []string
+	for i, r := range ranges {
+		var got uint64
+		err := g.regions.Access(r.Addr, r.Len, func(m []byte) error { got = verify.DigestOf(m); return nil })
+		if err != nil || got != digests[i] {
+			if len(bad) < 16 {
+				bad = append(bad, fmt.Sprintf("%s %d [%#x, +%d)", what, i, r.Addr, r.Len))
+			} else if len(bad) == 16 {
+				bad = append(bad, "...")
+			}
+		}
+	}
+	if bad != nil {
+		g.stats.syncFailures.Add(1)
+		return fmt.Errorf("%w: destination digests differ from the sender's: %s", ErrVerify, strings.Join(bad, ", "))
+	}
 	return nil
 }
 
@@ -353,21 +568,27 @@ func (g *Guard) Stats() ([]byte, error) {
 	nsessions := len(g.sessions)
 	g.mu.Unlock()
 	return json.Marshal(map[string]any{
-		"endpoint":        g.Endpoint(),
-		"data_endpoint":   g.target.addr(),
-		"verify":          g.cfg.Verify.Mode,
-		"inject":          g.cfg.Inject.Mode,
-		"transport":       "tcp",
-		"max_batch":       g.cfg.MaxBatch,
-		"sessions":        nsessions,
-		"regions":         len(g.regions.Snapshot()),
-		"transfers":       g.stats.transfers.Load(),
-		"ok":              g.stats.ok.Load(),
-		"failed":          g.stats.failed.Load(),
-		"descriptors":     g.stats.descriptors.Load(),
-		"bytes":           g.stats.bytes.Load(),
-		"retries":         g.stats.retries.Load(),
-		"verify_failures": g.stats.verifyFailures.Load(),
-		"probed_bytes":    g.stats.probed.Load(),
+		"endpoint":         g.Endpoint(),
+		"data_endpoint":    g.target.addr(),
+		"verify":           g.cfg.Verify.Mode,
+		"inject":           g.cfg.Inject.Mode,
+		"transport":        "tcp",
+		"max_batch":        g.cfg.MaxBatch,
+		"sessions":         nsessions,
+		"regions":          len(g.regions.Snapshot()),
+		"transfers":        g.stats.transfers.Load(),
+		"ok":               g.stats.ok.Load(),
+		"failed":           g.stats.failed.Load(),
+		"descriptors":      g.stats.descriptors.Load(),
+		"bytes":            g.stats.bytes.Load(),
+		"retries":          g.stats.retries.Load(),
+		"resends":          g.stats.resends.Load(),
+		"notices_sent":     g.stats.noticesSent.Load(),
+		"notices_received": g.stats.noticesReceived.Load(),
+		"syncs":            g.stats.syncs.Load(),
+		"sync_failures":    g.stats.syncFailures.Load(),
+		"notify":           g.cfg.Notify,
+		"verify_failures":  g.stats.verifyFailures.Load(),
+		"probed_bytes":     g.stats.probed.Load(),
 	})
 }

@@ -2,6 +2,7 @@ package core
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
@@ -117,7 +118,7 @@ func stats(t *testing.T, g *Guard) map[string]any {
 	return m
 }
 
-func TestLagIsCaughtByTailAndMissedByOff(t *testing.T) {
+func TestLagIsFlushedByTheFenceAndMissedByOff(t *testing.T) {
 	const n, size = 32, 4096
 	recvJS := `{"inject": "lag", "inject_lag_max_ms": 30, "inject_seed": 7}`
 	p := newPair(t, `{"verify": "off"}`, recvJS, n*size)
@@ -128,15 +129,38 @@ func TestLagIsCaughtByTailAndMissedByOff(t *testing.T) {
 
 	time.Sleep(50 * time.Millisecond)
 	fill(p.src.b)
-	tail := verify.Tail
-	res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{Verify: &tail})
+	res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{Verify: ptr(verify.Tail)})
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(p.src.b, p.dst.b), "tail verification returned only once every block landed")
-	require.Positive(t, res.Retries)
+	require.Zero(t, res.Retries, "the fence waited for the lagging writes: the first read-back matched")
+}
+
+func TestReorderIsCaughtByPolling(t *testing.T) {
+	const n, size = 32, 4096
+	p := newPair(t, "", `{"inject": "reorder", "inject_lag_max_ms": 20, "inject_seed": 3}`, n*size)
+	fill(p.src.b)
+	res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{})
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(p.src.b, p.dst.b))
+	require.Positive(t, res.Retries, "a fence does not wait for reordered writes; polling does")
+}
+
+func TestFenceWaitsForEarlierWrites(t *testing.T) {
+	const n, size = 16, 4096
+	p := newPair(t, `{"verify": "off"}`, `{"inject": "lag", "inject_lag_max_ms": 40}`, n*size)
+	fill(p.src.b)
+	s := p.send.session(p.recv.Endpoint())
+	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{})
+	require.NoError(t, err)
+	s.mu.Lock()
+	err = s.conn.fence(context.Background())
+	s.mu.Unlock()
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(p.src.b, p.dst.b), "after the fence's reply every earlier write is in place")
 }
 
 func TestVerifyFailsAfterRetries(t *testing.T) {
-	recvJS := `{"inject": "lag", "inject_lag_max_ms": 2000, "inject_seed": 1}`
+	recvJS := `{"inject": "drop", "inject_rate": 1}`
 	p := newPair(t, `{"max_retries": 3, "retry_sleep_s": 0.001}`, recvJS, 8*1024)
 	fill(p.src.b)
 	start := time.Now()
@@ -144,9 +168,28 @@ func TestVerifyFailsAfterRetries(t *testing.T) {
 	require.ErrorIs(t, err, ErrVerify)
 	var me *verify.MismatchError
 	require.True(t, errors.As(err, &me))
-	require.NotEmpty(t, me.Descs)
+	require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7}, me.Descs)
 	require.Less(t, time.Since(start), time.Second)
 	require.EqualValues(t, 1, stats(t, p.send)["verify_failures"])
+}
+
+func TestResendRepairsLostWrites(t *testing.T) {
+	const n, size = 32, 1024
+	p := newPair(t, `{"max_retries": 2, "retry_sleep_s": 0, "on_mismatch": "resend", "max_resends": 20}`,
+		`{"inject": "drop", "inject_rate": 0.3, "inject_seed": 5}`, n*size)
+	fill(p.src.b)
+	res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{})
+	require.NoError(t, err)
+	require.Positive(t, res.Resends)
+	require.True(t, bytes.Equal(p.src.b, p.dst.b))
+
+	q := newPair(t, `{"max_retries": 1, "retry_sleep_s": 0, "on_mismatch": "resend", "max_resends": 2}`,
+		`{"inject": "drop", "inject_rate": 1}`, n*size)
+	fill(q.src.b)
+	_, err = q.send.Transfer(q.recv.Endpoint(), q.blocks(4, size), TransferOptions{})
+	require.ErrorIs(t, err, ErrVerify)
+	require.Contains(t, err.Error(), "after 2 re-sends")
+	require.EqualValues(t, 2, stats(t, q.send)["resends"])
 }
 
 // Two goroutines write whole-region patterns to the same session at once.
@@ -362,9 +405,9 @@ func TestSyncChecksRanges(t *testing.T) {
 	g := openGuard(t, "")
 	m := newMem(t, 4096)
 	require.NoError(t, g.Register(m.addr(0), 4096))
-	require.NoError(t, g.Sync([]SyncRange{{m.addr(0), 4096}, {m.addr(10), 1}}))
-	require.ErrorIs(t, g.Sync([]SyncRange{{m.addr(4000), 200}}), ErrNotRegistered)
-	require.ErrorIs(t, g.Sync([]SyncRange{{m.addr(0), 0}}), ErrNotRegistered)
+	require.NoError(t, g.Sync([]SyncRange{{m.addr(0), 4096}, {m.addr(10), 1}}, nil))
+	require.ErrorIs(t, g.Sync([]SyncRange{{m.addr(4000), 200}}, nil), ErrNotRegistered)
+	require.ErrorIs(t, g.Sync([]SyncRange{{m.addr(0), 0}}, nil), ErrNotRegistered)
 }
 
 func TestRegions(t *testing.T) {

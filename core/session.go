@@ -20,7 +20,8 @@ type session struct {
 
 	// Under mu:
 	hello   helloReply
-	conn    transport // nil until connected, and again after an I/O error
+	conn    transport   // nil until connected, and again after an I/O error
+	notices *zmq.Socket // REQ to the peer's control endpoint, for notices
 	scratch verify.Scratch
 }
 
@@ -60,11 +61,45 @@ func (s *session) refresh(ctx context.Context, zctx *zmq.Context, cfg *Config) e
 	return nil
 }
 
+// disconnect drops the data connection and the notice socket; the next
+// batch reconnects.
 func (s *session) disconnect() {
 	if s.conn != nil {
 		s.conn.close()
 		s.conn = nil
 	}
+	if s.notices != nil {
+		s.notices.Close()
+		s.notices = nil
+	}
+}
+
+// notify sends one notice and waits until the peer recorded it. The
+// socket belongs to the session and is used only under its lock, so one
+// goroutine at a time touches it (the lock hand-off is the memory barrier
+// ZeroMQ asks for when a socket changes threads).
+func (s *session) notify(ctx context.Context, zctx *zmq.Context, cfg *Config, body []byte) error {
+	if s.notices == nil {
+		sock, err := newReqSocket(zctx, s.name)
+		if err != nil {
+			return err
+		}
+		s.notices = sock
+	}
+	raw, err := request(ctx, s.notices, s.name, "completion notice", body, cfg.Timeout)
+	if err != nil {
+		s.notices.Close() // a REQ that missed its reply cannot be reused
+		s.notices = nil
+		return err
+	}
+	var rep controlReply
+	if err := decodeStrict(raw, &rep); err != nil {
+		return fmt.Errorf("%w: session %q answered a notice with: %v", ErrPeer, s.name, err)
+	}
+	if rep.Error != "" {
+		return fmt.Errorf("%w: session %q refused the completion notice: %s", ErrSession, s.name, rep.Error)
+	}
+	return nil
 }
 
 // checkDst returns the index of the first descriptor whose destination

@@ -2,12 +2,11 @@ package core
 
 import (
 	"bufio"
+	"context"
 	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
-	"log"
-	"math/rand"
 	"net"
 	"sync"
 	"time"
@@ -23,13 +22,13 @@ type target struct {
 	token   []byte // a data connection must present it first
 	timeout time.Duration
 
-	// Fault injection (lag): writes are acknowledged first and applied
-	// later. applyMu makes each late apply atomic with respect to reads,
-	// so a read-back sees a write either not at all or whole.
-	lag     time.Duration
+	// Fault injection. Held writes (lag, reorder) are applied later under
+	// applyMu, which reads also take, so a read-back sees a held write
+	// either not at all or whole.
+	faults  *faults
+	held    *heldWrites // every held write, for sync
 	applyMu sync.Mutex
-	rng     *rand.Rand
-	closed  bool // under applyMu: late applies stop touching memory
+	closed  bool // under applyMu: held writes stop touching memory
 	late    sync.WaitGroup
 
 	ln    net.Listener
@@ -38,17 +37,13 @@ type target struct {
 	wg    sync.WaitGroup
 }
 
-func newTarget(regions *Regions, token []byte, host string, timeout time.Duration, f FaultConfig) (*target, error) {
+func newTarget(regions *Regions, token []byte, host string, timeout time.Duration, f FaultConfig, tailBytes int) (*target, error) {
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return nil, fmt.Errorf("%w: target cannot listen on %s: %v", ErrConfig, host, err)
 	}
-	t := &target{regions: regions, token: token, timeout: timeout, ln: ln, conns: map[net.Conn]struct{}{}}
-	if f.Mode == "lag" {
-		t.lag = f.LagMax
-		t.rng = rand.New(rand.NewSource(int64(f.Seed)))
-		log.Printf("mcguard: WARNING: FAULT INJECTION ON at %s: lag — writes are acknowledged before they are applied and land up to %v later", ln.Addr(), f.LagMax)
-	}
+	t := &target{regions: regions, token: token, timeout: timeout, ln: ln, conns: map[net.Conn]struct{}{},
+		held: newHeldWrites(), faults: newFaults(f, tailBytes, ln.Addr().String())}
 	t.wg.Add(1)
 	go t.accept()
 	return t, nil
@@ -107,6 +102,7 @@ func (t *target) serve(c net.Conn) {
 	w := bufio.NewWriterSize(c, 64<<10)
 	hdr := make([]byte, wire.HeaderSize)
 	bound := false
+	lagged := newHeldWrites() // this connection's lag-held writes, for Fence
 	for {
 		c.SetReadDeadline(time.Time{}) // an idle, reused connection may wait
 		if _, err := io.ReadFull(r, hdr); err != nil {
@@ -128,7 +124,9 @@ func (t *target) serve(c net.Conn) {
 		case !bound:
 			st = wire.StatusUnauthorized
 		case h.Op == wire.OpWrite:
-			st, err = t.write(h.Addr, h.Len, r)
+			st, err = t.write(h.Addr, h.Len, r, lagged)
+		case h.Op == wire.OpFence:
+			st, err = t.fence(r, h.Len, lagged)
 		case h.Op == wire.OpRead:
 			st, n, payload, err = t.read(r, h.Len)
 		}
@@ -175,13 +173,13 @@ func (t *target) hello(r io.Reader, n uint64) wire.Status {
 
 // write applies a Write frame's payload. A range outside registered memory
 // is refused and its payload discarded, so the stream stays in step.
-func (t *target) write(addr, n uint64, r io.Reader) (wire.Status, error) {
+func (t *target) write(addr, n uint64, r io.Reader, lagged *heldWrites) (wire.Status, error) {
 	if err := t.regions.Check(addr, n); err != nil {
 		_, err := io.CopyN(io.Discard, r, int64(n))
 		return wire.StatusNotRegistered, err
 	}
-	if t.lag > 0 {
-		return t.writeLate(addr, n, r)
+	if t.faults != nil {
+		return t.writeFaulty(addr, n, r, lagged)
 	}
 	err := t.regions.Access(addr, n, func(m []byte) error {
 		_, err := io.ReadFull(r, m)
@@ -194,24 +192,57 @@ func (t *target) write(addr, n uint64, r io.Reader) (wire.Status, error) {
 	return wire.StatusOK, err
 }
 
-// writeLate is the lag fault: keep the bytes, acknowledge now, apply later.
-func (t *target) writeLate(addr, n uint64, r io.Reader) (wire.Status, error) {
+// writeFaulty is a write under fault injection: the bytes are received
+// whole, acknowledged, and then applied as the fault decides.
+func (t *target) writeFaulty(addr, n uint64, r io.Reader, lagged *heldWrites) (wire.Status, error) {
 	buf := make([]byte, n)
 	if _, err := io.ReadFull(r, buf); err != nil {
 		return 0, err
 	}
-	t.applyMu.Lock()
-	delay := time.Duration(t.rng.Int63n(int64(t.lag) + 1))
+	var hold bool
+	t.regions.Access(addr, n, func(m []byte) error {
+		var now []byte
+		now, hold = t.faults.fate(buf, m)
+		copy(m, now)
+		return nil
+	})
+	if !hold {
+		return wire.StatusOK, nil
+	}
+	w := Region{Addr: addr, Len: n}
+	id := t.held.add(w)
+	var lagID uint64
+	if t.faults.mode == FaultLag {
+		lagID = lagged.add(w)
+	}
 	t.late.Add(1)
-	t.applyMu.Unlock()
-	time.AfterFunc(delay, func() {
+	time.AfterFunc(t.faults.delay(), func() {
 		defer t.late.Done()
 		t.applyMu.Lock()
-		defer t.applyMu.Unlock()
 		if !t.closed {
 			t.regions.Access(addr, n, func(m []byte) error { copy(m, buf); return nil })
 		}
+		t.applyMu.Unlock()
+		t.held.done(id)
+		if lagID != 0 {
+			lagged.done(lagID)
+		}
 	})
+	return wire.StatusOK, nil
+}
+
+// fence replies once every earlier write on the connection is applied.
+// Writes that a reorder fault holds are not waited for (another path).
+func (t *target) fence(r io.Reader, n uint64, lagged *heldWrites) (wire.Status, error) {
+	if n != 0 {
+		_, err := io.CopyN(io.Discard, r, int64(n))
+		return wire.StatusBadRequest, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), t.timeout)
+	defer cancel()
+	if err := lagged.wait(ctx, nil); err != nil {
+		return wire.StatusBadRequest, err
+	}
 	return wire.StatusOK, nil
 }
 
@@ -237,7 +268,7 @@ func (t *target) read(r io.Reader, n uint64) (wire.Status, uint64, func(io.Write
 		}
 	}
 	send := func(w io.Writer) error {
-		if t.lag > 0 { // see applyMu
+		if t.faults.holds() { // see applyMu
 			t.applyMu.Lock()
 			defer t.applyMu.Unlock()
 		}

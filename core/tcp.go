@@ -19,7 +19,11 @@ import (
 // library does not trust, which is why verification follows it.
 type transport interface {
 	write(ctx context.Context, descs []verify.Desc, base int, local *Regions) error
-	read(ctx context.Context, ranges []verify.Range, out []byte) error
+	// fence returns once every earlier write is applied at the target.
+	fence(ctx context.Context) error
+	// read fetches ranges into out; with fenced, a fence goes first, in
+	// the same round trip.
+	read(ctx context.Context, ranges []verify.Range, out []byte, fenced bool) error
 	close()
 }
 
@@ -108,6 +112,25 @@ func (t *tcpConn) request(ctx context.Context, op wire.Op, payload []byte) (wire
 	return t.recv(op, t.nextID)
 }
 
+// fencedRequest sends a Read after the unanswered Fence fenceID and waits
+// for both replies.
+func (t *tcpConn) fencedRequest(ctx context.Context, fenceID uint64, payload []byte) (wire.Header, error) {
+	if err := t.send(wire.Header{Op: wire.OpRead, Len: uint64(len(payload))}, payload); err != nil {
+		return wire.Header{}, err
+	}
+	if err := t.w.Flush(); err != nil {
+		return wire.Header{}, ioErr("send", err)
+	}
+	f, err := t.recv(wire.OpFence, fenceID)
+	if err != nil {
+		return wire.Header{}, err
+	}
+	if f.Status != wire.StatusOK {
+		return wire.Header{}, fmt.Errorf("%w: target failed the fence: %v", ErrPeer, f.Status)
+	}
+	return t.recv(wire.OpRead, t.nextID)
+}
+
 func (t *tcpConn) hello(ctx context.Context, token []byte) error {
 	h, err := t.request(ctx, wire.OpHello, token)
 	if err != nil {
@@ -172,10 +195,39 @@ func (t *tcpConn) write(ctx context.Context, descs []verify.Desc, base int, loca
 	return <-acks
 }
 
-// read fetches ranges into out, one request per wire.MaxRanges ranges or
-// wire.MaxPayload bytes.
-func (t *tcpConn) read(ctx context.Context, ranges []verify.Range, out []byte) error {
+// fence asks the target to reply once every earlier write on this
+// connection is applied.
+func (t *tcpConn) fence(ctx context.Context) error {
 	defer t.abortOn(ctx)()
+	h, err := t.request(ctx, wire.OpFence, nil)
+	if err != nil {
+		return err
+	}
+	if h.Status != wire.StatusOK {
+		return fmt.Errorf("%w: target failed the fence: %v", ErrPeer, h.Status)
+	}
+	return nil
+}
+
+// read fetches ranges into out, one request per wire.MaxRanges ranges or
+// wire.MaxPayload bytes. With fenced, a Fence frame precedes the first
+// request and both replies are read after one flush: one round trip.
+func (t *tcpConn) read(ctx context.Context, ranges []verify.Range, out []byte, fenced bool) error {
+	defer t.abortOn(ctx)()
+	var fenceID uint64
+	if fenced {
+		t.deadline(ctx)
+		if err := t.send(wire.Header{Op: wire.OpFence}, nil); err != nil {
+			return err
+		}
+		fenceID = t.nextID
+	}
+	return t.readRanges(ctx, ranges, out, fenceID)
+}
+
+// readRanges does read's requests; a fenceID other than 0 is a Fence sent
+// but not yet answered, whose reply comes before the first read's.
+func (t *tcpConn) readRanges(ctx context.Context, ranges []verify.Range, out []byte, fenceID uint64) error {
 	payload := make([]byte, 0, 16*min(len(ranges), wire.MaxRanges))
 	for len(ranges) > 0 {
 		payload = payload[:0]
@@ -188,7 +240,14 @@ func (t *tcpConn) read(ctx context.Context, ranges []verify.Range, out []byte) e
 			payload = wire.AppendRange(payload, ranges[k].Addr, ranges[k].Len)
 			total += ranges[k].Len
 		}
-		h, err := t.request(ctx, wire.OpRead, payload)
+		var h wire.Header
+		var err error
+		if fenceID != 0 {
+			h, err = t.fencedRequest(ctx, fenceID, payload)
+			fenceID = 0
+		} else {
+			h, err = t.request(ctx, wire.OpRead, payload)
+		}
 		if err != nil {
 			return err
 		}

@@ -102,7 +102,8 @@ func cArray(p *C.uint64_t, n int) []uint64 {
 }
 
 // verifyModes maps MC_VERIFY_* to modes, in the header's numbering.
-var verifyModes = map[C.int32_t]verify.Mode{C.MC_VERIFY_OFF: verify.Off, C.MC_VERIFY_TAIL: verify.Tail}
+var verifyModes = map[C.int32_t]verify.Mode{C.MC_VERIFY_OFF: verify.Off, C.MC_VERIFY_TAIL: verify.Tail,
+	C.MC_VERIFY_SAMPLE: verify.Sample, C.MC_VERIFY_FULL: verify.Full, C.MC_VERIFY_DIGEST: verify.Digest}
 
 // batchArgs checks and decodes the arguments mc_guard_transfer and
 // mc_guard_read share: a session name and n (local, remote, len) triples.
@@ -149,6 +150,10 @@ func mcgTransfer(h C.mc_guard_t, session *C.char, src, dst, length *C.uint64_t, 
 			}
 			o.Verify = &m
 		}
+		if opts.digests != nil {
+			o.Digests = cArray(opts.digests, len(descs))
+		}
+		o.NoNotice = opts.flags&C.MC_TRANSFER_NO_NOTICE != 0
 	}
 	res, err := g.Transfer(name, descs, o)
 	if err != nil {
@@ -157,6 +162,7 @@ func mcgTransfer(h C.mc_guard_t, session *C.char, src, dst, length *C.uint64_t, 
 	if opts != nil {
 		opts.transfer_id = C.uint64_t(res.ID)
 		opts.retries = C.uint64_t(res.Retries)
+		opts.resends = C.uint64_t(res.Resends)
 	}
 	return C.MC_OK
 }
@@ -178,6 +184,14 @@ func mcgRead(h C.mc_guard_t, session *C.char, local, remote, length *C.uint64_t,
 	return C.MC_OK
 }
 
+// checkSyncOpts validates opts, which may be NULL.
+func checkSyncOpts(opts *C.mc_sync_opts) error {
+	if opts != nil && opts.struct_size < C.uint32_t(unsafe.Sizeof(*opts)) {
+		return fmt.Errorf("%w: opts->struct_size is %d, want sizeof(mc_sync_opts) = %d", core.ErrInvalidArg, opts.struct_size, unsafe.Sizeof(*opts))
+	}
+	return nil
+}
+
 //export mcgSync
 func mcgSync(h C.mc_guard_t, addr, length *C.uint64_t, n C.size_t, opts *C.mc_sync_opts) (st C.mc_status) {
 	defer recoverInto(&st, h, "mc_guard_sync")
@@ -185,22 +199,49 @@ func mcgSync(h C.mc_guard_t, addr, length *C.uint64_t, n C.size_t, opts *C.mc_sy
 	if err != nil {
 		return fail(h, err)
 	}
+	if err := checkSyncOpts(opts); err != nil {
+		return fail(h, err)
+	}
 	switch {
 	case n > core.MaxDescriptors:
 		return fail(h, fmt.Errorf("%w: n = %d is over MC_GUARD_MAX_DESCRIPTORS", core.ErrInvalidArg, uint64(n)))
 	case n > 0 && (addr == nil || length == nil):
 		return fail(h, fmt.Errorf("%w: addr and len must not be NULL when n > 0", core.ErrInvalidArg))
-	case opts != nil && opts.struct_size < C.uint32_t(unsafe.Sizeof(*opts)):
-		return fail(h, fmt.Errorf("%w: opts->struct_size is %d, want sizeof(mc_sync_opts) = %d", core.ErrInvalidArg, opts.struct_size, unsafe.Sizeof(*opts)))
 	}
 	ranges := make([]core.SyncRange, int(n))
+	var digests []uint64
 	if n > 0 {
 		a, l := cArray(addr, int(n)), cArray(length, int(n))
 		for i := range ranges {
 			ranges[i] = core.SyncRange{Addr: a[i], Len: l[i]}
 		}
+		if opts != nil && opts.digests != nil {
+			digests = append([]uint64(nil), cArray(opts.digests, int(n))...)
+		}
 	}
-	if err := g.Sync(ranges); err != nil {
+	if err := g.Sync(ranges, digests); err != nil {
+		return fail(h, err)
+	}
+	return C.MC_OK
+}
+
+//export mcgSyncTransfers
+func mcgSyncTransfers(h C.mc_guard_t, ids *C.uint64_t, n C.size_t, opts *C.mc_sync_opts) (st C.mc_status) {
+	defer recoverInto(&st, h, "mc_guard_sync_transfers")
+	g, err := handles.get(uint64(h))
+	if err != nil {
+		return fail(h, err)
+	}
+	if err := checkSyncOpts(opts); err != nil {
+		return fail(h, err)
+	}
+	switch {
+	case n == 0 || n > core.MaxDescriptors:
+		return fail(h, fmt.Errorf("%w: n = %d transfer ids (1 to MC_GUARD_MAX_DESCRIPTORS)", core.ErrInvalidArg, uint64(n)))
+	case ids == nil:
+		return fail(h, fmt.Errorf("%w: transfer_ids is NULL", core.ErrInvalidArg))
+	}
+	if err := g.SyncTransfers(append([]uint64(nil), cArray(ids, int(n))...)); err != nil {
 		return fail(h, err)
 	}
 	return C.MC_OK

@@ -61,6 +61,12 @@ mc_status mc_guard_sync(mc_guard_t g, const uint64_t *addr, const uint64_t *len,
     return mcgSync(g, (uint64_t *)addr, (uint64_t *)len, n, (mc_sync_opts *)opts);
 }
 
+mc_status mc_guard_sync_transfers(mc_guard_t g, const uint64_t *transfer_ids, size_t n,
+                                  const mc_sync_opts *opts) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgSyncTransfers(g, (uint64_t *)transfer_ids, n, (mc_sync_opts *)opts);
+}
+
 mc_status mc_guard_endpoint(mc_guard_t g, char *buf, size_t len) {
     if (mcg_forked()) return MC_ERR_FORKED;
     return mcgEndpoint(g, buf, len);

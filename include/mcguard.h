@@ -41,9 +41,9 @@ extern "C" {
 #endif
 
 #define MC_GUARD_VERSION_MAJOR 0
-#define MC_GUARD_VERSION_MINOR 1
+#define MC_GUARD_VERSION_MINOR 2
 #define MC_GUARD_VERSION_PATCH 0
-#define MC_GUARD_VERSION_STRING "0.1.0"
+#define MC_GUARD_VERSION_STRING "0.2.0"
 
 /* Largest descriptor count of one mc_guard_transfer call. Any count up to
  * it works; the library chunks it at the max_batch setting. */
@@ -72,30 +72,44 @@ typedef int32_t mc_status;
 #define MC_VERIFY_DEFAULT -1 /* the guard's configured mode */
 #define MC_VERIFY_OFF      0 /* check nothing (regression baseline) */
 #define MC_VERIFY_TAIL     1 /* read back each descriptor's last tail_bytes, poll until equal */
+#define MC_VERIFY_SAMPLE   2 /* read back head, tail and sample_stripes seeded stripes per descriptor */
+#define MC_VERIFY_FULL     3 /* read back every byte (debugging, validation) */
+#define MC_VERIFY_DIGEST   4 /* end to end: xxh3-64 per descriptor, compared by the receiver in mc_guard_sync */
+
+/* Flags of mc_transfer_opts. */
+#define MC_TRANSFER_NO_NOTICE 1u /* send no completion notice (the application forwards the digests itself) */
 
 /* Options of one transfer. Set struct_size = sizeof(mc_transfer_opts) so
- * later versions can grow the struct; pass NULL for the defaults. */
+ * later versions can grow the struct; zero-initialise the rest; pass NULL
+ * for the defaults. */
 typedef struct mc_transfer_opts {
     uint32_t struct_size;
     int32_t verify;       /* MC_VERIFY_*; MC_VERIFY_DEFAULT for the guard's mode */
-    uint64_t transfer_id; /* out: the id of a successful transfer */
+    uint32_t flags;       /* MC_TRANSFER_* */
+    uint32_t reserved;
+    uint64_t *digests;    /* out, optional: n xxh3-64 digests of the sources */
+    uint64_t transfer_id; /* out: the id of a successful transfer (for mc_guard_sync_transfers) */
     uint64_t retries;     /* out: verification polling rounds it needed */
+    uint64_t resends;     /* out: rounds of re-sending descriptors that did not match */
 } mc_transfer_opts;
 
-/* Options of one sync. Set struct_size = sizeof(mc_sync_opts); NULL for
- * the defaults. */
+/* Options of one sync. Set struct_size = sizeof(mc_sync_opts), zero the
+ * rest; NULL for the defaults. */
 typedef struct mc_sync_opts {
     uint32_t struct_size;
     uint32_t reserved;
-    uint64_t stream; /* a CUstream to synchronise, or 0 (unused for host memory) */
+    uint64_t stream;          /* a CUstream to synchronise, or 0 (unused for host memory) */
+    const uint64_t *digests;  /* mc_guard_sync only: n digests to compare, or NULL */
 } mc_sync_opts;
 
 /* Open a guard. config_json may be NULL or "" for defaults, else a JSON
  * object; keys (and MC_GUARD_* variables; JSON wins over environment):
- *   listen "host:port" (default "127.0.0.1:0"), verify "off"|"tail" or
- *   true/false, tail_bytes, max_retries, retry_sleep_s, max_batch,
- *   timeout_ms, connect_timeout_ms, inject "none"|"lag",
- *   inject_lag_max_ms, inject_seed.
+ *   listen "host:port" (default "127.0.0.1:0"), verify "off"|"tail"|
+ *   "sample"|"full"|"digest" or true/false, tail_bytes, sample_stripes,
+ *   sample_bytes, max_retries, retry_sleep_s, on_mismatch "fail"|"resend",
+ *   max_resends, max_batch, timeout_ms, connect_timeout_ms, notify
+ *   "auto"|"always"|"never", sync_timeout_ms, inject "none"|"lag"|"drop"|
+ *   "tear"|"reorder"|"stale", inject_rate, inject_lag_max_ms, inject_seed.
  * The vLLM variables VLLM_MOONCAKE_TRANSFER_VERIFY[_TAIL_BYTES|
  * _MAX_RETRIES|_RETRY_SLEEP_S] are honoured too. On success *out is the
  * new handle. MC_ERR_CONFIG names every bad key or value. */
@@ -118,7 +132,11 @@ mc_status mc_guard_unregister(mc_guard_t g, void *addr);
 /* Write n descriptors to session ("host:port" of the receiving guard):
  * len[i] bytes from local src[i] (registered here) to remote dst[i]
  * (registered at the peer). Returns MC_OK only after verification
- * confirmed the bytes at the target. n may be anything from 1 to
+ * confirmed the bytes at the target: read-back modes fence the writes,
+ * read back and compare (re-sending up to max_resends times if
+ * on_mismatch is "resend"); digest mode fences and sends the receiver a
+ * completion notice with the digests (notify "auto"), so the bytes are
+ * checked by the receiver's mc_guard_sync_transfers. n may be anything from 1 to
  * MC_GUARD_MAX_DESCRIPTORS; every len[i] must be > 0. The arrays are read
  * during the call only. opts may be NULL.
  * Errors: MC_ERR_INVALID_ARG, MC_ERR_NOT_REGISTERED (names the descriptor),
@@ -138,13 +156,26 @@ mc_status mc_guard_read(mc_guard_t g, const char *session,
                         const uint64_t *local, const uint64_t *remote,
                         const uint64_t *len, size_t n);
 
-/* Receiver side: after the sender's notice, make the n ranges
- * [addr[i], addr[i]+len[i]) of this guard's registered memory safe for the
- * application to read. n may be 0 (synchronise only). Errors:
- * MC_ERR_INVALID_ARG, MC_ERR_NOT_REGISTERED. */
+/* Receiver side, for ranges the application was told about (its own "done"
+ * message): wait until writes still in flight to the n ranges
+ * [addr[i], addr[i]+len[i]) have landed, make them safe to read, and if
+ * opts->digests is set compare each range's xxh3-64 with digests[i] (the
+ * sender's mc_transfer_opts.digests). n may be 0 (synchronise only).
+ * Errors: MC_ERR_INVALID_ARG, MC_ERR_NOT_REGISTERED, MC_ERR_TIMEOUT
+ * (sync_timeout_ms), MC_ERR_VERIFY (names the bad ranges). */
 mc_status mc_guard_sync(mc_guard_t g, const uint64_t *addr,
                         const uint64_t *len, size_t n,
                         const mc_sync_opts *opts);
+
+/* Receiver side, for transfers announced by completion notices: wait (up
+ * to sync_timeout_ms) for the notice of each of the n transfer ids, then
+ * settle its ranges as mc_guard_sync does, comparing digests when it was
+ * sent in digest mode. Each notice is consumed. Errors:
+ * MC_ERR_INVALID_ARG, MC_ERR_TIMEOUT (no notice), MC_ERR_SESSION (the
+ * notice was dropped: too many unsynced), MC_ERR_VERIFY (names the
+ * transfer and descriptors whose digests differ). */
+mc_status mc_guard_sync_transfers(mc_guard_t g, const uint64_t *transfer_ids,
+                                  size_t n, const mc_sync_opts *opts);
 
 /* Copy this guard's endpoint, the session name peers use, into buf as a
  * NUL-terminated string. MC_ERR_BUFFER_TOO_SMALL if it does not fit. */

@@ -92,6 +92,20 @@ func (l *Loader) Int(key string, envs []string, dst *int, min, max int) {
 	*dst = int(n)
 }
 
+// Float reads a number in [min, max].
+func (l *Loader) Float(key string, envs []string, dst *float64, min, max float64) {
+	v, src, ok := l.raw(key, envs)
+	if !ok {
+		return
+	}
+	f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err != nil || math.IsNaN(f) || f < min || f > max {
+		l.fail(key, src, fmt.Sprintf("a number in [%g, %g]", min, max), v)
+		return
+	}
+	*dst = f
+}
+
 // Seconds reads a duration given in (fractional) seconds, in [0, max].
 func (l *Loader) Seconds(key string, envs []string, dst *time.Duration, max time.Duration) {
 	l.duration(key, envs, dst, max, time.Second, "seconds")

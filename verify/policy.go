@@ -18,22 +18,45 @@ const (
 	// Tail reads back the last TailBytes of every descriptor and polls until
 	// they equal the source's (the vLLM Mooncake connector's guard).
 	Tail Mode = "tail"
+	// Sample reads back the head, the tail and SampleStripes stripes of
+	// SampleBytes at offsets drawn from a seed that changes per transfer.
+	Sample Mode = "sample"
+	// Full reads back every byte.
+	Full Mode = "full"
+	// Digest reads nothing back: the sender sends an xxh3-64 digest per
+	// descriptor with its completion notice and the receiver compares them
+	// with digests of its destinations in mc_guard_sync.
+	Digest Mode = "digest"
 )
 
 // Modes lists the modes in the order the C header numbers them.
-var Modes = []Mode{Off, Tail}
+var Modes = []Mode{Off, Tail, Sample, Full, Digest}
+
+// ReadsBack reports whether the sender checks the mode by reading back.
+func (m Mode) ReadsBack() bool { return m == Tail || m == Sample || m == Full }
+
+// OnMismatch choices.
+const (
+	Fail   = "fail"   // return MC_ERR_VERIFY
+	Resend = "resend" // write the failing descriptors again, up to MaxResends times
+)
 
 // Config holds the verification knobs.
 type Config struct {
-	Mode       Mode
-	TailBytes  int
-	MaxRetries int
-	RetrySleep time.Duration
+	Mode          Mode
+	TailBytes     int
+	SampleStripes int
+	SampleBytes   int
+	MaxRetries    int
+	RetrySleep    time.Duration
+	OnMismatch    string
+	MaxResends    int
 }
 
-// Defaults are the vLLM guard's defaults.
+// Defaults are the vLLM guard's defaults, and sample's.
 func Defaults() Config {
-	return Config{Mode: Tail, TailBytes: 64, MaxRetries: 500, RetrySleep: time.Millisecond}
+	return Config{Mode: Tail, TailBytes: 64, SampleStripes: 4, SampleBytes: 64,
+		MaxRetries: 500, RetrySleep: time.Millisecond, OnMismatch: Fail, MaxResends: 3}
 }
 
 const vllmPrefix = "VLLM_MOONCAKE_TRANSFER_VERIFY"
@@ -54,11 +77,16 @@ func Load(l *Loader) Config {
 	l.Int("tail_bytes", []string{vllmPrefix + "_TAIL_BYTES", "MC_GUARD_TAIL_BYTES"}, &c.TailBytes, 1, 1<<20)
 	l.Int("max_retries", []string{vllmPrefix + "_MAX_RETRIES", "MC_GUARD_MAX_RETRIES"}, &c.MaxRetries, 0, 1<<24)
 	l.Seconds("retry_sleep_s", []string{vllmPrefix + "_RETRY_SLEEP_S", "MC_GUARD_RETRY_SLEEP_S"}, &c.RetrySleep, time.Minute)
+	l.Int("sample_stripes", []string{"MC_GUARD_SAMPLE_STRIPES"}, &c.SampleStripes, 0, 1024)
+	l.Int("sample_bytes", []string{"MC_GUARD_SAMPLE_BYTES"}, &c.SampleBytes, 1, 1<<20)
+	l.Choice("on_mismatch", []string{"MC_GUARD_ON_MISMATCH"}, &c.OnMismatch, []string{Fail, Resend}, nil)
+	l.Int("max_resends", []string{"MC_GUARD_MAX_RESENDS"}, &c.MaxResends, 0, 1000)
 	return c
 }
 
 // ParseMode turns a mode name into a Mode.
 func ParseMode(s string) (Mode, error) {
+	s = strings.ToLower(strings.TrimSpace(s))
 	for _, m := range Modes {
 		if string(m) == s {
 			return m, nil
@@ -106,6 +134,7 @@ var ErrMismatch = errors.New("verification failed")
 type MismatchError struct {
 	Descs   []int // indices into the batch, ascending
 	Retries int
+	Where   string // what was checked, for the message ("at the target", ...)
 }
 
 func (e *MismatchError) Error() string {
@@ -118,8 +147,12 @@ func (e *MismatchError) Error() string {
 	for i, d := range shown {
 		parts[i] = fmt.Sprint(d)
 	}
-	return fmt.Sprintf("%v: %d descriptor(s) still differ at the target after %d retries: [%s]%s",
-		ErrMismatch, len(e.Descs), e.Retries, strings.Join(parts, " "), more)
+	where := e.Where
+	if where == "" {
+		where = fmt.Sprintf("still differ at the target after %d retries", e.Retries)
+	}
+	return fmt.Sprintf("%v: %d descriptor(s) %s: [%s]%s",
+		ErrMismatch, len(e.Descs), where, strings.Join(parts, " "), more)
 }
 
 func (e *MismatchError) Unwrap() error { return ErrMismatch }
@@ -131,19 +164,70 @@ type probe struct {
 	n        uint64
 }
 
-// probes lists what cfg reads back for descs; base offsets desc indices.
-func probes(cfg Config, descs []Desc, base int) []probe {
-	if cfg.Mode == Off {
-		return nil
-	}
-	out := make([]probe, 0, len(descs))
-	for i, d := range descs {
-		n := min(uint64(cfg.TailBytes), d.Len)
-		off := d.Len - n
-		out = append(out, probe{desc: base + i, src: d.Src + off, dst: d.Dst + off, n: n})
+// span is a range of a descriptor, by offset.
+type span struct{ off, n uint64 }
+
+// spans lists the ranges of a descriptor of length n that mode reads back.
+// seed varies the sample's stripes per transfer and per descriptor.
+func spans(cfg Config, n, seed uint64, out []span) []span {
+	switch cfg.Mode {
+	case Tail:
+		k := min(uint64(cfg.TailBytes), n)
+		return append(out, span{n - k, k})
+	case Full:
+		for off := uint64(0); off < n; off += maxProbe {
+			out = append(out, span{off, min(maxProbe, n-off)})
+		}
+		return out
+	case Sample:
+		head, tail := min(uint64(cfg.SampleBytes), n), min(uint64(cfg.TailBytes), n)
+		stripe := uint64(cfg.SampleBytes)
+		if head+tail+uint64(cfg.SampleStripes)*stripe >= n {
+			return append(out, span{0, n}) // as cheap as sampling: read it all
+		}
+		out = append(out, span{0, head}, span{n - tail, tail})
+		r := splitmix{seed}
+		for i := 0; i < cfg.SampleStripes; i++ {
+			out = append(out, span{r.next() % (n - stripe + 1), stripe})
+		}
+		return out
 	}
 	return out
 }
+
+// splitmix is SplitMix64: a tiny, well-mixed generator for stripe offsets.
+type splitmix struct{ s uint64 }
+
+func (r *splitmix) next() uint64 {
+	r.s += 0x9e3779b97f4a7c15
+	z := r.s
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
+// probes lists what cfg reads back for descs.
+func probes(cfg Config, seed uint64, descs []Desc) []probe {
+	if !cfg.Mode.ReadsBack() {
+		return nil
+	}
+	out := make([]probe, 0, len(descs))
+	var sp []span
+	for i, d := range descs {
+		sp = spans(cfg, d.Len, seed^uint64(i+1)*0x2545f4914f6cdd1d, sp[:0])
+		for _, s := range sp {
+			out = append(out, probe{desc: i, src: d.Src + s.off, dst: d.Dst + s.off, n: s.n})
+		}
+	}
+	return out
+}
+
+// maxWindow bounds the bytes read back in one request, and so the scratch;
+// maxProbe bounds one range (full mode cuts descriptors into such pieces).
+const (
+	maxWindow = 64 << 20
+	maxProbe  = 4 << 20
+)
 
 // Result reports what a Check did.
 type Result struct {
@@ -151,36 +235,41 @@ type Result struct {
 	Probed  int64 // bytes read back in all rounds
 }
 
-// Check confirms descs at the target: it reads back what cfg asks for, in
-// one round trip per round, and polls with cfg.RetrySleep between rounds
-// until every probe equals its source or cfg.MaxRetries rounds have passed.
-// base is the index of descs[0] in the caller's batch, used in errors.
-func Check(ctx context.Context, cfg Config, descs []Desc, base int, local LocalFunc, remote ReadFunc, scratch *Scratch) (Result, error) {
-	pending := probes(cfg, descs, base)
+// Check confirms descs at the target: it reads back what cfg asks for,
+// one request per round (per 64 MiB for full), and polls with
+// cfg.RetrySleep between rounds until every probe equals its source or
+// cfg.MaxRetries rounds have passed. seed varies the sample per transfer.
+// A MismatchError names indices into descs.
+func Check(ctx context.Context, cfg Config, seed uint64, descs []Desc, local LocalFunc, remote ReadFunc, scratch *Scratch) (Result, error) {
+	pending := probes(cfg, seed, descs)
 	var res Result
-	ranges := make([]Range, 0, len(pending))
+	var ranges []Range
 	for round := 0; ; round++ {
-		if len(pending) == 0 {
-			return res, nil
-		}
-		ranges = ranges[:0]
-		var total uint64
-		for _, p := range pending {
-			ranges = append(ranges, Range{Addr: p.dst, Len: p.n})
-			total += p.n
-		}
-		buf := scratch.Bytes(total)
-		if err := remote(ctx, ranges, buf); err != nil {
-			return res, err
-		}
-		res.Probed += int64(total)
 		still := pending[:0]
-		var off uint64
-		for _, p := range pending {
-			if !bytes.Equal(buf[off:off+p.n], local(p.src, p.n)) {
-				still = append(still, p)
+		for start := 0; start < len(pending); {
+			// One window: as many probes as fit in maxWindow (at least one).
+			end, total := start, uint64(0)
+			for end < len(pending) && (end == start || total+pending[end].n <= maxWindow) {
+				total += pending[end].n
+				end++
 			}
-			off += p.n
+			ranges = ranges[:0]
+			for _, p := range pending[start:end] {
+				ranges = append(ranges, Range{Addr: p.dst, Len: p.n})
+			}
+			buf := scratch.Bytes(total)
+			if err := remote(ctx, ranges, buf); err != nil {
+				return res, err
+			}
+			res.Probed += int64(total)
+			var off uint64
+			for _, p := range pending[start:end] {
+				if !bytes.Equal(buf[off:off+p.n], local(p.src, p.n)) {
+					still = append(still, p)
+				}
+				off += p.n
+			}
+			start = end
 		}
 		pending = still
 		if len(pending) == 0 {

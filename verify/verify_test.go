@@ -43,7 +43,9 @@ func TestConfigPrecedence(t *testing.T) {
 	}
 	c, err := load(t, env, "")
 	require.NoError(t, err)
-	require.Equal(t, Config{Mode: Off, TailBytes: 128, MaxRetries: 7, RetrySleep: 2 * time.Millisecond}, c)
+	want := Defaults()
+	want.Mode, want.TailBytes, want.MaxRetries, want.RetrySleep = Off, 128, 7, 2*time.Millisecond
+	require.Equal(t, want, c)
 
 	env["MC_GUARD_TAIL_BYTES"] = "256"
 	env["MC_GUARD_VERIFY"] = "tail"
@@ -130,7 +132,7 @@ func TestCheckPassesWhenBytesArriveLate(t *testing.T) {
 		}
 	})
 	cfg := Config{Mode: Tail, TailBytes: 4, MaxRetries: 10, RetrySleep: 0}
-	res, err := Check(context.Background(), cfg, []Desc{{Src: 0, Dst: 1000, Len: 20}}, 0, localOf(src), f.read, &Scratch{})
+	res, err := Check(context.Background(), cfg, 0, []Desc{{Src: 0, Dst: 1000, Len: 20}}, localOf(src), f.read, &Scratch{})
 	require.NoError(t, err)
 	require.Equal(t, 3, res.Retries)
 	require.Equal(t, int64(4*4), res.Probed)
@@ -147,22 +149,22 @@ func TestCheckFailsAfterRetriesNamingDescriptors(t *testing.T) {
 	}
 	descs := []Desc{{0, 100, 16}, {16, 200, 16}, {32, 300, 32}}
 	cfg := Config{Mode: Tail, TailBytes: 8, MaxRetries: 5, RetrySleep: time.Microsecond}
-	res, err := Check(context.Background(), cfg, descs, 10, localOf(src), f.read, &Scratch{})
+	res, err := Check(context.Background(), cfg, 0, descs, localOf(src), f.read, &Scratch{})
 	require.ErrorIs(t, err, ErrMismatch)
 	var me *MismatchError
 	require.True(t, errors.As(err, &me))
-	require.Equal(t, []int{11, 12}, me.Descs)
+	require.Equal(t, []int{1, 2}, me.Descs)
 	require.Equal(t, 5, me.Retries)
 	require.Equal(t, 5, res.Retries)
 	require.Equal(t, 6, f.reads, "one read, then max_retries more")
-	require.Contains(t, err.Error(), "[11 12]")
+	require.Contains(t, err.Error(), "[1 2]")
 }
 
 func TestCheckOffReadsNothing(t *testing.T) {
 	f := &fakeTarget{mem: map[uint64]byte{}, after: -1}
 	cfg := Defaults()
 	cfg.Mode = Off
-	_, err := Check(context.Background(), cfg, []Desc{{0, 0, 8}}, 0, localOf(make([]byte, 8)), f.read, &Scratch{})
+	_, err := Check(context.Background(), cfg, 0, []Desc{{0, 0, 8}}, localOf(make([]byte, 8)), f.read, &Scratch{})
 	require.NoError(t, err)
 	require.Zero(t, f.reads)
 }
@@ -170,7 +172,7 @@ func TestCheckOffReadsNothing(t *testing.T) {
 func TestCheckShortDescriptorReadsWhole(t *testing.T) {
 	src := []byte{1, 2, 3}
 	f := &fakeTarget{mem: map[uint64]byte{10: 1, 11: 2, 12: 3}, after: -1}
-	res, err := Check(context.Background(), Defaults(), []Desc{{0, 10, 3}}, 0, localOf(src), f.read, &Scratch{})
+	res, err := Check(context.Background(), Defaults(), 0, []Desc{{0, 10, 3}}, localOf(src), f.read, &Scratch{})
 	require.NoError(t, err)
 	require.Equal(t, int64(3), res.Probed)
 }
@@ -181,7 +183,7 @@ func TestCheckHonoursContext(t *testing.T) {
 	defer cancel()
 	cfg := Config{Mode: Tail, TailBytes: 1, MaxRetries: 1 << 20, RetrySleep: time.Millisecond}
 	start := time.Now()
-	_, err := Check(ctx, cfg, []Desc{{0, 0, 1}}, 0, localOf([]byte{9}), f.read, &Scratch{})
+	_, err := Check(ctx, cfg, 0, []Desc{{0, 0, 1}}, localOf([]byte{9}), f.read, &Scratch{})
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Less(t, time.Since(start), 2*time.Second)
 }

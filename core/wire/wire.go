@@ -5,7 +5,9 @@
 //	magic u16 | version u8 | op u8 | status i32 | id u64 | addr u64 | len u64
 //
 // Requests: Hello (payload: the handshake token), Write (payload: the bytes
-// for [addr, addr+len)), Read (payload: len/16 (addr u64, len u64) ranges).
+// for [addr, addr+len)), Read (payload: len/16 (addr u64, len u64) ranges),
+// Fence (no payload: the reply comes once every earlier write on the
+// connection is applied).
 // Every request gets exactly one reply with the same id and op|Reply; a
 // Read's reply carries the ranges' bytes concatenated.
 package wire
@@ -39,6 +41,7 @@ const (
 	OpHello Op = 1
 	OpWrite Op = 2
 	OpRead  Op = 3
+	OpFence Op = 4
 	// Reply is or-ed into the op of a reply frame.
 	Reply Op = 0x80
 )
@@ -114,7 +117,7 @@ func Decode(b []byte) (Header, error) {
 		Len:    binary.LittleEndian.Uint64(b[24:]),
 	}
 	switch h.Op &^ Reply {
-	case OpHello, OpWrite, OpRead:
+	case OpHello, OpWrite, OpRead, OpFence:
 	default:
 		return Header{}, fmt.Errorf("%w: unknown op %#x", ErrFrame, byte(h.Op))
 	}

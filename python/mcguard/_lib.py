@@ -22,12 +22,18 @@ def library_path():
 
 class TransferOpts(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("verify", ctypes.c_int32),
-                ("transfer_id", ctypes.c_uint64), ("retries", ctypes.c_uint64)]
+                ("flags", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+                ("digests", ctypes.POINTER(ctypes.c_uint64)),
+                ("transfer_id", ctypes.c_uint64), ("retries", ctypes.c_uint64),
+                ("resends", ctypes.c_uint64)]
 
 
 class SyncOpts(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
-                ("stream", ctypes.c_uint64)]
+                ("stream", ctypes.c_uint64), ("digests", ctypes.POINTER(ctypes.c_uint64))]
+
+
+TRANSFER_NO_NOTICE = 1
 
 
 _u64p = ctypes.POINTER(ctypes.c_uint64)
@@ -43,6 +49,7 @@ _SIGNATURES = {
                                     ctypes.c_size_t, ctypes.POINTER(TransferOpts)]),
     "mc_guard_read": (_status, [_handle, ctypes.c_char_p, _u64p, _u64p, _u64p, ctypes.c_size_t]),
     "mc_guard_sync": (_status, [_handle, _u64p, _u64p, ctypes.c_size_t, ctypes.POINTER(SyncOpts)]),
+    "mc_guard_sync_transfers": (_status, [_handle, _u64p, ctypes.c_size_t, ctypes.POINTER(SyncOpts)]),
     "mc_guard_endpoint": (_status, [_handle, ctypes.c_char_p, ctypes.c_size_t]),
     "mc_guard_stats": (_status, [_handle, ctypes.c_char_p, ctypes.c_size_t,
                                  ctypes.POINTER(ctypes.c_size_t)]),

@@ -25,7 +25,7 @@ STATUS_NAMES = {
 }
 globals().update({name: code for code, name in STATUS_NAMES.items()})
 
-VERIFY_MODES = {None: -1, "off": 0, "tail": 1}
+VERIFY_MODES = {None: -1, "off": 0, "tail": 1, "sample": 2, "full": 3, "digest": 4}
 
 
 class MCGuardError(Exception):
@@ -103,13 +103,15 @@ def u64_array(values):
 
 
 class TransferResult:
-    __slots__ = ("id", "retries")
+    """id: for sync_transfers at the receiver; digests: the sources' xxh3-64
+    (when asked for), to forward to a receiver that syncs by ranges."""
+    __slots__ = ("id", "retries", "resends", "digests")
 
-    def __init__(self, id, retries):
-        self.id, self.retries = id, retries
+    def __init__(self, id, retries, resends=0, digests=None):
+        self.id, self.retries, self.resends, self.digests = id, retries, resends, digests
 
     def __repr__(self):
-        return "TransferResult(id=%d, retries=%d)" % (self.id, self.retries)
+        return "TransferResult(id=%#x, retries=%d, resends=%d)" % (self.id, self.retries, self.resends)
 
 
 class Guard:
@@ -165,9 +167,11 @@ class Guard:
     def unregister(self, addr):
         self._check(self._lib.mc_guard_unregister(self._h(), address_of(addr)))
 
-    def transfer(self, session, src, dst, lengths, verify=None):
+    def transfer(self, session, src, dst, lengths, verify=None, digests=False, notice=True):
         """Write len bytes from each local src to each remote dst of session
-        and return only once the target confirmed them. Raises MCGuardError."""
+        and return only once they are confirmed (read-back modes) or fenced
+        and announced (digest). digests=True returns the sources' digests;
+        notice=False sends no completion notice. Raises MCGuardError."""
         if verify not in VERIFY_MODES:
             raise MCGuardError(MC_ERR_INVALID_ARG, "verify must be one of %s"
                                % sorted(k for k in VERIFY_MODES if k))
@@ -178,11 +182,17 @@ class Guard:
         if not (ns == nd == nl):
             raise MCGuardError(MC_ERR_INVALID_ARG, "src, dst and lengths differ in length (%d, %d, %d)"
                                % (ns, nd, nl))
-        opts = _lib.TransferOpts(ctypes.sizeof(_lib.TransferOpts), VERIFY_MODES[verify], 0, 0)
+        opts = _lib.TransferOpts(struct_size=ctypes.sizeof(_lib.TransferOpts), verify=VERIFY_MODES[verify],
+                                 flags=0 if notice else _lib.TRANSFER_NO_NOTICE)
+        out = None
+        if digests and ns:
+            out = (ctypes.c_uint64 * ns)()
+            opts.digests = ctypes.cast(out, ctypes.POINTER(ctypes.c_uint64))
         st = self._lib.mc_guard_transfer(h, session.encode(), s, d, ln, ns, ctypes.byref(opts))
         del ks, kd, kl
         self._check(st)
-        return TransferResult(opts.transfer_id, opts.retries)
+        return TransferResult(opts.transfer_id, opts.retries, opts.resends,
+                              list(out) if out is not None else None)
 
     def read(self, session, local, remote, lengths):
         """Read len bytes from each remote address of session into local."""
@@ -196,17 +206,36 @@ class Guard:
         del k1, k2, k3
         self._check(st)
 
-    def sync(self, addrs=(), lengths=(), stream=0):
-        """Receiver side: make the ranges safe to read after the sender's
-        notice. stream: a CUDA stream handle (int) or 0."""
+    def sync(self, addrs=(), lengths=(), digests=None, stream=0):
+        """Receiver side, for ranges the application was told about: wait
+        for writes in flight to them, make them safe to read and, given the
+        sender's digests, compare. stream: a CUDA stream handle (int) or 0."""
         h = self._h()
         a, na, ka = u64_array(addrs)
         ln, nl, kl = u64_array(lengths)
         if na != nl:
             raise MCGuardError(MC_ERR_INVALID_ARG, "addrs and lengths differ in length")
         opts = _lib.SyncOpts(ctypes.sizeof(_lib.SyncOpts), 0, address_of(stream))
+        kd = None
+        if digests is not None:
+            dp, nd, kd = u64_array(digests)
+            if nd != na:
+                raise MCGuardError(MC_ERR_INVALID_ARG, "%d digests for %d ranges" % (nd, na))
+            opts.digests = dp
         st = self._lib.mc_guard_sync(h, a, ln, na, ctypes.byref(opts))
-        del ka, kl
+        del ka, kl, kd
+        self._check(st)
+
+    def sync_transfers(self, transfer_ids, stream=0):
+        """Receiver side, for transfers announced by completion notices:
+        wait for each notice, settle its ranges, compare digests (digest
+        mode). Raises MC_ERR_TIMEOUT without a notice, MC_ERR_VERIFY on a
+        mismatch."""
+        h = self._h()
+        ids, n, keep = u64_array(transfer_ids)
+        opts = _lib.SyncOpts(ctypes.sizeof(_lib.SyncOpts), 0, address_of(stream))
+        st = self._lib.mc_guard_sync_transfers(h, ids, n, ctypes.byref(opts))
+        del keep
         self._check(st)
 
     def stats(self):

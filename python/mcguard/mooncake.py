@@ -11,6 +11,7 @@ the bytes were confirmed at the target.
 """
 
 import logging
+import threading
 
 from .guard import Guard, MCGuardError
 
@@ -22,6 +23,7 @@ class GuardedTransferEngine:
         self._config = dict(config or {})
         self._config.update(settings)
         self._guard = None
+        self._local = threading.local()
 
     @property
     def guard(self):
@@ -88,9 +90,29 @@ class GuardedTransferEngine:
         return self.batch_transfer_sync_write(target_hostname, [buffer], [peer_buffer_address], [length])
 
     def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses, lengths):
-        """Returns 0 once every descriptor is confirmed at the target, else negative."""
-        return self._call("batch_transfer_sync_write", self.guard.transfer,
+        """Returns 0 once every descriptor is confirmed at the target, else
+        negative. The transfer's id (for the receiver's sync_transfers) is
+        then in last_transfer_id, per thread."""
+        def write(*args):
+            self._local.result = self.guard.transfer(*args)
+        self._local.result = None
+        return self._call("batch_transfer_sync_write", write,
                           target_hostname, buffers, peer_buffer_addresses, lengths)
+
+    @property
+    def last_transfer_id(self):
+        """The id of this thread's last successful batch_transfer_sync_write."""
+        r = getattr(self._local, "result", None)
+        return r.id if r is not None else None
+
+    # The receiver's half (decode side), after the prefill's OK: 0 or negative.
+    def sync_transfers(self, transfer_ids, stream=0):
+        """Wait for the senders' completion notices and check the bytes."""
+        return self._call("sync_transfers", self.guard.sync_transfers, transfer_ids, stream)
+
+    def sync(self, buffer_addresses, lengths, digests=None, stream=0):
+        """Settle ranges the application was told about; compare digests if given."""
+        return self._call("sync", self.guard.sync, buffer_addresses, lengths, digests, stream)
 
     def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length):
         return self.batch_transfer_sync_read(target_hostname, [buffer], [peer_buffer_address], [length])

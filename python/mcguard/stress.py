@@ -1,4 +1,4 @@
-"""PD stress on loopback: python3 -m mcguard.stress [--verify off|tail] [--inject none|lag] ...
+"""PD stress on loopback: python3 -m mcguard.stress [--verify MODE] [--inject FAULT] [--matrix] ...
 
 Decode processes (one per session) each open a guard, register a KV-like
 region of blocks and, when told a batch is complete, sync and hash every
@@ -7,6 +7,15 @@ blocks from several threads to the sessions through its own guard, and
 after every successful transfer asks the decode side to check it. A
 mismatch is a descriptor reported successful whose destination hash
 differs from the source's hash taken after the transfer (src_hash_post).
+
+verify=off is the unguarded baseline on both sides: the sender trusts the
+transport and the decoder reads without mc_guard_sync. Other modes sync
+first (digest mode by transfer id, comparing digests: a failed sync counts
+as a failed transfer, not a success).
+
+--matrix runs every (inject, verify) pair and ends with one JSON line
+{"matrix": [...]}; its exit status is 0 when every cell came out as
+docs/VERIFICATION.md expects.
 
 Shows progress while running and ends with a summary table; with --json
 the last line is one JSON object. Exit status 1 when mismatches > 0.
@@ -24,23 +33,37 @@ import threading
 import time
 from multiprocessing.connection import Client, Listener
 
-from .guard import Guard, MCGuardError
+from .guard import STATUS_NAMES, Guard, MCGuardError
+
+
+def _status_of(name):
+    return next((code for code, n in STATUS_NAMES.items() if n == name), -1)
 
 AUTHKEY = b"mcguard-stress"
+MODES = ["off", "tail", "sample", "full", "digest"]
+FAULTS = ["none", "lag", "drop", "tear", "reorder", "stale"]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python3 -m mcguard.stress", description=__doc__.splitlines()[0])
-    p.add_argument("--verify", choices=["off", "tail"], default="tail")
-    p.add_argument("--inject", choices=["none", "lag"], default="none")
-    p.add_argument("--lag-max-ms", type=float, default=20.0, help="lag: the longest delay before a write lands")
+    p.add_argument("--verify", choices=MODES, default="tail")
+    p.add_argument("--inject", choices=FAULTS, default="none")
+    p.add_argument("--inject-rate", type=float, default=0.1, help="drop, tear, stale: fraction of writes hit")
+    p.add_argument("--lag-max-ms", type=float, default=20.0, help="lag, reorder: the longest delay before a write lands")
+    p.add_argument("--zero-tail", type=int, default=None,
+                   help="zero the last N bytes of every block, as padded KV pages are "
+                        "(default 0; block-bytes/16 under --inject stale, the fault's precondition)")
+    p.add_argument("--max-retries", type=int, default=None, help="verification polling rounds (guard default 500)")
+    p.add_argument("--on-mismatch", choices=["fail", "resend"], default=None,
+                   help="what the sender does when read-back never matches (default fail; resend with --matrix)")
+    p.add_argument("--matrix", action="store_true", help="run every (inject, verify) pair")
     p.add_argument("--transport", choices=["tcp"], default="tcp")
     p.add_argument("--sessions", type=int, default=2, help="decode processes, one session each")
     p.add_argument("--threads", type=int, default=4, help="prefill threads")
     p.add_argument("--blocks", type=int, default=256, help="KV blocks per session")
     p.add_argument("--block-bytes", type=int, default=64 << 10)
     p.add_argument("--batch", type=int, default=32, help="descriptors per transfer")
-    p.add_argument("--seconds", type=float, default=5.0, help="run time")
+    p.add_argument("--seconds", type=float, default=None, help="run time (default 5; 2 per cell with --matrix)")
     p.add_argument("--batches", type=int, default=0, help="stop each thread after this many batches (0: no limit)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="end with one JSON line")
@@ -52,8 +75,21 @@ def parse_args(argv=None):
     if a.blocks < a.threads * a.batch:
         p.error("--blocks (%d) must be at least --threads x --batch (%d) so threads own disjoint blocks"
                 % (a.blocks, a.threads * a.batch))
+    if a.seconds is None:
+        a.seconds = 2.0 if a.matrix else 5.0
+    # The matrix repairs what read-back finds, so its cells show successes
+    # that were checked rather than a stall per lost write.
+    if a.on_mismatch is None:
+        a.on_mismatch = "resend" if a.matrix else "fail"
+    if a.max_retries is None and a.matrix:
+        a.max_retries = 20
     if a.seconds <= 0 and a.batches <= 0:
         p.error("give --seconds > 0 or --batches > 0")
+    a.zero_tail_given = a.zero_tail is not None
+    if a.zero_tail is None:
+        a.zero_tail = a.block_bytes // 16 if a.inject == "stale" else 0
+    if not 0 <= a.zero_tail <= a.block_bytes - 16:
+        p.error("--zero-tail must be in [0, block-bytes - 16]")
     return a
 
 
@@ -68,10 +104,12 @@ class BlockFiller:
     """Fresh contents for source blocks, cheaply: each block is a copy from
     a random offset of a pool of random bytes, and its last 8 bytes are a
     sequence number unique to the process, so no block ever repeats the
-    tail of an earlier one (a tail check must see every new write)."""
+    tail of an earlier one (a tail check must see every new write). With
+    zero_tail, the last zero_tail bytes are zeros instead (the stamp moves
+    in front of them): every block then ends alike, as padded KV pages do."""
 
-    def __init__(self, rnd, block_bytes, thread):
-        self.rnd, self.bb = rnd, block_bytes
+    def __init__(self, rnd, block_bytes, thread, zero_tail=0):
+        self.rnd, self.bb, self.zero = rnd, block_bytes, zero_tail
         self.pool = ctypes.create_string_buffer(rnd.randbytes(POOL_BYTES + block_bytes), POOL_BYTES + block_bytes)
         self.pool_addr = ctypes.addressof(self.pool)
         self.seq = thread << 48
@@ -79,14 +117,17 @@ class BlockFiller:
     def fill(self, view, addr, off):
         self.seq += 1
         ctypes.memmove(addr, self.pool_addr + self.rnd.randrange(POOL_BYTES), self.bb)
-        view[off + self.bb - 8:off + self.bb] = self.seq.to_bytes(8, "little")
+        end = off + self.bb - self.zero
+        view[end - 8:end] = self.seq.to_bytes(8, "little")
+        if self.zero:
+            ctypes.memset(addr + self.bb - self.zero, 0, self.zero)
 
 
 # ---- decode side -------------------------------------------------------
 
 def decode_main(parent, index, args):
     guard = Guard(listen="127.0.0.1:0", inject=args.inject, inject_lag_max_ms=args.lag_max_ms,
-                  inject_seed=args.seed * 101 + index)
+                  inject_rate=args.inject_rate, inject_seed=args.seed * 101 + index)
     size = args.blocks * args.block_bytes
     region = (ctypes.c_char * size)()
     base = ctypes.addressof(region)
@@ -100,13 +141,20 @@ def decode_main(parent, index, args):
         with conn:
             while True:
                 try:
-                    blocks, hashes = conn.recv()
+                    blocks, hashes, transfer_id = conn.recv()
                 except (EOFError, OSError):
                     return
                 # The receiver's half: after the notice, sync, then read.
-                guard.sync([base + b * bb for b in blocks], [bb] * len(blocks))
+                try:
+                    if args.verify == "digest":
+                        guard.sync_transfers([transfer_id])
+                    elif args.verify != "off":
+                        guard.sync([base + b * bb for b in blocks], [bb] * len(blocks))
+                except MCGuardError as e:
+                    conn.send(("failed", e.name))
+                    continue
                 bad = sum(1 for b, h in zip(blocks, hashes) if block_hash(view[b * bb:(b + 1) * bb]) != h)
-                conn.send(bad)
+                conn.send(("ok", bad))
 
     def accept():
         while True:
@@ -128,7 +176,7 @@ def decode_main(parent, index, args):
 # ---- prefill side ------------------------------------------------------
 
 class Counters:
-    FIELDS = ("transfers", "ok", "failed", "descriptors", "bytes", "mismatches", "retries")
+    FIELDS = ("transfers", "ok", "failed", "descriptors", "bytes", "mismatches", "retries", "resends")
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -152,7 +200,10 @@ class Counters:
 
 
 def prefill_main(parent, sessions, args):
-    guard = Guard(verify=args.verify)
+    cfg = {"verify": args.verify, "on_mismatch": args.on_mismatch}
+    if args.max_retries is not None:
+        cfg["max_retries"] = args.max_retries
+    guard = Guard(cfg)
     bb, batch = args.block_bytes, args.batch
     size = args.threads * batch * bb
     region = (ctypes.c_char * size)()
@@ -170,7 +221,7 @@ def prefill_main(parent, sessions, args):
         src0 = base + t * batch * bb
         srcs = [src0 + i * bb for i in range(batch)]
         lens = [bb] * batch
-        filler = BlockFiller(rnd, bb, t)
+        filler = BlockFiller(rnd, bb, t, args.zero_tail)
         off = t * batch * bb
         n = 0
         try:
@@ -189,10 +240,14 @@ def prefill_main(parent, sessions, args):
                     counters.error(e)
                     continue
                 hashes = [block_hash(view[off + i * bb:off + (i + 1) * bb]) for i in range(batch)]
-                checker.send((blocks, hashes))
-                bad = checker.recv()
+                checker.send((blocks, hashes, res.id))
+                verdict, detail = checker.recv()
+                if verdict == "failed":  # the receiver's sync caught it
+                    counters.add(transfers=1, failed=1, retries=res.retries, resends=res.resends)
+                    counters.error(MCGuardError(_status_of(detail), "receiver sync failed"))
+                    continue
                 counters.add(transfers=1, ok=1, descriptors=batch, bytes=batch * bb,
-                             mismatches=bad, retries=res.retries)
+                             mismatches=detail, retries=res.retries, resends=res.resends)
         finally:
             for c in checkers:
                 c.close()
@@ -265,7 +320,7 @@ def run(args):
         "verify": args.verify, "inject": args.inject, "transport": args.transport,
         "transfers": result["transfers"], "descriptors": result["descriptors"], "bytes": result["bytes"],
         "ok": result["ok"], "failed": result["failed"], "mismatches": result["mismatches"],
-        "retries": result["retries"], "seconds": seconds,
+        "retries": result["retries"], "resends": result["resends"], "seconds": seconds,
         "gbps": round(result["bytes"] * 8 / 1e9 / seconds, 3),
     }
     if result["errors"]:
@@ -287,8 +342,47 @@ SUMMARY_COLUMNS = ("verify", "inject", "transport", "transfers", "ok", "failed",
                    "mismatches", "retries", "seconds", "gbps")
 
 
+def expected_mismatches(inject, verify):
+    """What docs/VERIFICATION.md expects of a cell: True when the cell must
+    show mismatches (the mode cannot see the fault), False when none."""
+    return verify == "off" or (verify == "tail" and inject == "stale")
+
+
+MATRIX_COLUMNS = ("inject", "verify", "transfers", "ok", "failed", "mismatches", "retries", "resends", "gbps",
+                  "expected", "as_expected")
+
+
+def run_matrix(args):
+    rows = []
+    cells = [(f, m) for f in FAULTS[1:] for m in MODES]
+    for k, (fault, mode) in enumerate(cells):
+        cell = argparse.Namespace(**vars(args))
+        cell.inject, cell.verify, cell.quiet = fault, mode, True
+        if not args.zero_tail_given:
+            cell.zero_tail = args.block_bytes // 16 if fault == "stale" else 0
+        out = run(cell)
+        want = expected_mismatches(fault, mode)
+        row = {key: out[key] for key in ("inject", "verify", "transfers", "ok", "failed", "mismatches",
+                                         "retries", "resends", "gbps")}
+        row["expected"] = "mismatches" if want else "none"
+        row["as_expected"] = (out["mismatches"] > 0) == want
+        rows.append(row)
+        if not args.quiet:
+            print("[%2d/%d] inject=%-7s verify=%-6s ok %5d failed %5d mismatches %6d  %s"
+                  % (k + 1, len(cells), fault, mode, out["ok"], out["failed"], out["mismatches"],
+                     "as expected" if row["as_expected"] else "UNEXPECTED"), file=sys.stderr, flush=True)
+    print(table(rows, MATRIX_COLUMNS))
+    bad = [r for r in rows if not r["as_expected"]]
+    print("%d of %d cells as expected" % (len(rows) - len(bad), len(rows)))
+    if args.json:
+        print(json.dumps({"matrix": rows}))
+    return 1 if bad else 0
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.matrix:
+        return run_matrix(args)
     if not args.quiet:
         print("mcguard stress: verify=%s inject=%s sessions=%d threads=%d batch=%d x %d B, %s"
               % (args.verify, args.inject, args.sessions, args.threads, args.batch, args.block_bytes,

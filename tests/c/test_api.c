@@ -54,7 +54,9 @@ int main(void) {
         d[i] = (uint64_t)(uintptr_t)(dst + (BLOCKS - 1 - i) * BLOCK); /* reversed order */
         l[i] = BLOCK;
     }
-    mc_transfer_opts opts = {sizeof opts, MC_VERIFY_DEFAULT, 0, 0};
+    mc_transfer_opts opts = {0};
+    opts.struct_size = sizeof opts;
+    opts.verify = MC_VERIFY_DEFAULT;
     CHECK_STATUS(mc_guard_transfer(sender, endpoint, s, d, l, BLOCKS, &opts), MC_OK, sender, "");
     CHECK(opts.transfer_id > 0);
     int same = 1;

@@ -44,6 +44,13 @@ private:
     mc_guard_t h_ = 0, closed_ = 0;
 };
 
+mc_transfer_opts transfer_opts(int32_t verify) {
+    mc_transfer_opts o{};
+    o.struct_size = sizeof o;
+    o.verify = verify;
+    return o;
+}
+
 uint64_t addr(const void *p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); }
 
 struct Batch {
@@ -73,20 +80,20 @@ TEST(Api, TransferIsDeliveredAndVerified) {
     ASSERT_EQ(mc_guard_register(sender.handle(), src.data(), src.size()), MC_OK);
     ASSERT_EQ(mc_guard_register(receiver.handle(), dst.data(), dst.size()), MC_OK);
     Batch b(src.data(), dst.data(), 256, 4096);
-    mc_transfer_opts opts{sizeof(mc_transfer_opts), MC_VERIFY_TAIL, 0, 0};
+    mc_transfer_opts opts = transfer_opts(MC_VERIFY_TAIL);
     ASSERT_EQ(b.send(sender, receiver.endpoint(), &opts), MC_OK) << last_error(sender.handle());
     EXPECT_GT(opts.transfer_id, 0u);
     EXPECT_EQ(std::memcmp(src.data(), dst.data(), dst.size()), 0);
 }
 
-TEST(Api, LagIsCaughtByTail) {
-    Guard sender, receiver("{\"inject\": \"lag\", \"inject_lag_max_ms\": 20}");
+TEST(Api, LateWritesAreCaughtByTail) {
+    Guard sender, receiver("{\"inject\": \"reorder\", \"inject_lag_max_ms\": 20}");
     auto src = pattern(64 * 4096, 2);
     std::vector<unsigned char> dst(src.size());
     ASSERT_EQ(mc_guard_register(sender.handle(), src.data(), src.size()), MC_OK);
     ASSERT_EQ(mc_guard_register(receiver.handle(), dst.data(), dst.size()), MC_OK);
     Batch b(src.data(), dst.data(), 64, 4096);
-    mc_transfer_opts opts{sizeof(mc_transfer_opts), MC_VERIFY_TAIL, 0, 0};
+    mc_transfer_opts opts = transfer_opts(MC_VERIFY_TAIL);
     ASSERT_EQ(b.send(sender, receiver.endpoint(), &opts), MC_OK) << last_error(sender.handle());
     EXPECT_EQ(std::memcmp(src.data(), dst.data(), dst.size()), 0);
     EXPECT_GT(opts.retries, 0u);
@@ -138,7 +145,8 @@ TEST(Api, ErrorPaths) {
     EXPECT_EQ(b.send(sender, ep), MC_ERR_NOT_REGISTERED);
     EXPECT_NE(last_error(h).find("descriptor 1 remote side"), std::string::npos) << last_error(h);
     b.dst[1] -= 8192;
-    mc_transfer_opts bad{1, MC_VERIFY_TAIL, 0, 0};
+    mc_transfer_opts bad = transfer_opts(MC_VERIFY_TAIL);
+    bad.struct_size = 1;
     EXPECT_EQ(b.send(sender, ep, &bad), MC_ERR_INVALID_ARG);
     EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), static_cast<long>(dst.size())) << "refusals write nothing";
     EXPECT_EQ(b.send(sender, ep), MC_OK);
@@ -146,6 +154,34 @@ TEST(Api, ErrorPaths) {
     EXPECT_EQ(mc_guard_close(receiver.closed_handle()), MC_ERR_BAD_HANDLE);
     mc_status st = b.send(sender, ep);
     EXPECT_TRUE(st == MC_ERR_PEER || st == MC_ERR_TIMEOUT) << st << " " << last_error(h);
+}
+
+TEST(Api, DigestModeIsCheckedByTheReceiver) {
+    Guard sender("{\"verify\": \"digest\"}"), receiver("{\"sync_timeout_ms\": 300}");
+    auto src = pattern(64 * 1024, 3);
+    std::vector<unsigned char> dst(src.size());
+    ASSERT_EQ(mc_guard_register(sender.handle(), src.data(), src.size()), MC_OK);
+    ASSERT_EQ(mc_guard_register(receiver.handle(), dst.data(), dst.size()), MC_OK);
+    Batch b(src.data(), dst.data(), 16, 4096);
+    std::vector<uint64_t> digests(16);
+    mc_transfer_opts opts = transfer_opts(MC_VERIFY_DEFAULT);
+    opts.digests = digests.data();
+    ASSERT_EQ(b.send(sender, receiver.endpoint(), &opts), MC_OK) << last_error(sender.handle());
+    EXPECT_NE(digests[0], 0u);
+    // The notice path: the receiver syncs by the transfer's id.
+    ASSERT_EQ(mc_guard_sync_transfers(receiver.handle(), &opts.transfer_id, 1, nullptr), MC_OK)
+        << last_error(receiver.handle());
+    EXPECT_EQ(std::memcmp(src.data(), dst.data(), dst.size()), 0);
+    // The application-told path: ranges and digests it forwarded itself.
+    mc_sync_opts so{};
+    so.struct_size = sizeof so;
+    so.digests = digests.data();
+    ASSERT_EQ(mc_guard_sync(receiver.handle(), b.dst.data(), b.len.data(), 16, &so), MC_OK);
+    dst[4096 * 7 + 1] ^= 0x40;
+    EXPECT_EQ(mc_guard_sync(receiver.handle(), b.dst.data(), b.len.data(), 16, &so), MC_ERR_VERIFY);
+    EXPECT_NE(last_error(receiver.handle()).find("range 7"), std::string::npos) << last_error(receiver.handle());
+    uint64_t unknown = 77;
+    EXPECT_EQ(mc_guard_sync_transfers(receiver.handle(), &unknown, 1, nullptr), MC_ERR_TIMEOUT);
 }
 
 }  // namespace

@@ -1,0 +1,172 @@
+package core
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/core/wire"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// matrixCell runs a few transfers under one fault and one mode, with the
+// receiver settling each as the stress tool does (no sync for off, the
+// baseline), and counts successes whose destination differs from the
+// source.
+func matrixCell(t *testing.T, fault string, mode verify.Mode) (ok, failed, mismatches int) {
+	const n, size, rounds = 16, 4096, 6
+	sendJS := fmt.Sprintf(`{"verify": %q, "max_retries": 15, "retry_sleep_s": 0.001}`, mode)
+	recvJS := fmt.Sprintf(`{"inject": %q, "inject_rate": 0.3, "inject_lag_max_ms": 5, "inject_seed": 11}`, fault)
+	p := newPair(t, sendJS, recvJS, n*size)
+	for r := 0; r < rounds; r++ {
+		rand.Read(p.src.b)
+		if fault == FaultStale { // the fault's precondition: tails that repeat (zero padding)
+			for i := 0; i < n; i++ {
+				clear(p.src.b[i*size+size-1024 : (i+1)*size])
+			}
+		}
+		descs := p.blocks(n, size)
+		res, err := p.send.Transfer(p.recv.Endpoint(), descs, TransferOptions{})
+		if err == nil {
+			switch mode {
+			case verify.Off:
+			case verify.Digest:
+				err = p.recv.SyncTransfers([]uint64{res.ID})
+			default:
+				ranges := make([]SyncRange, n)
+				for i, d := range descs {
+					ranges[i] = SyncRange{d.Dst, d.Len}
+				}
+				err = p.recv.Sync(ranges, nil)
+			}
+		}
+		if err != nil {
+			require.ErrorIs(t, err, ErrVerify, "%s/%s: a fault shows as a verification failure", fault, mode)
+			failed++
+			time.Sleep(10 * time.Millisecond) // let held writes of the failed round land
+			continue
+		}
+		ok++
+		for i := 0; i < n; i++ {
+			if !bytes.Equal(p.src.b[i*size:(i+1)*size], p.dst.b[i*size:(i+1)*size]) {
+				mismatches++
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return ok, failed, mismatches
+}
+
+func TestDetectionMatrix(t *testing.T) {
+	for _, fault := range FaultModes[1:] {
+		for _, mode := range verify.Modes {
+			t.Run(fault+"/"+string(mode), func(t *testing.T) {
+				t.Parallel()
+				ok, failed, mismatches := matrixCell(t, fault, mode)
+				t.Logf("ok %d failed %d mismatches %d", ok, failed, mismatches)
+				switch {
+				case mode == verify.Off:
+					require.Positive(t, mismatches, "off must show the fault")
+				case mode == verify.Tail && fault == FaultStale:
+					require.Positive(t, mismatches, "tail's blind spot: a lost write whose tail already matched")
+				default:
+					require.Zero(t, mismatches, "no success may hold wrong bytes")
+				}
+			})
+		}
+	}
+}
+
+func TestSyncComparesDigests(t *testing.T) {
+	p := newPair(t, `{"verify": "digest", "notify": "never"}`, "", 8*4096)
+	fill(p.src.b)
+	descs := p.blocks(8, 4096)
+	digests := make([]uint64, len(descs))
+	_, err := p.send.Transfer(p.recv.Endpoint(), descs, TransferOptions{Digests: digests})
+	require.NoError(t, err)
+	require.Equal(t, verify.DigestOf(p.src.b[:4096]), digests[0])
+	ranges := make([]SyncRange, len(descs))
+	for i, d := range descs {
+		ranges[i] = SyncRange{d.Dst, d.Len}
+	}
+	require.NoError(t, p.recv.Sync(ranges, digests), "the application-told path")
+	require.NoError(t, p.recv.Sync(ranges, nil), "without digests: settle only")
+	p.dst.b[5*4096+77] ^= 0xff
+	err = p.recv.Sync(ranges, digests)
+	require.ErrorIs(t, err, ErrVerify)
+	require.Contains(t, err.Error(), "range 5 [")
+	require.ErrorIs(t, p.recv.Sync(ranges, digests[:3]), ErrInvalidArg)
+}
+
+func TestSyncTransfersByNotice(t *testing.T) {
+	p := newPair(t, `{"verify": "digest"}`, "", 600*256)
+	fill(p.src.b)
+	res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(600, 256), TransferOptions{})
+	require.NoError(t, err, "600 descriptors: two chunks, two notices")
+	require.EqualValues(t, 2, stats(t, p.send)["notices_sent"])
+	require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}))
+	require.True(t, bytes.Equal(p.src.b, p.dst.b))
+
+	res, err = p.send.Transfer(p.recv.Endpoint(), p.blocks(4, 256), TransferOptions{})
+	require.NoError(t, err)
+	p.dst.b[300] ^= 1
+	err = p.recv.SyncTransfers([]uint64{res.ID})
+	require.ErrorIs(t, err, ErrVerify)
+	require.Contains(t, err.Error(), fmt.Sprintf("transfer %#x descriptor 1", res.ID))
+}
+
+func TestSyncWithoutNoticeTimesOut(t *testing.T) {
+	g := openGuard(t, `{"sync_timeout_ms": 100}`)
+	start := time.Now()
+	err := g.SyncTransfers([]uint64{12345})
+	require.ErrorIs(t, err, ErrTimeout)
+	require.Contains(t, err.Error(), "no complete notice for transfer 0x3039")
+	require.Less(t, time.Since(start), time.Second)
+	require.ErrorIs(t, g.SyncTransfers(nil), ErrInvalidArg)
+}
+
+// sendRaw sends body to a guard's control endpoint and returns the reply.
+func sendRaw(t *testing.T, endpoint string, body []byte) string {
+	zctx, err := zmq.NewContext()
+	require.NoError(t, err)
+	defer zctx.Term()
+	sock, err := newReqSocket(zctx, endpoint)
+	require.NoError(t, err)
+	defer sock.Close()
+	raw, err := request(t.Context(), sock, endpoint, "test", body, 2*time.Second)
+	require.NoError(t, err)
+	return string(raw)
+}
+
+func TestMalformedNoticesAreRefused(t *testing.T) {
+	g := openGuard(t, `{"sync_timeout_ms": 100}`)
+	m := newMem(t, 4096)
+	require.NoError(t, g.Register(m.addr(0), 4096))
+	good := wire.Notice{ID: 7, Mode: 4, Total: 1, Descs: []wire.NoticeDesc{{Dst: m.addr(0), Len: 64, Digest: 1}}}
+	cases := map[string][]byte{
+		"truncated":      wire.EncodeNotice(nil, good)[:40],
+		"bad mode":       wire.EncodeNotice(nil, wire.Notice{ID: 7, Mode: 99, Total: 1, Descs: good.Descs}),
+		"beyond total":   wire.EncodeNotice(nil, wire.Notice{ID: 7, Mode: 4, Total: 1, Base: 1, Descs: good.Descs}),
+		"unregistered":   wire.EncodeNotice(nil, wire.Notice{ID: 7, Mode: 4, Total: 1, Descs: []wire.NoticeDesc{{Dst: m.addr(0) + 8192, Len: 8}}}),
+		"not first":      wire.EncodeNotice(nil, wire.Notice{ID: 7, Mode: 4, Total: 2, Base: 1, Descs: good.Descs}),
+		"garbage":        []byte("MGN1 but nothing after it, or rather too little"),
+		"not json":       []byte("{nope"),
+		"wrong protocol": []byte(`{"proto": 99, "op": "hello"}`),
+	}
+	for name, body := range cases {
+		rep := sendRaw(t, g.Endpoint(), body)
+		require.Contains(t, rep, `"error"`, name)
+	}
+	require.EqualValues(t, 0, stats(t, g)["notices_received"], "nothing was recorded")
+	require.ErrorIs(t, g.SyncTransfers([]uint64{7}), ErrTimeout)
+	// The well-formed one is taken, and its wrong digest shows at sync.
+	require.Contains(t, sendRaw(t, g.Endpoint(), wire.EncodeNotice(nil, good)), `"proto":1}`)
+	err := g.SyncTransfers([]uint64{7})
+	require.True(t, errors.Is(err, ErrVerify), "%v", err)
+}

@@ -1,0 +1,115 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/mcguard/mcguard/core/wire"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// Bounds of what peers' notices may hold in a receiver's memory; past
+// them the oldest notices are dropped (a sync for one then says so).
+const (
+	maxNoticeEntries = 1 << 16
+	maxNoticeDescs   = 1 << 22
+)
+
+// notice is a transfer's completion notice as the receiver assembles it.
+type notice struct {
+	mode  verify.Mode
+	total int
+	descs []wire.NoticeDesc
+}
+
+func (n *notice) complete() bool { return len(n.descs) == n.total }
+
+// noticeStore holds the notices a receiving guard was sent until the
+// application syncs them.
+type noticeStore struct {
+	mu      sync.Mutex
+	entries map[uint64]*notice
+	order   []uint64 // arrival order, for eviction
+	evicted map[uint64]bool
+	descs   int
+	changed chan struct{}
+}
+
+func newNoticeStore() *noticeStore {
+	return &noticeStore{entries: map[uint64]*notice{}, evicted: map[uint64]bool{}, changed: make(chan struct{})}
+}
+
+var errNotice = errors.New("bad notice")
+
+// add records one chunk; chunks of a transfer must come in order.
+func (s *noticeStore) add(n wire.Notice) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	mode := verify.Modes[n.Mode]
+	e, ok := s.entries[n.ID]
+	switch {
+	case !ok && n.Base != 0:
+		return fmt.Errorf("%w: transfer %#x: chunk at %d before its first", errNotice, n.ID, n.Base)
+	case ok && (e.complete() || e.total != n.Total || e.mode != mode || n.Base != len(e.descs)):
+		return fmt.Errorf("%w: transfer %#x: chunk at %d does not continue the notice", errNotice, n.ID, n.Base)
+	}
+	if !ok {
+		e = &notice{mode: mode, total: n.Total}
+		s.entries[n.ID] = e
+		s.order = append(s.order, n.ID)
+		delete(s.evicted, n.ID)
+	}
+	e.descs = append(e.descs, n.Descs...)
+	s.descs += len(n.Descs)
+	for (len(s.entries) > maxNoticeEntries || s.descs > maxNoticeDescs) && len(s.order) > 1 {
+		s.evictOldestLocked()
+	}
+	close(s.changed)
+	s.changed = make(chan struct{})
+	return nil
+}
+
+func (s *noticeStore) evictOldestLocked() {
+	id := s.order[0]
+	s.order = s.order[1:]
+	if e, ok := s.entries[id]; ok {
+		s.descs -= len(e.descs)
+		delete(s.entries, id)
+		if len(s.evicted) >= maxNoticeEntries {
+			clear(s.evicted)
+		}
+		s.evicted[id] = true
+	}
+}
+
+// take waits until the notice for id is complete and removes it.
+func (s *noticeStore) take(ctx context.Context, id uint64) (*notice, error) {
+	for {
+		s.mu.Lock()
+		if e, ok := s.entries[id]; ok && e.complete() {
+			delete(s.entries, id)
+			s.descs -= len(e.descs)
+			for i, o := range s.order {
+				if o == id {
+					s.order = append(s.order[:i], s.order[i+1:]...)
+					break
+				}
+			}
+			s.mu.Unlock()
+			return e, nil
+		}
+		if s.evicted[id] {
+			s.mu.Unlock()
+			return nil, fmt.Errorf("%w: the notice of transfer %#x was dropped: too many unsynced notices", ErrSession, id)
+		}
+		ch := s.changed
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: no complete notice for transfer %#x arrived", ErrTimeout, id)
+		}
+	}
+}
