@@ -8,6 +8,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -250,22 +251,34 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 	for base := 0; base < len(descs); base += g.cfg.MaxBatch {
 		chunk := descs[base:min(base+g.cfg.MaxBatch, len(descs))]
 		var digests []uint64
+		wait := func() {}
 		if vcfg.Mode == verify.Digest || opts.Digests != nil {
+			// Digest the sources while the writes go out: the source
+			// must not change during a transfer, so both see the same bytes.
 			digests = make([]uint64, len(chunk))
-			for i, d := range chunk {
-				digests[i] = verify.DigestOf(bytesAt(d.Src, d.Len))
-			}
-			if opts.Digests != nil {
-				copy(opts.Digests[base:], digests)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for i, d := range chunk {
+					digests[i] = verify.DigestOf(bytesAt(d.Src, d.Len))
+				}
+			}()
+			wait = func() { <-done }
+		}
+		var announce func() error
+		if notify {
+			announce = func() error {
+				wait()
+				return g.notify(s, res.ID, vcfg.Mode, len(descs), base, chunk, digests)
 			}
 		}
-		if err := g.deliver(s, vcfg, seed, chunk, base, &res); err != nil {
+		err := g.deliver(s, vcfg, seed, chunk, base, &res, announce)
+		wait() // never return while the digest goroutine still reads the sources
+		if err != nil {
 			return res, fmt.Errorf("session %s: %w", name, err)
 		}
-		if notify {
-			if err := g.notify(s, res.ID, vcfg.Mode, len(descs), base, chunk, digests); err != nil {
-				return res, err
-			}
+		if opts.Digests != nil {
+			copy(opts.Digests[base:], digests)
 		}
 	}
 	g.stats.descriptors.Add(int64(len(descs)))
@@ -276,21 +289,29 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 // deliver writes one chunk and checks it as vcfg says: read-back modes
 // read after a fence (pipelined with the first read, so one round trip)
 // and may re-send what never matched; digest mode fences and leaves the
-// comparison to the receiver; off trusts the transport.
-func (g *Guard) deliver(s *session, vcfg verify.Config, seed uint64, chunk []verify.Desc, base int, res *TransferResult) error {
+// comparison to the receiver; off trusts the transport. announce, if not
+// nil, sends the chunk's notice: after the check, or in digest mode while
+// the fence is in flight (the receiver's sync waits for writes anyway).
+func (g *Guard) deliver(s *session, vcfg verify.Config, seed uint64, chunk []verify.Desc, base int, res *TransferResult, announce func() error) error {
 	if err := s.conn.write(g.ctx, chunk, base, g.regions); err != nil {
 		s.disconnect()
 		return err
 	}
+	if announce == nil {
+		announce = func() error { return nil }
+	}
 	switch {
 	case vcfg.Mode == verify.Off:
-		return nil
+		return announce()
 	case !vcfg.Mode.ReadsBack():
-		if err := s.conn.fence(g.ctx); err != nil {
+		fenced := make(chan error, 1)
+		go func() { fenced <- s.conn.fence(g.ctx) }()
+		notified := announce()
+		if err := <-fenced; err != nil {
 			s.disconnect()
 			return err
 		}
-		return nil
+		return notified
 	}
 	// index maps positions in the descriptors being checked to the batch.
 	todo, index := chunk, make([]int, len(chunk))
@@ -313,8 +334,9 @@ func (g *Guard) deliver(s *session, vcfg verify.Config, seed uint64, chunk []ver
 		if !errors.As(err, &me) {
 			if err != nil {
 				s.disconnect()
+				return err
 			}
-			return err
+			return announce()
 		}
 		bad, badIndex := make([]verify.Desc, len(me.Descs)), make([]int, len(me.Descs))
 		for i, k := range me.Descs {
@@ -539,11 +561,10 @@ func (g *Guard) settle(ctx context.Context, ranges []SyncRange, digests []uint64
 	if digests == nil {
 		return nil
 	}
+	ok := digestRanges(g.regions, ranges, digests)
 	var bad []string
 	for i, r := range ranges {
-		var got uint64
-		err := g.regions.Access(r.Addr, r.Len, func(m []byte) error { got = verify.DigestOf(m); return nil })
-		if err != nil || got != digests[i] {
+		if !ok[i] {
 			if len(bad) < 16 {
 				bad = append(bad, fmt.Sprintf("%s %d [%#x, +%d)", what, i, r.Addr, r.Len))
 			} else if len(bad) == 16 {
@@ -556,6 +577,41 @@ func (g *Guard) settle(ctx context.Context, ranges []SyncRange, digests []uint64
 		return fmt.Errorf("%w: destination digests differ from the sender's: %s", ErrVerify, strings.Join(bad, ", "))
 	}
 	return nil
+}
+
+// digestRanges compares each range's digest with want, spreading large
+// work over the CPUs: the bytes just arrived from the network and are read
+// from memory, not cache, so one core alone is bound by memory latency.
+func digestRanges(regions *Regions, ranges []SyncRange, want []uint64) []bool {
+	ok := make([]bool, len(ranges))
+	check := func(i int) {
+		r := ranges[i]
+		regions.Access(r.Addr, r.Len, func(m []byte) error { ok[i] = verify.DigestOf(m) == want[i]; return nil })
+	}
+	var total uint64
+	for _, r := range ranges {
+		total += r.Len
+	}
+	workers := min(runtime.GOMAXPROCS(0), len(ranges))
+	if total < 4<<20 || workers < 2 {
+		for i := range ranges {
+			check(i)
+		}
+		return ok
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < len(ranges); i = int(next.Add(1)) - 1 {
+				check(i)
+			}
+		}()
+	}
+	wg.Wait()
+	return ok
 }
 
 // Stats returns counters and settings as JSON.
