@@ -196,3 +196,52 @@ func TestScratchGrows(t *testing.T) {
 	require.Len(t, s.Bytes(5), 5)
 	require.Equal(t, &b[0], &s.Bytes(5)[0], "scratch is reused, not reallocated")
 }
+
+func TestSampleSpans(t *testing.T) {
+	cfg := Defaults()
+	cfg.Mode = Sample
+	n := uint64(1 << 20)
+	a := spans(cfg, n, 1, nil)
+	require.Len(t, a, 2+cfg.SampleStripes)
+	require.Equal(t, span{0, 64}, a[0], "head")
+	require.Equal(t, span{n - 64, 64}, a[1], "tail")
+	for _, s := range a[2:] {
+		require.LessOrEqual(t, s.off+s.n, n, "stripes stay inside the descriptor")
+	}
+	b := spans(cfg, n, 2, nil)
+	require.NotEqual(t, a[2:], b[2:], "another seed samples other bytes")
+	require.Equal(t, a, spans(cfg, n, 1, nil), "the same seed samples the same bytes")
+	require.Equal(t, []span{{0, 100}}, spans(cfg, 100, 1, nil), "a short descriptor is read whole")
+}
+
+func TestFullSpansCoverEveryByteInPieces(t *testing.T) {
+	cfg := Defaults()
+	cfg.Mode = Full
+	sp := spans(cfg, 9<<20+5, 0, nil)
+	var next uint64
+	for _, s := range sp {
+		require.Equal(t, next, s.off)
+		require.LessOrEqual(t, s.n, uint64(maxProbe))
+		next += s.n
+	}
+	require.Equal(t, uint64(9<<20+5), next)
+}
+
+func TestSampleCatchesAHoleThatTailMisses(t *testing.T) {
+	src := make([]byte, 64<<10)
+	for i := range src {
+		src[i] = byte(i*7 + 1)
+	}
+	f := &fakeTarget{mem: map[uint64]byte{}, after: -1}
+	for i := len(src) - 4096; i < len(src); i++ { // only the last page arrived
+		f.mem[uint64(i)] = src[i]
+	}
+	d := []Desc{{Src: 0, Dst: 0, Len: uint64(len(src))}}
+	cfg := Defaults()
+	cfg.MaxRetries = 0
+	_, err := Check(context.Background(), cfg, 0, d, localOf(src), f.read, &Scratch{})
+	require.NoError(t, err, "tail sees only the page that arrived")
+	cfg.Mode = Sample
+	_, err = Check(context.Background(), cfg, 0, d, localOf(src), f.read, &Scratch{})
+	require.ErrorIs(t, err, ErrMismatch, "sample reads the head too")
+}
