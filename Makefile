@@ -65,7 +65,7 @@ demo: build
 
 ## bench: guarded vs unguarded vs a raw socket pair (Go), and the stress's off vs tail (Python)
 bench: build
-	$(GO) test -run '^$$' -bench Modes -benchtime 3s -count 3 ./core/
+	$(GO) test -run '^$$' -bench Modes -benchtime 3s -count 5 ./core/
 	$(PYTHON) -m mcguard.bench --rounds 5 --seconds 4
 
 install: build
