@@ -71,29 +71,17 @@ func mcgClose(h C.mc_guard_t) (st C.mc_status) {
 }
 
 //export mcgRegister
-func mcgRegister(h C.mc_guard_t, addr unsafe.Pointer, n C.size_t) (st C.mc_status) {
-	defer recoverInto(&st, h, "mc_guard_register")
-	g, err := handles.get(uint64(h))
-	if err != nil {
-		return fail(h, err)
-	}
-	if err := g.Register(uint64(uintptr(addr)), uint64(n)); err != nil {
-		return fail(h, err)
-	}
-	return C.MC_OK
+func mcgRegister(h C.mc_guard_t, addr unsafe.Pointer, n C.size_t) C.mc_status {
+	return run(h, "mc_guard_register", func(g *core.Guard) error {
+		return g.Register(uint64(uintptr(addr)), uint64(n))
+	})
 }
 
 //export mcgUnregister
-func mcgUnregister(h C.mc_guard_t, addr unsafe.Pointer) (st C.mc_status) {
-	defer recoverInto(&st, h, "mc_guard_unregister")
-	g, err := handles.get(uint64(h))
-	if err != nil {
-		return fail(h, err)
-	}
-	if err := g.Unregister(uint64(uintptr(addr))); err != nil {
-		return fail(h, err)
-	}
-	return C.MC_OK
+func mcgUnregister(h C.mc_guard_t, addr unsafe.Pointer) C.mc_status {
+	return run(h, "mc_guard_unregister", func(g *core.Guard) error {
+		return g.Unregister(uint64(uintptr(addr)))
+	})
 }
 
 // cArray views a C array of n uint64s; n has been checked against the limit.
@@ -128,60 +116,51 @@ func batchArgs(session *C.char, local, remote, length *C.uint64_t, n C.size_t) (
 }
 
 //export mcgTransfer
-func mcgTransfer(h C.mc_guard_t, session *C.char, src, dst, length *C.uint64_t, n C.size_t, opts *C.mc_transfer_opts) (st C.mc_status) {
-	defer recoverInto(&st, h, "mc_guard_transfer")
-	g, err := handles.get(uint64(h))
-	if err != nil {
-		return fail(h, err)
-	}
-	name, descs, err := batchArgs(session, src, dst, length, n)
-	if err != nil {
-		return fail(h, err)
-	}
-	var o core.TransferOptions
-	if opts != nil {
-		if opts.struct_size < C.uint32_t(unsafe.Sizeof(*opts)) {
-			return fail(h, fmt.Errorf("%w: opts->struct_size is %d, want sizeof(mc_transfer_opts) = %d", core.ErrInvalidArg, opts.struct_size, unsafe.Sizeof(*opts)))
+func mcgTransfer(h C.mc_guard_t, session *C.char, src, dst, length *C.uint64_t, n C.size_t, opts *C.mc_transfer_opts) C.mc_status {
+	return run(h, "mc_guard_transfer", func(g *core.Guard) error {
+		name, descs, err := batchArgs(session, src, dst, length, n)
+		if err != nil {
+			return err
 		}
-		if opts.verify != C.MC_VERIFY_DEFAULT {
-			m, ok := verifyModes[opts.verify]
-			if !ok {
-				return fail(h, fmt.Errorf("%w: opts->verify = %d is not an MC_VERIFY_* value", core.ErrInvalidArg, opts.verify))
+		var o core.TransferOptions
+		if opts != nil {
+			if opts.struct_size < C.uint32_t(unsafe.Sizeof(*opts)) {
+				return fmt.Errorf("%w: opts->struct_size is %d, want sizeof(mc_transfer_opts) = %d", core.ErrInvalidArg, opts.struct_size, unsafe.Sizeof(*opts))
 			}
-			o.Verify = &m
+			if opts.verify != C.MC_VERIFY_DEFAULT {
+				m, ok := verifyModes[opts.verify]
+				if !ok {
+					return fmt.Errorf("%w: opts->verify = %d is not an MC_VERIFY_* value", core.ErrInvalidArg, opts.verify)
+				}
+				o.Verify = &m
+			}
+			if opts.digests != nil {
+				o.Digests = cArray(opts.digests, len(descs))
+			}
+			o.NoNotice = opts.flags&C.MC_TRANSFER_NO_NOTICE != 0
 		}
-		if opts.digests != nil {
-			o.Digests = cArray(opts.digests, len(descs))
+		res, err := g.Transfer(name, descs, o)
+		if err != nil {
+			return err
 		}
-		o.NoNotice = opts.flags&C.MC_TRANSFER_NO_NOTICE != 0
-	}
-	res, err := g.Transfer(name, descs, o)
-	if err != nil {
-		return fail(h, err)
-	}
-	if opts != nil {
-		opts.transfer_id = C.uint64_t(res.ID)
-		opts.retries = C.uint64_t(res.Retries)
-		opts.resends = C.uint64_t(res.Resends)
-	}
-	return C.MC_OK
+		if opts != nil {
+			opts.transfer_id = C.uint64_t(res.ID)
+			opts.retries = C.uint64_t(res.Retries)
+			opts.resends = C.uint64_t(res.Resends)
+		}
+		return nil
+	})
 }
 
 //export mcgRead
-func mcgRead(h C.mc_guard_t, session *C.char, local, remote, length *C.uint64_t, n C.size_t) (st C.mc_status) {
-	defer recoverInto(&st, h, "mc_guard_read")
-	g, err := handles.get(uint64(h))
-	if err != nil {
-		return fail(h, err)
-	}
-	name, descs, err := batchArgs(session, local, remote, length, n)
-	if err != nil {
-		return fail(h, err)
-	}
-	if err := g.Read(name, descs); err != nil {
-		return fail(h, err)
-	}
-	return C.MC_OK
+func mcgRead(h C.mc_guard_t, session *C.char, local, remote, length *C.uint64_t, n C.size_t) C.mc_status {
+	return run(h, "mc_guard_read", func(g *core.Guard) error {
+		name, descs, err := batchArgs(session, local, remote, length, n)
+		if err != nil {
+			return err
+		}
+		return g.Read(name, descs)
+	})
 }
 
 // checkSyncOpts validates opts, which may be NULL.
@@ -193,88 +172,64 @@ func checkSyncOpts(opts *C.mc_sync_opts) error {
 }
 
 //export mcgSync
-func mcgSync(h C.mc_guard_t, addr, length *C.uint64_t, n C.size_t, opts *C.mc_sync_opts) (st C.mc_status) {
-	defer recoverInto(&st, h, "mc_guard_sync")
-	g, err := handles.get(uint64(h))
-	if err != nil {
-		return fail(h, err)
-	}
-	if err := checkSyncOpts(opts); err != nil {
-		return fail(h, err)
-	}
-	switch {
-	case n > core.MaxDescriptors:
-		return fail(h, fmt.Errorf("%w: n = %d is over MC_GUARD_MAX_DESCRIPTORS", core.ErrInvalidArg, uint64(n)))
-	case n > 0 && (addr == nil || length == nil):
-		return fail(h, fmt.Errorf("%w: addr and len must not be NULL when n > 0", core.ErrInvalidArg))
-	}
-	ranges := make([]core.SyncRange, int(n))
-	var digests []uint64
-	if n > 0 {
-		a, l := cArray(addr, int(n)), cArray(length, int(n))
-		for i := range ranges {
-			ranges[i] = core.SyncRange{Addr: a[i], Len: l[i]}
+func mcgSync(h C.mc_guard_t, addr, length *C.uint64_t, n C.size_t, opts *C.mc_sync_opts) C.mc_status {
+	return run(h, "mc_guard_sync", func(g *core.Guard) error {
+		if err := checkSyncOpts(opts); err != nil {
+			return err
 		}
-		if opts != nil && opts.digests != nil {
-			digests = append([]uint64(nil), cArray(opts.digests, int(n))...)
+		switch {
+		case n > core.MaxDescriptors:
+			return fmt.Errorf("%w: n = %d is over MC_GUARD_MAX_DESCRIPTORS", core.ErrInvalidArg, uint64(n))
+		case n > 0 && (addr == nil || length == nil):
+			return fmt.Errorf("%w: addr and len must not be NULL when n > 0", core.ErrInvalidArg)
 		}
-	}
-	if err := g.Sync(ranges, digests); err != nil {
-		return fail(h, err)
-	}
-	return C.MC_OK
+		ranges := make([]core.SyncRange, int(n))
+		var digests []uint64
+		if n > 0 {
+			a, l := cArray(addr, int(n)), cArray(length, int(n))
+			for i := range ranges {
+				ranges[i] = core.SyncRange{Addr: a[i], Len: l[i]}
+			}
+			if opts != nil && opts.digests != nil {
+				digests = append([]uint64(nil), cArray(opts.digests, int(n))...)
+			}
+		}
+		return g.Sync(ranges, digests)
+	})
 }
 
 //export mcgSyncTransfers
-func mcgSyncTransfers(h C.mc_guard_t, ids *C.uint64_t, n C.size_t, opts *C.mc_sync_opts) (st C.mc_status) {
-	defer recoverInto(&st, h, "mc_guard_sync_transfers")
-	g, err := handles.get(uint64(h))
-	if err != nil {
-		return fail(h, err)
-	}
-	if err := checkSyncOpts(opts); err != nil {
-		return fail(h, err)
-	}
-	switch {
-	case n == 0 || n > core.MaxDescriptors:
-		return fail(h, fmt.Errorf("%w: n = %d transfer ids (1 to MC_GUARD_MAX_DESCRIPTORS)", core.ErrInvalidArg, uint64(n)))
-	case ids == nil:
-		return fail(h, fmt.Errorf("%w: transfer_ids is NULL", core.ErrInvalidArg))
-	}
-	if err := g.SyncTransfers(append([]uint64(nil), cArray(ids, int(n))...)); err != nil {
-		return fail(h, err)
-	}
-	return C.MC_OK
+func mcgSyncTransfers(h C.mc_guard_t, ids *C.uint64_t, n C.size_t, opts *C.mc_sync_opts) C.mc_status {
+	return run(h, "mc_guard_sync_transfers", func(g *core.Guard) error {
+		if err := checkSyncOpts(opts); err != nil {
+			return err
+		}
+		switch {
+		case n == 0 || n > core.MaxDescriptors:
+			return fmt.Errorf("%w: n = %d transfer ids (1 to MC_GUARD_MAX_DESCRIPTORS)", core.ErrInvalidArg, uint64(n))
+		case ids == nil:
+			return fmt.Errorf("%w: transfer_ids is NULL", core.ErrInvalidArg)
+		}
+		return g.SyncTransfers(append([]uint64(nil), cArray(ids, int(n))...))
+	})
 }
 
 //export mcgEndpoint
-func mcgEndpoint(h C.mc_guard_t, buf *C.char, n C.size_t) (st C.mc_status) {
-	defer recoverInto(&st, h, "mc_guard_endpoint")
-	g, err := handles.get(uint64(h))
-	if err != nil {
-		return fail(h, err)
-	}
-	if err := copyOut(g.Endpoint(), buf, n, nil); err != nil {
-		return fail(h, err)
-	}
-	return C.MC_OK
+func mcgEndpoint(h C.mc_guard_t, buf *C.char, n C.size_t) C.mc_status {
+	return run(h, "mc_guard_endpoint", func(g *core.Guard) error {
+		return copyOut(g.Endpoint(), buf, n, nil)
+	})
 }
 
 //export mcgStats
-func mcgStats(h C.mc_guard_t, buf *C.char, n C.size_t, needed *C.size_t) (st C.mc_status) {
-	defer recoverInto(&st, h, "mc_guard_stats")
-	g, err := handles.get(uint64(h))
-	if err != nil {
-		return fail(h, err)
-	}
-	js, err := g.Stats()
-	if err != nil {
-		return fail(h, err)
-	}
-	if err := copyOut(string(js), buf, n, needed); err != nil {
-		return fail(h, err)
-	}
-	return C.MC_OK
+func mcgStats(h C.mc_guard_t, buf *C.char, n C.size_t, needed *C.size_t) C.mc_status {
+	return run(h, "mc_guard_stats", func(g *core.Guard) error {
+		js, err := g.Stats()
+		if err != nil {
+			return err
+		}
+		return copyOut(string(js), buf, n, needed)
+	})
 }
 
 //export mcgLastError
@@ -337,6 +292,20 @@ func statusOf(err error) C.mc_status {
 		}
 	}
 	return C.MC_ERR_INTERNAL
+}
+
+// run is what every export on a guard shares: recover a panic, look up
+// the handle, run body, and map its error to a status and a message.
+func run(h C.mc_guard_t, fn string, body func(g *core.Guard) error) (st C.mc_status) {
+	defer recoverInto(&st, h, fn)
+	g, err := handles.get(uint64(h))
+	if err == nil {
+		err = body(g)
+	}
+	if err != nil {
+		return fail(h, err)
+	}
+	return C.MC_OK
 }
 
 // fail records err as this thread's last error for h and returns its status.
