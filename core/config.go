@@ -2,7 +2,10 @@ package core
 
 import (
 	"fmt"
+	"log"
 	"net"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/mcguard/mcguard/verify"
@@ -26,8 +29,12 @@ type Config struct {
 	// SyncTimeout bounds how long mc_guard_sync waits for notices and for
 	// writes still in flight.
 	SyncTimeout time.Duration
-	Verify      verify.Config
-	Inject      FaultConfig
+	// Secret authenticates peers both ways (HMAC challenge-response); nil
+	// means none, and then Listen must be loopback unless AllowInsecure.
+	Secret        []byte
+	AllowInsecure bool
+	Verify        verify.Config
+	Inject        FaultConfig
 }
 
 // FaultConfig turns on target-side fault injection, for tests and demos.
@@ -65,6 +72,10 @@ func LoadConfig(getenv verify.Getenv, configJSON string) (Config, error) {
 	l.Millis("connect_timeout_ms", []string{"MC_GUARD_CONNECT_TIMEOUT_MS"}, &c.ConnectTimeout, time.Hour)
 	l.Choice("notify", []string{"MC_GUARD_NOTIFY"}, &c.Notify, []string{"auto", "always", "never"}, nil)
 	l.Millis("sync_timeout_ms", []string{"MC_GUARD_SYNC_TIMEOUT_MS"}, &c.SyncTimeout, time.Hour)
+	var secret, secretFile string
+	l.String("secret", []string{"MC_GUARD_SECRET"}, &secret)
+	l.String("secret_file", []string{"MC_GUARD_SECRET_FILE"}, &secretFile)
+	l.Bool("allow_insecure", []string{"MC_GUARD_ALLOW_INSECURE"}, &c.AllowInsecure)
 	c.Verify = verify.Load(l)
 	l.Choice("inject", []string{"MC_GUARD_INJECT"}, &c.Inject.Mode, FaultModes, map[string]string{"": "none", "off": "none"})
 	l.Float("inject_rate", []string{"MC_GUARD_INJECT_RATE"}, &c.Inject.Rate, 0, 1)
@@ -73,8 +84,31 @@ func LoadConfig(getenv verify.Getenv, configJSON string) (Config, error) {
 	if err := l.Err(); err != nil {
 		return Config{}, err
 	}
-	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+	host, _, err := net.SplitHostPort(c.Listen)
+	if err != nil {
 		return Config{}, fmt.Errorf("%w: listen %q is not host:port: %v", ErrConfig, c.Listen, err)
+	}
+	if secretFile != "" {
+		if secret != "" {
+			return Config{}, fmt.Errorf("%w: give secret or secret_file, not both", ErrConfig)
+		}
+		b, err := os.ReadFile(secretFile)
+		if err != nil {
+			return Config{}, fmt.Errorf("%w: secret_file: %v", ErrConfig, err)
+		}
+		secret = strings.TrimRight(string(b), "\r\n")
+	}
+	if secret != "" {
+		if len(secret) < secretMinBytes {
+			return Config{}, fmt.Errorf("%w: the secret must be at least %d bytes (use e.g. `openssl rand -hex 32`)", ErrConfig, secretMinBytes)
+		}
+		c.Secret = []byte(secret)
+	}
+	if c.Secret == nil && !isLoopback(host) {
+		if !c.AllowInsecure {
+			return Config{}, fmt.Errorf("%w: listen %q reaches beyond this machine, and the guard has no secret: any peer could write into registered memory. Set secret (or secret_file, MC_GUARD_SECRET), or allow_insecure: true to accept that", ErrConfig, c.Listen)
+		}
+		log.Printf("mcguard: WARNING: listening on %s without a secret (allow_insecure): any peer that reaches it can read and write registered memory", c.Listen)
 	}
 	if c.Timeout <= 0 || c.ConnectTimeout <= 0 || c.SyncTimeout <= 0 {
 		return Config{}, fmt.Errorf("%w: timeout_ms, connect_timeout_ms and sync_timeout_ms must be positive", ErrConfig)

@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
 	"encoding/json"
 	"fmt"
 	"log"
@@ -11,26 +12,37 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
+
+	"github.com/mcguard/mcguard/core/wire"
 )
 
 // ProtocolVersion is spoken in the handshake; a peer with another is refused.
-const ProtocolVersion = 1
+// Version 2 added authentication and tokens in notices.
+const ProtocolVersion = 2
 
 // maxControlMessage bounds what a control socket accepts from a peer.
 const maxControlMessage = 2 << 20
 
+// helloRequest is a handshake step: "hello", then "auth" if the guard
+// asked for it.
 type helloRequest struct {
-	Proto int    `json:"proto"`
-	Op    string `json:"op"`
+	Proto     int    `json:"proto"`
+	Op        string `json:"op"`
+	Nonce     []byte `json:"nonce,omitempty"`     // the peer's fresh nonce
+	Challenge []byte `json:"challenge,omitempty"` // auth: the guard's challenge it answers
+	MAC       []byte `json:"mac,omitempty"`       // auth: its proof
 }
 
-// helloReply tells a sender where to send data and what it may write to.
+// helloReply tells a sender where to send data and what it may write to,
+// or, from a guard with a secret, the challenge to answer first.
 type helloReply struct {
-	Proto   int      `json:"proto"`
-	Error   string   `json:"error,omitempty"`
-	Data    string   `json:"data,omitempty"`  // the target's TCP "host:port"
-	Token   []byte   `json:"token,omitempty"` // binds data connections to this handshake
-	Regions []Region `json:"regions,omitempty"`
+	Proto     int      `json:"proto"`
+	Error     string   `json:"error,omitempty"`
+	Challenge []byte   `json:"challenge,omitempty"` // authenticate first
+	Data      string   `json:"data,omitempty"`      // the target's TCP "host:port"
+	Token     []byte   `json:"token,omitempty"`     // unauthenticated guards: binds data connections to this handshake
+	MAC       []byte   `json:"mac,omitempty"`       // authenticated guards: their proof
+	Regions   []Region `json:"regions,omitempty"`
 }
 
 // controlReply is the answer to a notice, or to a request that failed.
@@ -106,23 +118,6 @@ func (s *controlServer) close() {
 	s.wg.Wait()
 }
 
-// answerHello decodes a handshake request and answers it with hello.
-func answerHello(body []byte, hello func() helloReply) []byte {
-	var req helloRequest
-	var rep helloReply
-	if err := decodeStrict(body, &req); err != nil {
-		rep = helloReply{Proto: ProtocolVersion, Error: "malformed control request: " + err.Error()}
-	} else if req.Proto != ProtocolVersion {
-		rep = helloReply{Proto: ProtocolVersion, Error: fmt.Sprintf("protocol version %d, this guard speaks %d", req.Proto, ProtocolVersion)}
-	} else if req.Op != "hello" {
-		rep = helloReply{Proto: ProtocolVersion, Error: fmt.Sprintf("unknown control op %q", req.Op)}
-	} else {
-		rep = hello()
-	}
-	out, _ := json.Marshal(rep)
-	return out
-}
-
 // newReqSocket opens a REQ socket to session's control endpoint.
 func newReqSocket(zctx *zmq.Context, session string) (*zmq.Socket, error) {
 	sock, err := zctx.NewSocket(zmq.REQ)
@@ -174,15 +169,44 @@ func request(ctx context.Context, sock *zmq.Socket, session, what string, body [
 	return raw, nil
 }
 
-// handshake asks the guard at session for its data endpoint and region
-// table, on a REQ socket that lives only for this call and this goroutine.
-func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration) (helloReply, error) {
+// handshake asks the guard at session for its data endpoint, region table
+// and token, authenticating both ways when secret is set. The REQ socket
+// lives only for this call and this goroutine.
+func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration, secret []byte) (helloReply, error) {
 	sock, err := newReqSocket(zctx, session)
 	if err != nil {
 		return helloReply{}, err
 	}
 	defer sock.Close()
-	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello"})
+	nonce := randomBytes(nonceSize)
+	rep, err := handshakeStep(ctx, sock, session, timeout, helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: nonce})
+	if err != nil {
+		return helloReply{}, err
+	}
+	switch {
+	case rep.Challenge != nil && secret == nil:
+		return helloReply{}, fmt.Errorf("%w: session %q requires authentication: configure the shared secret (secret, secret_file or MC_GUARD_SECRET)", ErrSession, session)
+	case rep.Challenge == nil && secret != nil:
+		return helloReply{}, fmt.Errorf("%w: session %q did not authenticate itself (it has no secret); refusing an unauthenticated peer", ErrSession, session)
+	case rep.Challenge != nil:
+		challenge := rep.Challenge
+		auth := helloRequest{Proto: ProtocolVersion, Op: "auth", Nonce: nonce, Challenge: challenge, MAC: mac(secret, labelClient, challenge, nonce)}
+		if rep, err = handshakeStep(ctx, sock, session, timeout, auth); err != nil {
+			return helloReply{}, err
+		}
+		if !hmac.Equal(rep.MAC, mac(secret, labelServer, nonce, challenge)) {
+			return helloReply{}, fmt.Errorf("%w: session %q failed to prove it knows the shared secret", ErrSession, session)
+		}
+		rep.Token = deriveToken(secret, challenge, nonce)
+	}
+	if rep.Data == "" || len(rep.Token) != wire.TokenSize {
+		return helloReply{}, fmt.Errorf("%w: session %q sent an incomplete handshake reply", ErrSession, session)
+	}
+	return rep, nil
+}
+
+func handshakeStep(ctx context.Context, sock *zmq.Socket, session string, timeout time.Duration, req helloRequest) (helloReply, error) {
+	body, _ := json.Marshal(req)
 	raw, err := request(ctx, sock, session, "handshake", body, timeout)
 	if err != nil {
 		return helloReply{}, err
@@ -194,8 +218,8 @@ func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout t
 	if rep.Error != "" {
 		return helloReply{}, fmt.Errorf("%w: session %q refused the handshake: %s", ErrSession, session, rep.Error)
 	}
-	if rep.Proto != ProtocolVersion || rep.Data == "" || len(rep.Token) == 0 {
-		return helloReply{}, fmt.Errorf("%w: session %q sent an incomplete handshake reply (protocol %d)", ErrSession, session, rep.Proto)
+	if rep.Proto != ProtocolVersion {
+		return helloReply{}, fmt.Errorf("%w: session %q speaks protocol version %d, this guard %d", ErrSession, session, rep.Proto, ProtocolVersion)
 	}
 	return rep, nil
 }

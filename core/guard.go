@@ -2,10 +2,10 @@ package core
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log"
 	mrand "math/rand/v2"
 	"net"
 	"runtime"
@@ -41,6 +41,7 @@ type Guard struct {
 	inflight sync.WaitGroup
 
 	notices      *noticeStore
+	auth         *authority
 	nextTransfer atomic.Uint64 // starts at a random value: ids differ across senders
 	stats        counters
 }
@@ -56,28 +57,22 @@ func Open(cfg Config) (*Guard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: listen %q: %v", ErrConfig, cfg.Listen, err)
 	}
-	token := make([]byte, wire.TokenSize)
-	if _, err := rand.Read(token); err != nil {
-		return nil, fmt.Errorf("%w: random token: %v", ErrConfig, err)
-	}
-	g := &Guard{cfg: cfg, regions: &Regions{}, sessions: map[string]*session{}, notices: newNoticeStore()}
+	g := &Guard{cfg: cfg, regions: &Regions{}, sessions: map[string]*session{}, notices: newNoticeStore(), auth: newAuthority(cfg.Secret)}
 	g.nextTransfer.Store(mrand.Uint64() >> 1)
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	if g.zctx, err = zmq.NewContext(); err != nil {
 		return nil, fmt.Errorf("%w: zmq context: %v", ErrConfig, err)
 	}
-	if g.target, err = newTarget(g.regions, token, host, cfg.Timeout, cfg.Inject, cfg.Verify.TailBytes); err != nil {
+	if g.target, err = newTarget(g.regions, g.auth.tokens, host, cfg.Timeout, cfg.Inject, cfg.Verify.TailBytes); err != nil {
 		g.zctx.Term()
 		return nil, err
-	}
-	hello := func() helloReply {
-		return helloReply{Proto: ProtocolVersion, Data: g.target.addr(), Token: token, Regions: g.regions.Snapshot()}
 	}
 	handle := func(body []byte) []byte {
 		if wire.IsNotice(body) {
 			return g.receiveNotice(body)
 		}
-		return answerHello(body, hello)
+		out, _ := json.Marshal(g.answerHandshake(body))
+		return out
 	}
 	if g.control, err = newControlServer(g.zctx, cfg.Listen, handle); err != nil {
 		g.target.close()
@@ -364,7 +359,7 @@ func (g *Guard) deliver(s *session, vcfg verify.Config, seed uint64, chunk []ver
 func (g *Guard) notify(s *session, id uint64, mode verify.Mode, total, base int, chunk []verify.Desc, digests []uint64) error {
 	for off := 0; off < len(chunk); off += wire.MaxNoticeDescs {
 		part := chunk[off:min(off+wire.MaxNoticeDescs, len(chunk))]
-		n := wire.Notice{ID: id, Mode: modeIndex(mode), Total: total, Base: base + off, Descs: make([]wire.NoticeDesc, len(part))}
+		n := wire.Notice{Token: s.hello.Token, ID: id, Mode: modeIndex(mode), Total: total, Base: base + off, Descs: make([]wire.NoticeDesc, len(part))}
 		for i, d := range part {
 			n.Descs[i] = wire.NoticeDesc{Dst: d.Dst, Len: d.Len}
 			if digests != nil {
@@ -388,12 +383,54 @@ func modeIndex(m verify.Mode) uint8 {
 	return 0
 }
 
+// answerHandshake answers one handshake step: a hello gets the data
+// endpoint and a fresh token, or a challenge if this guard has a secret;
+// an auth gets the endpoint and the guard's own proof.
+func (g *Guard) answerHandshake(body []byte) helloReply {
+	refuse := func(format string, args ...any) helloReply {
+		msg := fmt.Sprintf(format, args...)
+		log.Printf("mcguard: %s: refused a handshake: %s", g.Endpoint(), msg)
+		return helloReply{Proto: ProtocolVersion, Error: msg}
+	}
+	var req helloRequest
+	if err := decodeStrict(body, &req); err != nil {
+		return refuse("malformed control request: %v", err)
+	}
+	if req.Proto != ProtocolVersion {
+		return refuse("protocol version %d, this guard speaks %d", req.Proto, ProtocolVersion)
+	}
+	if len(req.Nonce) != nonceSize {
+		return refuse("a %d-byte nonce, want %d", len(req.Nonce), nonceSize)
+	}
+	rep := helloReply{Proto: ProtocolVersion, Data: g.target.addr()}
+	switch {
+	case req.Op == "hello" && g.auth.secret != nil:
+		return helloReply{Proto: ProtocolVersion, Challenge: g.auth.challenge()}
+	case req.Op == "hello":
+		rep.Token = randomBytes(wire.TokenSize)
+		g.auth.tokens.add(rep.Token)
+	case req.Op == "auth" && g.auth.secret != nil:
+		proof, _, err := g.auth.answer(req)
+		if err != nil {
+			return refuse("%v", err)
+		}
+		rep.MAC = proof
+	default:
+		return refuse("unexpected control op %q", req.Op)
+	}
+	rep.Regions = g.regions.Snapshot()
+	return rep
+}
+
 // receiveNotice records a peer's notice; the reply says whether it was
 // taken. A notice that is malformed or names memory this guard did not
 // register is refused whole.
 func (g *Guard) receiveNotice(body []byte) []byte {
 	rep := controlReply{Proto: ProtocolVersion}
 	n, err := wire.DecodeNotice(body, len(verify.Modes))
+	if err == nil && !g.auth.tokens.has(n.Token) {
+		err = fmt.Errorf("the notice's token belongs to no handshake with this guard")
+	}
 	if err == nil {
 		for i, d := range n.Descs {
 			if g.regions.Check(d.Dst, d.Len) != nil {

@@ -148,13 +148,21 @@ func TestMalformedNoticesAreRefused(t *testing.T) {
 	g := openGuard(t, `{"sync_timeout_ms": 100}`)
 	m := newMem(t, 4096)
 	require.NoError(t, g.Register(m.addr(0), 4096))
-	good := wire.Notice{ID: 7, Mode: 4, Total: 1, Descs: []wire.NoticeDesc{{Dst: m.addr(0), Len: 64, Digest: 1}}}
+	zctx, err := zmq.NewContext()
+	require.NoError(t, err)
+	defer zctx.Term()
+	hello, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil)
+	require.NoError(t, err)
+	good := wire.Notice{Token: hello.Token, ID: 7, Mode: 4, Total: 1, Descs: []wire.NoticeDesc{{Dst: m.addr(0), Len: 64, Digest: 1}}}
+	forged := good
+	forged.Token = make([]byte, wire.TokenSize)
 	cases := map[string][]byte{
+		"no handshake":   wire.EncodeNotice(nil, forged),
 		"truncated":      wire.EncodeNotice(nil, good)[:40],
-		"bad mode":       wire.EncodeNotice(nil, wire.Notice{ID: 7, Mode: 99, Total: 1, Descs: good.Descs}),
-		"beyond total":   wire.EncodeNotice(nil, wire.Notice{ID: 7, Mode: 4, Total: 1, Base: 1, Descs: good.Descs}),
-		"unregistered":   wire.EncodeNotice(nil, wire.Notice{ID: 7, Mode: 4, Total: 1, Descs: []wire.NoticeDesc{{Dst: m.addr(0) + 8192, Len: 8}}}),
-		"not first":      wire.EncodeNotice(nil, wire.Notice{ID: 7, Mode: 4, Total: 2, Base: 1, Descs: good.Descs}),
+		"bad mode":       wire.EncodeNotice(nil, wire.Notice{Token: hello.Token, ID: 7, Mode: 99, Total: 1, Descs: good.Descs}),
+		"beyond total":   wire.EncodeNotice(nil, wire.Notice{Token: hello.Token, ID: 7, Mode: 4, Total: 1, Base: 1, Descs: good.Descs}),
+		"unregistered":   wire.EncodeNotice(nil, wire.Notice{Token: hello.Token, ID: 7, Mode: 4, Total: 1, Descs: []wire.NoticeDesc{{Dst: m.addr(0) + 8192, Len: 8}}}),
+		"not first":      wire.EncodeNotice(nil, wire.Notice{Token: hello.Token, ID: 7, Mode: 4, Total: 2, Base: 1, Descs: good.Descs}),
 		"garbage":        []byte("MGN1 but nothing after it, or rather too little"),
 		"not json":       []byte("{nope"),
 		"wrong protocol": []byte(`{"proto": 99, "op": "hello"}`),
@@ -166,7 +174,7 @@ func TestMalformedNoticesAreRefused(t *testing.T) {
 	require.EqualValues(t, 0, stats(t, g)["notices_received"], "nothing was recorded")
 	require.ErrorIs(t, g.SyncTransfers([]uint64{7}), ErrTimeout)
 	// The well-formed one is taken, and its wrong digest shows at sync.
-	require.Contains(t, sendRaw(t, g.Endpoint(), wire.EncodeNotice(nil, good)), `"proto":1}`)
-	err := g.SyncTransfers([]uint64{7})
+	require.Contains(t, sendRaw(t, g.Endpoint(), wire.EncodeNotice(nil, good)), `"proto":2}`)
+	err = g.SyncTransfers([]uint64{7})
 	require.True(t, errors.Is(err, ErrVerify), "%v", err)
 }

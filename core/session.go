@@ -38,7 +38,7 @@ func (s *session) connect(ctx context.Context, zctx *zmq.Context, cfg *Config) e
 	if s.conn != nil {
 		return nil
 	}
-	rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout)
+	rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout, cfg.Secret)
 	if err != nil {
 		return err
 	}
@@ -53,7 +53,7 @@ func (s *session) connect(ctx context.Context, zctx *zmq.Context, cfg *Config) e
 // refresh fetches the region table again, for a destination that the last
 // handshake did not list (the receiver may have registered more since).
 func (s *session) refresh(ctx context.Context, zctx *zmq.Context, cfg *Config) error {
-	rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout)
+	rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout, cfg.Secret)
 	if err != nil {
 		return err
 	}

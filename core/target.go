@@ -3,7 +3,6 @@ package core
 import (
 	"bufio"
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -14,12 +13,15 @@ import (
 	"github.com/mcguard/mcguard/core/wire"
 )
 
+// maxTargetConns bounds the data connections a target serves at once.
+const maxTargetConns = 1024
+
 // target is the receiving half of a guard: it applies peers' writes into
 // registered memory and serves their read-backs. Without fault injection
 // a write is acknowledged only after its bytes are in place.
 type target struct {
 	regions *Regions
-	token   []byte // a data connection must present it first
+	tokens  *tokenSet // a data connection must first present one of them
 	timeout time.Duration
 
 	// Fault injection. Held writes (lag, reorder) are applied later under
@@ -37,12 +39,12 @@ type target struct {
 	wg    sync.WaitGroup
 }
 
-func newTarget(regions *Regions, token []byte, host string, timeout time.Duration, f FaultConfig, tailBytes int) (*target, error) {
+func newTarget(regions *Regions, tokens *tokenSet, host string, timeout time.Duration, f FaultConfig, tailBytes int) (*target, error) {
 	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return nil, fmt.Errorf("%w: target cannot listen on %s: %v", ErrConfig, host, err)
 	}
-	t := &target{regions: regions, token: token, timeout: timeout, ln: ln, conns: map[net.Conn]struct{}{},
+	t := &target{regions: regions, tokens: tokens, timeout: timeout, ln: ln, conns: map[net.Conn]struct{}{},
 		held: newHeldWrites(), faults: newFaults(f, tailBytes, ln.Addr().String())}
 	t.wg.Add(1)
 	go t.accept()
@@ -63,6 +65,11 @@ func (t *target) accept() {
 			t.mu.Unlock()
 			c.Close()
 			return
+		}
+		if len(t.conns) >= maxTargetConns { // a flood of connections: refuse, keep serving the rest
+			t.mu.Unlock()
+			c.Close()
+			continue
 		}
 		t.conns[c] = struct{}{}
 		t.wg.Add(1)
@@ -104,7 +111,16 @@ func (t *target) serve(c net.Conn) {
 	bound := false
 	lagged := newHeldWrites() // this connection's lag-held writes, for Fence
 	for {
-		c.SetReadDeadline(time.Time{}) // an idle, reused connection may wait
+		if bound {
+			// An idle, reused connection may wait for its next frame as
+			// long as it likes; once a frame begins, all of it must come
+			// in time (no slowloris).
+			c.SetReadDeadline(time.Time{})
+			if _, err := r.Peek(1); err != nil {
+				return
+			}
+		}
+		c.SetDeadline(time.Now().Add(t.timeout)) // a stranger must say hello in time, too
 		if _, err := io.ReadFull(r, hdr); err != nil {
 			return
 		}
@@ -112,8 +128,6 @@ func (t *target) serve(c net.Conn) {
 		if err != nil || h.Op&wire.Reply != 0 {
 			return
 		}
-		// Once a frame has begun, the rest of it must arrive in time.
-		c.SetDeadline(time.Now().Add(t.timeout))
 		var st wire.Status
 		var payload func(io.Writer) error
 		var n uint64
@@ -165,7 +179,7 @@ func (t *target) hello(r io.Reader, n uint64) wire.Status {
 	if _, err := io.ReadFull(r, got); err != nil {
 		return wire.StatusUnauthorized
 	}
-	if subtle.ConstantTimeCompare(got, t.token) != 1 {
+	if !t.tokens.has(got) {
 		return wire.StatusUnauthorized
 	}
 	return wire.StatusOK

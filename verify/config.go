@@ -106,6 +106,22 @@ func (l *Loader) Float(key string, envs []string, dst *float64, min, max float64
 	*dst = f
 }
 
+// Bool reads a true/false setting (also 1/0, yes/no, on/off).
+func (l *Loader) Bool(key string, envs []string, dst *bool) {
+	v, src, ok := l.raw(key, envs)
+	if !ok {
+		return
+	}
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "true", "1", "yes", "on":
+		*dst = true
+	case "false", "0", "no", "off":
+		*dst = false
+	default:
+		l.fail(key, src, "true or false", v)
+	}
+}
+
 // Seconds reads a duration given in (fractional) seconds, in [0, max].
 func (l *Loader) Seconds(key string, envs []string, dst *time.Duration, max time.Duration) {
 	l.duration(key, envs, dst, max, time.Second, "seconds")

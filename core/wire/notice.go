@@ -11,10 +11,11 @@ import (
 // in chunks of at most MaxNoticeDescs descriptors:
 //
 //	magic "MGN1" | mode u8 | pad [3] | id u64 | total u32 | base u32 | count u32 | pad u32
+//	token [16] (the sender's handshake token: only a peer that shook hands may announce)
 //	count x (dst u64 | len u64 | digest u64)
 const (
 	noticeMagic      = "MGN1"
-	NoticeHeaderSize = 32
+	NoticeHeaderSize = 48
 	NoticeDescSize   = 24
 	MaxNoticeDescs   = 1 << 15
 	// MaxNoticeTotal bounds the descriptors of one transfer (MC_GUARD_MAX_DESCRIPTORS).
@@ -28,6 +29,7 @@ type NoticeDesc struct {
 
 // Notice is one chunk of a transfer's completion notice.
 type Notice struct {
+	Token []byte // TokenSize bytes
 	ID    uint64
 	Mode  uint8 // index into verify.Modes
 	Total int   // descriptors in the whole transfer
@@ -47,6 +49,9 @@ func EncodeNotice(b []byte, n Notice) []byte {
 	b = binary.LittleEndian.AppendUint32(b, uint32(n.Base))
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(n.Descs)))
 	b = binary.LittleEndian.AppendUint32(b, 0)
+	var tok [TokenSize]byte
+	copy(tok[:], n.Token)
+	b = append(b, tok[:]...)
 	for _, d := range n.Descs {
 		b = binary.LittleEndian.AppendUint64(b, d.Dst)
 		b = binary.LittleEndian.AppendUint64(b, d.Len)
@@ -65,6 +70,7 @@ func DecodeNotice(b []byte, modes int) (Notice, error) {
 		ID:    binary.LittleEndian.Uint64(b[8:]),
 		Total: int(binary.LittleEndian.Uint32(b[16:])),
 		Base:  int(binary.LittleEndian.Uint32(b[20:])),
+		Token: append([]byte(nil), b[32:32+TokenSize]...),
 	}
 	count := int(binary.LittleEndian.Uint32(b[24:]))
 	switch {

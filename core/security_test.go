@@ -1,0 +1,320 @@
+package core
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/core/wire"
+	"github.com/mcguard/mcguard/verify"
+)
+
+const secretA = `"secret": "correct horse battery staple"`
+const secretB = `"secret": "another secret, long enough"`
+
+func TestAuthenticatedPeersTransfer(t *testing.T) {
+	p := newPair(t, "{"+secretA+"}", "{"+secretA+"}", 64<<10)
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(16, 4096), TransferOptions{Verify: ptr(verify.Digest)})
+	require.NoError(t, err)
+	res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(16, 4096), TransferOptions{Verify: ptr(verify.Digest)})
+	require.NoError(t, err)
+	require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}), "notices carry the derived token")
+	require.True(t, bytes.Equal(p.src.b, p.dst.b))
+}
+
+func TestAuthenticationFailures(t *testing.T) {
+	cases := []struct {
+		name, send, recv, want string
+	}{
+		{"sender lacks the secret", "{}", "{" + secretA + "}", "requires authentication"},
+		{"receiver lacks the secret", "{" + secretA + "}", "{}", "did not authenticate itself"},
+		{"different secrets", "{" + secretA + "}", "{" + secretB + "}", "does not know this guard's secret"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPair(t, tc.send, tc.recv, 4096)
+			before := append([]byte(nil), p.dst.b...)
+			fill(p.src.b)
+			_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(1, 4096), TransferOptions{})
+			require.ErrorIs(t, err, ErrSession)
+			require.Contains(t, err.Error(), tc.want)
+			require.Equal(t, before, p.dst.b, "nothing was written")
+		})
+	}
+}
+
+func TestChallengesAreSingleUse(t *testing.T) {
+	g := openGuard(t, "{"+secretA+"}")
+	zctx, err := zmq.NewContext()
+	require.NoError(t, err)
+	defer zctx.Term()
+	secret := []byte("correct horse battery staple")
+	sock, err := newReqSocket(zctx, g.Endpoint())
+	require.NoError(t, err)
+	defer sock.Close()
+	nonce := randomBytes(nonceSize)
+	rep, err := handshakeStep(t.Context(), sock, g.Endpoint(), time.Second, helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: nonce})
+	require.NoError(t, err)
+	require.Len(t, rep.Challenge, nonceSize)
+	require.Empty(t, rep.Data, "no endpoint before authentication")
+	auth := helloRequest{Proto: ProtocolVersion, Op: "auth", Nonce: nonce, Challenge: rep.Challenge, MAC: mac(secret, labelClient, rep.Challenge, nonce)}
+	rep, err = handshakeStep(t.Context(), sock, g.Endpoint(), time.Second, auth)
+	require.NoError(t, err)
+	require.NotEmpty(t, rep.Data)
+	require.Empty(t, rep.Token, "an authenticated token never crosses the wire")
+	_, err = handshakeStep(t.Context(), sock, g.Endpoint(), time.Second, auth)
+	require.ErrorContains(t, err, "unknown or expired challenge", "a replayed answer is refused")
+}
+
+func TestListenPolicy(t *testing.T) {
+	_, err := LoadConfig(nil, `{"listen": "0.0.0.0:0"}`)
+	require.ErrorIs(t, err, ErrConfig)
+	require.Contains(t, err.Error(), "no secret")
+	_, err = LoadConfig(nil, `{"listen": "0.0.0.0:0", "allow_insecure": true}`)
+	require.NoError(t, err)
+	_, err = LoadConfig(nil, `{"listen": "0.0.0.0:0", `+secretA+`}`)
+	require.NoError(t, err)
+	_, err = LoadConfig(nil, `{"secret": "short"}`)
+	require.ErrorContains(t, err, "at least 16 bytes")
+	f := filepath.Join(t.TempDir(), "secret")
+	require.NoError(t, os.WriteFile(f, []byte("0123456789abcdef0123\n"), 0o600))
+	c, err := LoadConfig(nil, `{"secret_file": "`+f+`"}`)
+	require.NoError(t, err)
+	require.Equal(t, "0123456789abcdef0123", string(c.Secret))
+	_, err = LoadConfig(nil, `{"secret_file": "/nonexistent/secret"}`)
+	require.ErrorIs(t, err, ErrConfig)
+}
+
+func TestProtocolMismatchIsAClearError(t *testing.T) {
+	g := openGuard(t, "")
+	body, _ := json.Marshal(helloRequest{Proto: 1, Op: "hello", Nonce: randomBytes(nonceSize)})
+	require.Contains(t, sendRaw(t, g.Endpoint(), body), "protocol version 1, this guard speaks 2")
+}
+
+// canaryMem is registered memory with unregistered canary bytes on both
+// sides, to prove that no hostile write escapes its region.
+type canaryMem struct {
+	all *mem
+	pad int
+}
+
+func newCanaryMem(t *testing.T, size, pad int) *canaryMem {
+	m := &canaryMem{all: newMem(t, size+2*pad), pad: pad}
+	for i := range m.all.b {
+		m.all.b[i] = 0xA5
+	}
+	return m
+}
+
+func (c *canaryMem) addr() uint64 { return c.all.addr(c.pad) }
+
+func (c *canaryMem) canariesIntact() bool {
+	n := len(c.all.b)
+	return bytes.Count(c.all.b[:c.pad], []byte{0xA5}) == c.pad && bytes.Count(c.all.b[n-c.pad:], []byte{0xA5}) == c.pad
+}
+
+func frame(h wire.Header, payload []byte) []byte {
+	b := make([]byte, wire.HeaderSize)
+	h.Encode(b)
+	return append(b, payload...)
+}
+
+// A hostile peer on the data and control ports: garbage, truncated frames,
+// huge lengths, writes without a handshake, out-of-region and wrapping
+// writes, and connections that stall half-way. Meanwhile an honest peer
+// keeps transferring, memory outside the region never changes, and
+// nothing hangs.
+func TestHostilePeers(t *testing.T) {
+	const size, pad = 64 << 10, 4096
+	recvMem := newCanaryMem(t, size, pad)
+	srcMem := newMem(t, size)
+	recv := openGuard(t, `{"timeout_ms": 300}`)
+	send := openGuard(t, "")
+	require.NoError(t, recv.Register(recvMem.addr(), size))
+	require.NoError(t, send.Register(srcMem.addr(0), size))
+	dataAddr := recv.target.addr()
+
+	// An honest peer, in parallel all along.
+	stop := make(chan struct{})
+	var honest sync.WaitGroup
+	var honestErr error
+	var honestOK int
+	honest.Add(1)
+	go func() {
+		defer honest.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			fill(srcMem.b)
+			d := []verify.Desc{{Src: srcMem.addr(0), Dst: recvMem.addr(), Len: size}}
+			if _, err := send.Transfer(recv.Endpoint(), d, TransferOptions{Verify: ptr(verify.Full)}); err != nil {
+				honestErr = err
+				return
+			}
+			honestOK++
+		}
+	}()
+
+	// A token from a real handshake, so the hostile writes get past hello.
+	zctx, err := zmq.NewContext()
+	require.NoError(t, err)
+	defer zctx.Term()
+	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil)
+	require.NoError(t, err)
+	helloFrame := frame(wire.Header{Op: wire.OpHello, ID: 1, Len: wire.TokenSize}, hello.Token)
+	base := recvMem.addr()
+	inputs := map[string][]byte{
+		"garbage":             bytes.Repeat([]byte("not a frame "), 100),
+		"truncated header":    frame(wire.Header{Op: wire.OpWrite}, nil)[:17],
+		"huge length":         frame(wire.Header{Op: wire.OpWrite, Addr: base, Len: 1 << 62}, nil),
+		"write without hello": frame(wire.Header{Op: wire.OpWrite, Addr: base, Len: 8}, make([]byte, 8)),
+		"bad token":           frame(wire.Header{Op: wire.OpHello, Len: wire.TokenSize}, make([]byte, wire.TokenSize)),
+		"short token":         frame(wire.Header{Op: wire.OpHello, Len: 3}, []byte{1, 2, 3}),
+		"below the region":    append(append([]byte{}, helloFrame...), frame(wire.Header{Op: wire.OpWrite, Addr: base - 16, Len: 32}, bytes.Repeat([]byte{0xEE}, 32))...),
+		"past the region":     append(append([]byte{}, helloFrame...), frame(wire.Header{Op: wire.OpWrite, Addr: base + size - 16, Len: 32}, bytes.Repeat([]byte{0xEE}, 32))...),
+		"wrapping write":      append(append([]byte{}, helloFrame...), frame(wire.Header{Op: wire.OpWrite, Addr: ^uint64(0) - 7, Len: 16}, bytes.Repeat([]byte{0xEE}, 16))...),
+		"wrapping read":       append(append([]byte{}, helloFrame...), frame(wire.Header{Op: wire.OpRead, Len: 16}, wire.AppendRange(nil, ^uint64(0)-7, 16))...),
+		"read outside":        append(append([]byte{}, helloFrame...), frame(wire.Header{Op: wire.OpRead, Len: 16}, wire.AppendRange(nil, base-pad, 64))...),
+		"fence with payload":  append(append([]byte{}, helloFrame...), frame(wire.Header{Op: wire.OpFence, Len: 8}, make([]byte, 8))...),
+		"reply op":            append(append([]byte{}, helloFrame...), frame(wire.Header{Op: wire.OpWrite | wire.Reply}, nil)...),
+		"stall in header":     append(append([]byte{}, helloFrame...), frame(wire.Header{Op: wire.OpWrite, Addr: base, Len: 64}, nil)[:20]...),
+		"stall in payload":    append(append([]byte{}, helloFrame...), frame(wire.Header{Op: wire.OpWrite, Addr: base, Len: 4096}, make([]byte, 100))...),
+		"silent":              nil,
+	}
+	var wg sync.WaitGroup
+	for name, in := range inputs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("tcp", dataAddr)
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+				return
+			}
+			defer c.Close()
+			c.Write(in)
+			// The target answers (a refusal) or hangs up; a stall is cut
+			// at timeout_ms.
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := c.Read(make([]byte, 1<<16)); err != nil {
+				if ne, ok := err.(net.Error); ok && ne.Timeout() {
+					t.Errorf("%s: the target neither answered nor hung up", name)
+				}
+			}
+		}()
+	}
+	// Garbage on the control port, below ZeroMQ's framing.
+	for _, in := range [][]byte{bytes.Repeat([]byte{0xff}, 4096), {0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f}, []byte("GET / HTTP/1.1\r\n\r\n")} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("tcp", recv.Endpoint())
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			c.Write(in)
+			c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+			c.Read(make([]byte, 1024))
+		}()
+	}
+	wg.Wait()
+	time.Sleep(100 * time.Millisecond)
+	close(stop)
+	honest.Wait()
+	require.NoError(t, honestErr, "the honest peer kept being served")
+	require.Positive(t, honestOK)
+	require.True(t, recvMem.canariesIntact(), "memory outside the registered region is byte-for-byte unchanged")
+
+	// And it still serves honest peers afterwards.
+	fill(srcMem.b)
+	_, err = send.Transfer(recv.Endpoint(), []verify.Desc{{Src: srcMem.addr(0), Dst: recvMem.addr(), Len: size}}, TransferOptions{Verify: ptr(verify.Full)})
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(srcMem.b, recvMem.all.b[pad:pad+size]))
+}
+
+func TestUnregisterWhilePeerWrites(t *testing.T) {
+	const size = 256 << 10
+	src, dst := newMem(t, size), newMem(t, size)
+	send := openGuard(t, `{"verify": "off"}`)
+	recv := openGuard(t, "")
+	require.NoError(t, send.Register(src.addr(0), size))
+	require.NoError(t, recv.Register(dst.addr(0), size))
+	fill(src.b)
+	errs := make(chan error, 1)
+	go func() {
+		d := []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: size}}
+		for {
+			if _, err := send.Transfer(recv.Endpoint(), d, TransferOptions{}); err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(30 * time.Millisecond)
+	require.NoError(t, recv.Unregister(dst.addr(0)))
+	// From here on the memory is the application's again: mark it and
+	// check that no write lands in it.
+	for i := range dst.b {
+		dst.b[i] = 0x5A
+	}
+	err := <-errs
+	require.ErrorIs(t, err, ErrNotRegistered, "the write is refused, not applied")
+	time.Sleep(50 * time.Millisecond)
+	require.Equal(t, len(dst.b), bytes.Count(dst.b, []byte{0x5A}))
+}
+
+func TestHugeCountsAreRefusedBeforeAllocating(t *testing.T) {
+	b := make([]byte, wire.NoticeHeaderSize)
+	copy(b, "MGN1")
+	binary.LittleEndian.PutUint32(b[16:], 1<<30) // total
+	binary.LittleEndian.PutUint32(b[24:], 1<<30) // count
+	_, err := wire.DecodeNotice(b, len(verify.Modes))
+	require.ErrorIs(t, err, wire.ErrFrame)
+}
+
+func TestSlowlorisIsCutAtTheDeadline(t *testing.T) {
+	recv := openGuard(t, `{"timeout_ms": 200}`)
+	zctx, err := zmq.NewContext()
+	require.NoError(t, err)
+	defer zctx.Term()
+	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil)
+	require.NoError(t, err)
+	for name, stall := range map[string][]byte{
+		"before hello":     nil,
+		"half a header":    frame(wire.Header{Op: wire.OpWrite, Len: 64}, nil)[:20],
+		"half the payload": frame(wire.Header{Op: wire.OpRead, Len: 32}, make([]byte, 16)),
+	} {
+		c, err := net.Dial("tcp", recv.target.addr())
+		require.NoError(t, err)
+		if stall != nil {
+			c.Write(frame(wire.Header{Op: wire.OpHello, ID: 1, Len: wire.TokenSize}, hello.Token))
+			reply := make([]byte, wire.HeaderSize)
+			_, err = io.ReadFull(c, reply)
+			require.NoError(t, err, name)
+			c.Write(stall)
+		}
+		start := time.Now()
+		c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		_, err = c.Read(make([]byte, 64))
+		require.Error(t, err, name)
+		ne, isNet := err.(net.Error)
+		require.False(t, isNet && ne.Timeout(), "%s: the target hung up by itself", name)
+		require.Less(t, time.Since(start), time.Second, name)
+		c.Close()
+	}
+}
