@@ -52,7 +52,9 @@ def test_open_errors():
     for cfg, want in [(b"{", "one object"), (b'{"verify": "sometimes"}', "verify"),
                       (b'{"max_batch": 0}', "max_batch"), (b'{"listen": "nohost"}', "listen"),
                       (b'{"what": 1}', 'unknown config key "what"'),
-                      (b'{"listen": "256.1.1.1:0"}', "cannot listen")]:
+                      (b'{"listen": "256.1.1.1:0", "allow_insecure": true}', "cannot listen"),
+                      (b'{"listen": "0.0.0.0:0"}', "no secret"),
+                      (b'{"secret": "short"}', "at least 16 bytes")]:
         assert L.mc_guard_open(cfg, ctypes.byref(h)) == mcguard.MC_ERR_CONFIG, cfg
         assert want in last_error(0), cfg
 
