@@ -12,7 +12,11 @@ CTEST_DIR := build/cmake
 
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench install clean
+.PHONY: all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench fuzz soak install clean
+
+FUZZTIME ?= 30s
+FUZZ_WIRE := FuzzDecodeHeader FuzzDecodeRanges FuzzDecodeNotice
+FUZZ_CORE := FuzzControlRequest FuzzLoadConfig
 
 all: build
 
@@ -67,6 +71,11 @@ demo: build
 bench: build
 	$(GO) test -run '^$$' -bench Modes -benchtime 3s -count 5 ./core/
 	$(PYTHON) -m mcguard.bench --rounds 5 --seconds 4
+
+## fuzz: each decoder's fuzz target for FUZZTIME (the seed corpora run in every `go test`)
+fuzz: deps-system deps-go
+	@for t in $(FUZZ_WIRE); do echo "== $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) ./core/wire || exit 1; done
+	@for t in $(FUZZ_CORE); do echo "== $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) ./core || exit 1; done
 
 install: build
 	cmake -S . -B build/install-tree -DMCGUARD_LIBRARY=$(CURDIR)/$(LIB) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null

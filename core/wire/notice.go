@@ -74,6 +74,8 @@ func DecodeNotice(b []byte, modes int) (Notice, error) {
 	}
 	count := int(binary.LittleEndian.Uint32(b[24:]))
 	switch {
+	case b[5]|b[6]|b[7] != 0 || binary.LittleEndian.Uint32(b[28:]) != 0:
+		return Notice{}, fmt.Errorf("%w: notice has non-zero reserved bytes", ErrFrame)
 	case int(n.Mode) >= modes:
 		return Notice{}, fmt.Errorf("%w: notice names verify mode %d", ErrFrame, n.Mode)
 	case count == 0 || count > MaxNoticeDescs:
