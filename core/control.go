@@ -52,8 +52,9 @@ type controlReply struct {
 }
 
 // controlServer answers handshakes and notices on a ZMQ ROUTER socket. The
-// socket has one owner, the serve goroutine; others reach it only through
-// done. handle turns a request body into a reply body.
+// socket has one owner, the serve goroutine; it stops when the context is
+// terminated (its poll fails with ETERM), the ZeroMQ way to shut down.
+// handle turns a request body into a reply body.
 type controlServer struct {
 	endpoint string // "host:port", the session name peers use
 	done     chan struct{}
@@ -98,7 +99,10 @@ func (s *controlServer) serve(sock *zmq.Socket, handle func([]byte) []byte) {
 			return
 		default:
 		}
-		polled, err := poller.Poll(50 * time.Millisecond)
+		polled, err := poller.Poll(time.Second)
+		if zmq.AsErrno(err) == zmq.ETERM {
+			return // the context is being terminated: Guard.Close
+		}
 		if err != nil || len(polled) == 0 {
 			continue
 		}
@@ -113,10 +117,10 @@ func (s *controlServer) serve(sock *zmq.Socket, handle func([]byte) []byte) {
 	}
 }
 
-func (s *controlServer) close() {
-	close(s.done)
-	s.wg.Wait()
-}
+// stop tells the serve goroutine to end; terminating the context (which
+// waits for its socket to close) wakes it. wait then joins it.
+func (s *controlServer) stop() { close(s.done) }
+func (s *controlServer) wait() { s.wg.Wait() }
 
 // newReqSocket opens a REQ socket to session's control endpoint.
 func newReqSocket(zctx *zmq.Context, session string) (*zmq.Socket, error) {

@@ -113,9 +113,10 @@ func (g *Guard) Close() error {
 	for _, s := range g.sessions {
 		s.disconnect()
 	}
-	g.control.close()
+	g.control.stop()
+	g.zctx.Term() // returns once the control socket is closed
+	g.control.wait()
 	g.target.close()
-	g.zctx.Term()
 	return nil
 }
 
