@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"syscall"
 	"testing"
@@ -382,6 +383,7 @@ func TestCloseWhileTransfersInFlight(t *testing.T) {
 			}
 		}()
 	}
+	base := runtime.NumGoroutine()
 	time.Sleep(50 * time.Millisecond)
 	done := make(chan struct{})
 	go func() { p.send.Close(); close(done) }()
@@ -396,6 +398,8 @@ func TestCloseWhileTransfersInFlight(t *testing.T) {
 		require.ErrorIs(t, err, ErrClosed)
 	}
 	require.ErrorIs(t, p.send.Close(), ErrClosed)
+	// The sender's goroutines are gone: fewer than while it was busy.
+	require.Eventually(t, func() bool { return runtime.NumGoroutine() < base }, 2*time.Second, 20*time.Millisecond)
 	require.ErrorIs(t, p.send.Register(p.src.addr(0), 1), ErrClosed)
 	_, err := p.send.Stats()
 	require.ErrorIs(t, err, ErrClosed)
