@@ -1,0 +1,110 @@
+// Loading libcuda: dlopen, cuInit, cuDriverGetVersion, then every other
+// entry point through cuGetProcAddress, all or nothing (NCCL's cudawrap
+// does the same). Only cuFlushGPUDirectRDMAWrites is optional.
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda_shim.h"
+
+#define CUDA_API_VERSION 11030 /* ask for each entry point's ABI as of CUDA 11.3 */
+
+int mcg_cuda_load(const char *path, struct mcg_cuda *c, char *err, size_t errlen) {
+    memset(c, 0, sizeof *c);
+    c->lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!c->lib) {
+        snprintf(err, errlen, "cannot load %s: %s", path, dlerror());
+        return -1;
+    }
+    c->cuInit = (CUresult(*)(unsigned))dlsym(c->lib, "cuInit");
+    c->cuDriverGetVersion = (CUresult(*)(int *))dlsym(c->lib, "cuDriverGetVersion");
+    c->cuGetProcAddress = (CUresult(*)(const char *, void **, int, unsigned long long))dlsym(c->lib, "cuGetProcAddress");
+    if (!c->cuInit || !c->cuDriverGetVersion || !c->cuGetProcAddress) {
+        snprintf(err, errlen, "%s lacks cuInit, cuDriverGetVersion or cuGetProcAddress (a driver older than CUDA 11.3?)", path);
+        goto fail;
+    }
+    CUresult r = c->cuInit(0);
+    if (r != MCG_CUDA_SUCCESS) {
+        snprintf(err, errlen, "cuInit failed with CUresult %d (no GPU, or the driver is not usable)", r);
+        goto fail_code;
+    }
+    if ((r = c->cuDriverGetVersion(&c->driver_version)) != MCG_CUDA_SUCCESS) {
+        snprintf(err, errlen, "cuDriverGetVersion failed with CUresult %d", r);
+        goto fail_code;
+    }
+    if (c->driver_version < MCG_CUDA_MIN_DRIVER) {
+        snprintf(err, errlen, "the CUDA driver is version %d; mcguard needs %d (CUDA 11.3) or newer",
+                 c->driver_version, MCG_CUDA_MIN_DRIVER);
+        goto fail;
+    }
+#define GET(name, required)                                                                  \
+    do {                                                                                     \
+        void *p = NULL;                                                                      \
+        r = c->cuGetProcAddress(#name, &p, CUDA_API_VERSION, 0);                             \
+        if ((r != MCG_CUDA_SUCCESS || !p) && required) {                                     \
+            snprintf(err, errlen, "cuGetProcAddress(%s) failed with CUresult %d", #name, r); \
+            goto fail;                                                                       \
+        }                                                                                    \
+        memcpy(&c->name, &p, sizeof p);                                                      \
+    } while (0)
+    GET(cuGetErrorName, 1);
+    GET(cuPointerGetAttribute, 1);
+    GET(cuDeviceGet, 1);
+    GET(cuDevicePrimaryCtxRetain, 1);
+    GET(cuCtxSetCurrent, 1);
+    GET(cuCtxSynchronize, 1);
+    GET(cuStreamCreate, 1);
+    GET(cuStreamSynchronize, 1);
+    GET(cuMemHostAlloc, 1);
+    GET(cuMemFreeHost, 1);
+    GET(cuMemcpyDtoHAsync, 1);
+    GET(cuMemcpyHtoDAsync, 1);
+    GET(cuFlushGPUDirectRDMAWrites, 0);
+#undef GET
+    return 0;
+fail_code:
+    dlclose(c->lib);
+    memset(c, 0, sizeof *c);
+    return r;
+fail:
+    dlclose(c->lib);
+    memset(c, 0, sizeof *c);
+    return -1;
+}
+
+CUresult mcg_cu_pointer_get_attribute(struct mcg_cuda *c, void *data, int attr, CUdeviceptr p) {
+    return c->cuPointerGetAttribute(data, attr, p);
+}
+
+CUresult mcg_cu_device_primary_ctx(struct mcg_cuda *c, int ordinal, CUcontext *ctx) {
+    CUdevice dev;
+    CUresult r = c->cuDeviceGet(&dev, ordinal);
+    if (r != MCG_CUDA_SUCCESS) return r;
+    return c->cuDevicePrimaryCtxRetain(ctx, dev);
+}
+
+CUresult mcg_cu_ctx_set_current(struct mcg_cuda *c, CUcontext ctx) { return c->cuCtxSetCurrent(ctx); }
+CUresult mcg_cu_ctx_synchronize(struct mcg_cuda *c) { return c->cuCtxSynchronize(); }
+CUresult mcg_cu_stream_create(struct mcg_cuda *c, CUstream *s) { return c->cuStreamCreate(s, MCG_CU_STREAM_NON_BLOCKING); }
+CUresult mcg_cu_stream_synchronize(struct mcg_cuda *c, CUstream s) { return c->cuStreamSynchronize(s); }
+CUresult mcg_cu_mem_host_alloc(struct mcg_cuda *c, void **p, size_t n) { return c->cuMemHostAlloc(p, n, MCG_CU_MEMHOSTALLOC_PORTABLE); }
+CUresult mcg_cu_mem_free_host(struct mcg_cuda *c, void *p) { return c->cuMemFreeHost(p); }
+
+CUresult mcg_cu_dtoh_async(struct mcg_cuda *c, void *dst, CUdeviceptr src, size_t n, CUstream s) {
+    return c->cuMemcpyDtoHAsync(dst, src, n, s);
+}
+
+CUresult mcg_cu_htod_async(struct mcg_cuda *c, CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+    return c->cuMemcpyHtoDAsync(dst, src, n, s);
+}
+
+CUresult mcg_cu_flush_gpudirect(struct mcg_cuda *c) {
+    if (!c->cuFlushGPUDirectRDMAWrites) return MCG_CUDA_SUCCESS;
+    return c->cuFlushGPUDirectRDMAWrites(MCG_CU_FLUSH_TARGET_CURRENT_CTX, MCG_CU_FLUSH_TO_OWNER);
+}
+
+const char *mcg_cu_error_name(struct mcg_cuda *c, CUresult r) {
+    const char *name = NULL;
+    if (c->cuGetErrorName && c->cuGetErrorName(r, &name) == MCG_CUDA_SUCCESS && name) return name;
+    return "unknown CUresult";
+}

@@ -1,0 +1,68 @@
+/* The few CUDA driver API entry points mcguard uses, declared here (Debian
+ * has no cuda.h) with the types and values of the CUDA documentation, and
+ * a table of them filled at run time: libcuda is dlopen'd, never linked.
+ * Declarations only: cgo copies this into generated code. */
+#ifndef MCGUARD_CUDA_SHIM_H
+#define MCGUARD_CUDA_SHIM_H
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int CUresult;           /* CUDA_SUCCESS = 0 */
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef void *CUstream;
+typedef unsigned long long CUdeviceptr;
+
+#define MCG_CUDA_SUCCESS 0
+#define MCG_CU_POINTER_ATTRIBUTE_CONTEXT 1
+#define MCG_CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define MCG_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define MCG_CU_MEMORYTYPE_HOST 1
+#define MCG_CU_MEMORYTYPE_DEVICE 2
+#define MCG_CU_MEMORYTYPE_UNIFIED 4
+#define MCG_CU_MEMHOSTALLOC_PORTABLE 0x01
+#define MCG_CU_STREAM_NON_BLOCKING 0x1
+#define MCG_CU_FLUSH_TARGET_CURRENT_CTX 0
+#define MCG_CU_FLUSH_TO_OWNER 100
+/* cuGetProcAddress and cuFlushGPUDirectRDMAWrites arrived in CUDA 11.3. */
+#define MCG_CUDA_MIN_DRIVER 11030
+
+struct mcg_cuda {
+    void *lib;
+    int driver_version;
+    CUresult (*cuInit)(unsigned int);
+    CUresult (*cuDriverGetVersion)(int *);
+    CUresult (*cuGetProcAddress)(const char *, void **, int, unsigned long long);
+    CUresult (*cuGetErrorName)(CUresult, const char **);
+    CUresult (*cuPointerGetAttribute)(void *, int, CUdeviceptr);
+    CUresult (*cuDeviceGet)(CUdevice *, int);
+    CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*cuCtxSetCurrent)(CUcontext);
+    CUresult (*cuCtxSynchronize)(void);
+    CUresult (*cuStreamCreate)(CUstream *, unsigned int);
+    CUresult (*cuStreamSynchronize)(CUstream);
+    CUresult (*cuMemHostAlloc)(void **, size_t, unsigned int);
+    CUresult (*cuMemFreeHost)(void *);
+    CUresult (*cuMemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*cuFlushGPUDirectRDMAWrites)(int, int); /* NULL when the driver lacks it */
+};
+
+/* Loads the table from path; on failure returns a CUresult-like code (or
+ * -1 for dlopen/dlsym failures) and writes a message into err. */
+int mcg_cuda_load(const char *path, struct mcg_cuda *c, char *err, size_t errlen);
+
+/* Calls through the table (cgo cannot call C function pointers). */
+CUresult mcg_cu_pointer_get_attribute(struct mcg_cuda *c, void *data, int attr, CUdeviceptr p);
+CUresult mcg_cu_device_primary_ctx(struct mcg_cuda *c, int ordinal, CUcontext *ctx);
+CUresult mcg_cu_ctx_set_current(struct mcg_cuda *c, CUcontext ctx);
+CUresult mcg_cu_ctx_synchronize(struct mcg_cuda *c);
+CUresult mcg_cu_stream_create(struct mcg_cuda *c, CUstream *s);
+CUresult mcg_cu_stream_synchronize(struct mcg_cuda *c, CUstream s);
+CUresult mcg_cu_mem_host_alloc(struct mcg_cuda *c, void **p, size_t n);
+CUresult mcg_cu_mem_free_host(struct mcg_cuda *c, void *p);
+CUresult mcg_cu_dtoh_async(struct mcg_cuda *c, void *dst, CUdeviceptr src, size_t n, CUstream s);
+CUresult mcg_cu_htod_async(struct mcg_cuda *c, CUdeviceptr dst, const void *src, size_t n, CUstream s);
+CUresult mcg_cu_flush_gpudirect(struct mcg_cuda *c);
+const char *mcg_cu_error_name(struct mcg_cuda *c, CUresult r);
+#endif

@@ -1,0 +1,209 @@
+// Package cuda is mcguard's view of the CUDA driver API: libcuda.so.1 is
+// loaded at run time (never linked), pointers are classified, and device
+// memory is copied through pinned staging buffers on a stream of ours,
+// with the device's primary context current on a locked OS thread.
+package cuda
+
+/*
+#cgo LDFLAGS: -ldl
+#include <stdlib.h>
+#include "cuda_shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"unsafe"
+)
+
+// ErrUnavailable means there is no usable CUDA driver here.
+var ErrUnavailable = errors.New("CUDA driver unavailable")
+
+// ErrDevice marks a failed driver call.
+var ErrDevice = errors.New("CUDA call failed")
+
+// DefaultLibrary is what Load opens when no path is given.
+const DefaultLibrary = "libcuda.so.1"
+
+// stagingSize is the size of one pinned staging buffer.
+const stagingSize = 4 << 20
+
+// Driver is a loaded CUDA driver.
+type Driver struct {
+	c       *C.struct_mcg_cuda
+	Version int
+
+	mu      sync.Mutex
+	devices map[int]*device
+	staging [][]byte // free pinned buffers
+}
+
+type device struct {
+	ctx    C.CUcontext
+	stream C.CUstream
+}
+
+// Load opens the driver at path (DefaultLibrary if empty).
+func Load(path string) (*Driver, error) {
+	if path == "" {
+		path = DefaultLibrary
+	}
+	c := (*C.struct_mcg_cuda)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_mcg_cuda{}))))
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var msg [512]C.char
+	runtime.LockOSThread() // dlerror is per thread
+	rc := C.mcg_cuda_load(cpath, c, &msg[0], C.size_t(len(msg)))
+	runtime.UnlockOSThread()
+	if rc != 0 {
+		C.free(unsafe.Pointer(c))
+		return nil, fmt.Errorf("%w: %s", ErrUnavailable, C.GoString(&msg[0]))
+	}
+	return &Driver{c: c, Version: int(c.driver_version), devices: map[int]*device{}}, nil
+}
+
+func (d *Driver) check(r C.CUresult, what string) error {
+	if r == C.MCG_CUDA_SUCCESS {
+		return nil
+	}
+	return fmt.Errorf("%w: %s: %s (%d)", ErrDevice, what, C.GoString(C.mcg_cu_error_name(d.c, r)), int(r))
+}
+
+// Memory says where an address lives.
+type Memory struct {
+	Device  bool // device memory (copied through staging); false: host memory the CPU reads directly
+	Ordinal int
+}
+
+// Classify asks the driver what addr is. Memory the driver does not know
+// (plain malloc, mmap) is host memory; pinned host memory too.
+func (d *Driver) Classify(addr uint64) (Memory, error) {
+	var kind C.uint
+	r := C.mcg_cu_pointer_get_attribute(d.c, unsafe.Pointer(&kind), C.MCG_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, C.CUdeviceptr(addr))
+	if r != C.MCG_CUDA_SUCCESS {
+		return Memory{}, nil // CUDA_ERROR_INVALID_VALUE: not CUDA memory, so host memory
+	}
+	if kind != C.MCG_CU_MEMORYTYPE_DEVICE {
+		return Memory{}, nil // host (pinned) or unified: the CPU may touch it
+	}
+	var ordinal C.int
+	r = C.mcg_cu_pointer_get_attribute(d.c, unsafe.Pointer(&ordinal), C.MCG_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, C.CUdeviceptr(addr))
+	if err := d.check(r, "cuPointerGetAttribute(DEVICE_ORDINAL)"); err != nil {
+		return Memory{}, err
+	}
+	return Memory{Device: true, Ordinal: int(ordinal)}, nil
+}
+
+// on runs fn with the device's primary context current on this locked
+// OS thread (a context is bound to the thread that made it current).
+func (d *Driver) on(ordinal int, fn func(dev *device) error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	d.mu.Lock()
+	dev, ok := d.devices[ordinal]
+	if !ok {
+		dev = &device{}
+		if err := d.check(C.mcg_cu_device_primary_ctx(d.c, C.int(ordinal), &dev.ctx), "cuDevicePrimaryCtxRetain"); err != nil {
+			d.mu.Unlock()
+			return err
+		}
+		if err := d.check(C.mcg_cu_ctx_set_current(d.c, dev.ctx), "cuCtxSetCurrent"); err != nil {
+			d.mu.Unlock()
+			return err
+		}
+		if err := d.check(C.mcg_cu_stream_create(d.c, &dev.stream), "cuStreamCreate"); err != nil {
+			d.mu.Unlock()
+			return err
+		}
+		d.devices[ordinal] = dev
+	}
+	d.mu.Unlock()
+	if err := d.check(C.mcg_cu_ctx_set_current(d.c, dev.ctx), "cuCtxSetCurrent"); err != nil {
+		return err
+	}
+	return fn(dev)
+}
+
+func (d *Driver) getStaging() ([]byte, error) {
+	d.mu.Lock()
+	if n := len(d.staging); n > 0 {
+		b := d.staging[n-1]
+		d.staging = d.staging[:n-1]
+		d.mu.Unlock()
+		return b, nil
+	}
+	d.mu.Unlock()
+	var p unsafe.Pointer
+	if err := d.check(C.mcg_cu_mem_host_alloc(d.c, &p, stagingSize), "cuMemHostAlloc"); err != nil {
+		return nil, err
+	}
+	return unsafe.Slice((*byte)(p), stagingSize), nil
+}
+
+func (d *Driver) putStaging(b []byte) {
+	d.mu.Lock()
+	d.staging = append(d.staging, b)
+	d.mu.Unlock()
+}
+
+// CopyToHost copies len(dst) bytes of device memory at src into dst.
+func (d *Driver) CopyToHost(dst []byte, src uint64, m Memory) error {
+	return d.on(m.Ordinal, func(dev *device) error {
+		buf, err := d.getStaging()
+		if err != nil {
+			return err
+		}
+		defer d.putStaging(buf)
+		for off := 0; off < len(dst); off += stagingSize {
+			k := min(stagingSize, len(dst)-off)
+			if err := d.check(C.mcg_cu_dtoh_async(d.c, unsafe.Pointer(&buf[0]), C.CUdeviceptr(src+uint64(off)), C.size_t(k), dev.stream), "cuMemcpyDtoHAsync"); err != nil {
+				return err
+			}
+			if err := d.check(C.mcg_cu_stream_synchronize(d.c, dev.stream), "cuStreamSynchronize"); err != nil {
+				return err
+			}
+			copy(dst[off:off+k], buf[:k])
+		}
+		return nil
+	})
+}
+
+// CopyToDevice copies src into device memory at dst and returns once the
+// copy has completed.
+func (d *Driver) CopyToDevice(dst uint64, src []byte, m Memory) error {
+	return d.on(m.Ordinal, func(dev *device) error {
+		buf, err := d.getStaging()
+		if err != nil {
+			return err
+		}
+		defer d.putStaging(buf)
+		for off := 0; off < len(src); off += stagingSize {
+			k := copy(buf, src[off:])
+			if err := d.check(C.mcg_cu_htod_async(d.c, C.CUdeviceptr(dst+uint64(off)), unsafe.Pointer(&buf[0]), C.size_t(k), dev.stream), "cuMemcpyHtoDAsync"); err != nil {
+				return err
+			}
+			if err := d.check(C.mcg_cu_stream_synchronize(d.c, dev.stream), "cuStreamSynchronize"); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Settle makes writes to the device's memory visible to its kernels:
+// cuFlushGPUDirectRDMAWrites (where the driver has it), then a stream
+// synchronisation if the caller names a stream, else a context one.
+func (d *Driver) Settle(ordinal int, stream uint64) error {
+	return d.on(ordinal, func(dev *device) error {
+		if err := d.check(C.mcg_cu_flush_gpudirect(d.c), "cuFlushGPUDirectRDMAWrites"); err != nil {
+			return err
+		}
+		if stream != 0 {
+			return d.check(C.mcg_cu_stream_synchronize(d.c, C.CUstream(unsafe.Pointer(uintptr(stream)))), "cuStreamSynchronize")
+		}
+		return d.check(C.mcg_cu_ctx_synchronize(d.c), "cuCtxSynchronize")
+	})
+}

@@ -1,0 +1,305 @@
+/* A software model of the CUDA driver, for tests on machines without a
+ * GPU: the same entry points mcguard's loader asks for, "device" memory as
+ * tagged host memory, and asynchronous visibility — a copy to or from the
+ * device happens only when its stream (or the context) is synchronised,
+ * and a GPUDirect-style write (mcgModelDeferredWrite) only at
+ * cuFlushGPUDirectRDMAWrites or a context synchronisation. So a test can
+ * show that synchronisation is needed, and that it is enough.
+ *
+ * Knobs (environment, read at cuInit): MCG_MODEL_NO_DEVICE=1 makes cuInit
+ * fail with CUDA_ERROR_NO_DEVICE; MCG_MODEL_DRIVER_VERSION sets the version
+ * cuDriverGetVersion reports. mcgModelFailCopies(n) makes the next n copy
+ * calls fail with CUDA_ERROR_ILLEGAL_ADDRESS. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+enum {
+    SUCCESS = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, NO_DEVICE = 100, INVALID_DEVICE = 101,
+    INVALID_CONTEXT = 201, NOT_FOUND = 500, ILLEGAL_ADDRESS = 700
+};
+
+typedef struct op {
+    int kind; /* 0: host->device, 1: device->host */
+    char *dst;
+    const char *src;
+    size_t n;
+    struct op *next;
+} op;
+
+typedef struct stream {
+    op *head, *tail;
+    struct stream *next;
+} stream;
+
+typedef struct region {
+    char *p;
+    size_t n;
+    int pinned; /* 0: device memory, 1: pinned host memory */
+    struct region *next;
+} region;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int initialized, version = 12040, fail_copies;
+static region *regions;
+static stream *streams;
+static op *deferred_head, *deferred_tail; /* GPUDirect-style writes not yet visible */
+static char primary_ctx;                  /* one device, one context */
+static __thread void *current_ctx;
+
+static region *find(const void *p, size_t n) {
+    for (region *r = regions; r; r = r->next)
+        if ((const char *)p >= r->p && (const char *)p + n <= r->p + r->n && (const char *)p + n >= (const char *)p) return r;
+    return NULL;
+}
+
+static void apply(op *o) {
+    while (o) {
+        op *next = o->next;
+        memcpy(o->dst, o->src, o->n);
+        free(o);
+        o = next;
+    }
+}
+
+static void drain(stream *s) {
+    apply(s->head);
+    s->head = s->tail = NULL;
+}
+
+static void enqueue(op **head, op **tail, op *o) {
+    if (*tail) (*tail)->next = o; else *head = o;
+    *tail = o;
+}
+
+CUresult cuInit(unsigned int flags) {
+    (void)flags;
+    const char *nodev = getenv("MCG_MODEL_NO_DEVICE");
+    if (nodev && *nodev == '1') return NO_DEVICE;
+    const char *v = getenv("MCG_MODEL_DRIVER_VERSION");
+    pthread_mutex_lock(&mu);
+    if (v) version = atoi(v);
+    initialized = 1;
+    pthread_mutex_unlock(&mu);
+    return SUCCESS;
+}
+
+CUresult cuDriverGetVersion(int *v) {
+    if (!v) return INVALID_VALUE;
+    *v = version;
+    return SUCCESS;
+}
+
+CUresult cuGetErrorName(CUresult r, const char **name) {
+    switch (r) {
+    case SUCCESS: *name = "CUDA_SUCCESS"; break;
+    case INVALID_VALUE: *name = "CUDA_ERROR_INVALID_VALUE"; break;
+    case NOT_INITIALIZED: *name = "CUDA_ERROR_NOT_INITIALIZED"; break;
+    case NO_DEVICE: *name = "CUDA_ERROR_NO_DEVICE"; break;
+    case INVALID_DEVICE: *name = "CUDA_ERROR_INVALID_DEVICE"; break;
+    case INVALID_CONTEXT: *name = "CUDA_ERROR_INVALID_CONTEXT"; break;
+    case ILLEGAL_ADDRESS: *name = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
+    default: return INVALID_VALUE;
+    }
+    return SUCCESS;
+}
+
+CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr) {
+    pthread_mutex_lock(&mu);
+    region *r = find((void *)(uintptr_t)ptr, 1);
+    pthread_mutex_unlock(&mu);
+    if (!r) return INVALID_VALUE; /* not memory the driver knows */
+    switch (attr) {
+    case 2: *(unsigned int *)data = r->pinned ? 1 : 2; return SUCCESS; /* MEMORY_TYPE: HOST or DEVICE */
+    case 9: *(int *)data = 0; return SUCCESS;                          /* DEVICE_ORDINAL */
+    case 1: *(void **)data = &primary_ctx; return SUCCESS;             /* CONTEXT */
+    }
+    return INVALID_VALUE;
+}
+
+CUresult cuDeviceGet(int *dev, int ordinal) {
+    if (ordinal != 0) return INVALID_DEVICE;
+    *dev = 0;
+    return SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) {
+    if (dev != 0) return INVALID_DEVICE;
+    *ctx = &primary_ctx;
+    return SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(void *ctx) {
+    current_ctx = ctx;
+    return SUCCESS;
+}
+
+static CUresult alloc(void **p, size_t n, int pinned) {
+    if (!initialized) return NOT_INITIALIZED;
+    region *r = calloc(1, sizeof *r);
+    r->p = aligned_alloc(4096, (n + 4095) / 4096 * 4096);
+    if (!r->p) { free(r); return INVALID_VALUE; }
+    memset(r->p, 0, n);
+    r->n = n;
+    r->pinned = pinned;
+    pthread_mutex_lock(&mu);
+    r->next = regions;
+    regions = r;
+    pthread_mutex_unlock(&mu);
+    *p = r->p;
+    return SUCCESS;
+}
+
+static CUresult release(void *p) {
+    pthread_mutex_lock(&mu);
+    for (region **pp = &regions; *pp; pp = &(*pp)->next) {
+        if ((*pp)->p == p) {
+            region *r = *pp;
+            *pp = r->next;
+            pthread_mutex_unlock(&mu);
+            free(r->p);
+            free(r);
+            return SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return INVALID_VALUE;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { return alloc((void **)p, n, 0); }
+CUresult cuMemFree_v2(CUdeviceptr p) { return release((void *)(uintptr_t)p); }
+CUresult cuMemHostAlloc(void **p, size_t n, unsigned int flags) { (void)flags; return alloc(p, n, 1); }
+CUresult cuMemFreeHost(void *p) { return release(p); }
+
+CUresult cuStreamCreate(void **s, unsigned int flags) {
+    (void)flags;
+    if (current_ctx != &primary_ctx) return INVALID_CONTEXT;
+    stream *st = calloc(1, sizeof *st);
+    pthread_mutex_lock(&mu);
+    st->next = streams;
+    streams = st;
+    pthread_mutex_unlock(&mu);
+    *s = st;
+    return SUCCESS;
+}
+
+CUresult cuStreamSynchronize(void *s) {
+    if (current_ctx != &primary_ctx) return INVALID_CONTEXT;
+    pthread_mutex_lock(&mu);
+    if (s) drain((stream *)s);
+    pthread_mutex_unlock(&mu);
+    return SUCCESS;
+}
+
+CUresult cuCtxSynchronize(void) {
+    if (current_ctx != &primary_ctx) return INVALID_CONTEXT;
+    pthread_mutex_lock(&mu);
+    for (stream *s = streams; s; s = s->next) drain(s);
+    apply(deferred_head);
+    deferred_head = deferred_tail = NULL;
+    pthread_mutex_unlock(&mu);
+    return SUCCESS;
+}
+
+CUresult cuFlushGPUDirectRDMAWrites(int target, int scope) {
+    if (target != 0 || (scope != 100 && scope != 200)) return INVALID_VALUE;
+    if (current_ctx != &primary_ctx) return INVALID_CONTEXT;
+    pthread_mutex_lock(&mu);
+    apply(deferred_head);
+    deferred_head = deferred_tail = NULL;
+    pthread_mutex_unlock(&mu);
+    return SUCCESS;
+}
+
+static CUresult copy_async(int kind, void *dst, const void *src, size_t n, void *s) {
+    if (current_ctx != &primary_ctx) return INVALID_CONTEXT;
+    pthread_mutex_lock(&mu);
+    if (fail_copies > 0) {
+        fail_copies--;
+        pthread_mutex_unlock(&mu);
+        return ILLEGAL_ADDRESS;
+    }
+    region *dev = find(kind == 0 ? dst : src, n);
+    if (!dev || dev->pinned || !s) {
+        pthread_mutex_unlock(&mu);
+        return INVALID_VALUE;
+    }
+    op *o = calloc(1, sizeof *o);
+    o->kind = kind;
+    o->dst = dst;
+    o->src = src;
+    o->n = n;
+    enqueue(&((stream *)s)->head, &((stream *)s)->tail, o);
+    pthread_mutex_unlock(&mu);
+    return SUCCESS;
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s) {
+    return copy_async(0, (void *)(uintptr_t)dst, src, n, s);
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
+    return copy_async(1, dst, (const void *)(uintptr_t)src, n, s);
+}
+
+/* Model only: a write into device memory by a "NIC", visible after a flush. */
+int mcgModelDeferredWrite(CUdeviceptr dst, const void *src, size_t n) {
+    pthread_mutex_lock(&mu);
+    region *dev = find((void *)(uintptr_t)dst, n);
+    if (!dev || dev->pinned) {
+        pthread_mutex_unlock(&mu);
+        return INVALID_VALUE;
+    }
+    op *o = calloc(1, sizeof *o);
+    char *copy = malloc(n);
+    memcpy(copy, src, n);
+    o->dst = (char *)(uintptr_t)dst;
+    o->src = copy; /* leaked on purpose: a model, freed at exit */
+    o->n = n;
+    enqueue(&deferred_head, &deferred_tail, o);
+    pthread_mutex_unlock(&mu);
+    return SUCCESS;
+}
+
+void mcgModelFailCopies(int n) {
+    pthread_mutex_lock(&mu);
+    fail_copies = n;
+    pthread_mutex_unlock(&mu);
+}
+
+struct entry { const char *name; void *fn; };
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, unsigned long long flags) {
+    (void)cudaVersion;
+    (void)flags;
+    static const struct entry table[] = {
+        {"cuInit", (void *)cuInit},
+        {"cuDriverGetVersion", (void *)cuDriverGetVersion},
+        {"cuGetErrorName", (void *)cuGetErrorName},
+        {"cuPointerGetAttribute", (void *)cuPointerGetAttribute},
+        {"cuDeviceGet", (void *)cuDeviceGet},
+        {"cuDevicePrimaryCtxRetain", (void *)cuDevicePrimaryCtxRetain},
+        {"cuCtxSetCurrent", (void *)cuCtxSetCurrent},
+        {"cuCtxSynchronize", (void *)cuCtxSynchronize},
+        {"cuStreamCreate", (void *)cuStreamCreate},
+        {"cuStreamSynchronize", (void *)cuStreamSynchronize},
+        {"cuMemAlloc", (void *)cuMemAlloc_v2},
+        {"cuMemFree", (void *)cuMemFree_v2},
+        {"cuMemHostAlloc", (void *)cuMemHostAlloc},
+        {"cuMemFreeHost", (void *)cuMemFreeHost},
+        {"cuMemcpyDtoHAsync", (void *)cuMemcpyDtoHAsync_v2},
+        {"cuMemcpyHtoDAsync", (void *)cuMemcpyHtoDAsync_v2},
+        {"cuFlushGPUDirectRDMAWrites", (void *)cuFlushGPUDirectRDMAWrites},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        if (strcmp(table[i].name, symbol) == 0) {
+            *pfn = table[i].fn;
+            return SUCCESS;
+        }
+    }
+    *pfn = NULL;
+    return NOT_FOUND;
+}
