@@ -52,7 +52,7 @@ func BenchmarkModes(b *testing.B) {
 			}
 			if m == verify.Digest { // the receiver's half, timed on its own too
 				spent["digest_send"] += time.Since(start)
-				if err := recv.SyncTransfers([]uint64{res.ID}); err != nil {
+				if err := recv.SyncTransfers([]uint64{res.ID}, 0); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -33,8 +33,13 @@ type Config struct {
 	// means none, and then Listen must be loopback unless AllowInsecure.
 	Secret        []byte
 	AllowInsecure bool
-	Verify        verify.Config
-	Inject        FaultConfig
+	// CUDA: "auto" loads libcuda if it is there (device memory then works;
+	// without it all memory is host memory), "required" fails open without
+	// it, "off" never loads it. CUDALibrary names another driver library.
+	CUDA        string
+	CUDALibrary string
+	Verify      verify.Config
+	Inject      FaultConfig
 }
 
 // FaultConfig turns on target-side fault injection, for tests and demos.
@@ -53,6 +58,7 @@ func DefaultConfig() Config {
 		Timeout:        5 * time.Second,
 		ConnectTimeout: 2 * time.Second,
 		Notify:         "auto",
+		CUDA:           "auto",
 		SyncTimeout:    5 * time.Second,
 		Verify:         verify.Defaults(),
 		Inject:         FaultConfig{Mode: FaultNone, Rate: 0.1, LagMax: 20 * time.Millisecond},
@@ -76,6 +82,8 @@ func LoadConfig(getenv verify.Getenv, configJSON string) (Config, error) {
 	l.String("secret", []string{"MC_GUARD_SECRET"}, &secret)
 	l.String("secret_file", []string{"MC_GUARD_SECRET_FILE"}, &secretFile)
 	l.Bool("allow_insecure", []string{"MC_GUARD_ALLOW_INSECURE"}, &c.AllowInsecure)
+	l.Choice("cuda", []string{"MC_GUARD_CUDA"}, &c.CUDA, []string{"auto", "required", "off"}, nil)
+	l.String("cuda_library", []string{"MC_GUARD_CUDA_LIBRARY"}, &c.CUDALibrary)
 	c.Verify = verify.Load(l)
 	l.Choice("inject", []string{"MC_GUARD_INJECT"}, &c.Inject.Mode, FaultModes, map[string]string{"": "none", "off": "none"})
 	l.Float("inject_rate", []string{"MC_GUARD_INJECT_RATE"}, &c.Inject.Rate, 0, 1)

@@ -20,4 +20,7 @@ var (
 	ErrPeer          = errors.New("peer error")
 	ErrVerify        = verify.ErrMismatch
 	ErrClosed        = errors.New("guard closed")
+	// ErrDevice: a GPU copy or synchronisation failed, or device memory
+	// was asked for where there is no usable CUDA driver.
+	ErrDevice = errors.New("device memory error")
 )

@@ -75,7 +75,8 @@ func (f *faults) holds() bool { return f != nil && (f.mode == FaultLag || f.mode
 
 // fate is what happens to one write: the bytes of payload to apply now
 // (a prefix, all, or none) and whether the write is held for later.
-func (f *faults) fate(payload, dst []byte) (now []byte, hold bool) {
+// dstTail is the destination's current last tailBytes (stale only).
+func (f *faults) fate(payload, dstTail []byte) (now []byte, hold bool) {
 	switch f.mode {
 	case FaultLag, FaultReorder:
 		return nil, true
@@ -89,7 +90,7 @@ func (f *faults) fate(payload, dst []byte) (now []byte, hold bool) {
 		}
 	case FaultStale:
 		k := min(f.tailBytes, len(payload))
-		if bytes.Equal(payload[len(payload)-k:], dst[len(dst)-k:]) && f.hit() {
+		if bytes.Equal(payload[len(payload)-k:], dstTail) && f.hit() {
 			return nil, false
 		}
 	}

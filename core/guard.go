@@ -15,6 +15,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/mcguard/mcguard/core/cuda"
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -42,6 +43,7 @@ type Guard struct {
 
 	notices      *noticeStore
 	auth         *authority
+	cudaState    string        // for stats: why device memory does or does not work
 	nextTransfer atomic.Uint64 // starts at a random value: ids differ across senders
 	stats        counters
 }
@@ -59,6 +61,9 @@ func Open(cfg Config) (*Guard, error) {
 	}
 	g := &Guard{cfg: cfg, regions: &Regions{}, sessions: map[string]*session{}, notices: newNoticeStore(), auth: newAuthority(cfg.Secret)}
 	g.nextTransfer.Store(mrand.Uint64() >> 1)
+	if err := g.loadCUDA(); err != nil {
+		return nil, err
+	}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	if g.zctx, err = zmq.NewContext(); err != nil {
 		return nil, fmt.Errorf("%w: zmq context: %v", ErrConfig, err)
@@ -80,6 +85,25 @@ func Open(cfg Config) (*Guard, error) {
 		return nil, err
 	}
 	return g, nil
+}
+
+// loadCUDA finds the driver as cfg.CUDA says.
+func (g *Guard) loadCUDA() error {
+	if g.cfg.CUDA == "off" {
+		g.cudaState = "off"
+		return nil
+	}
+	d, err := cuda.Shared(g.cfg.CUDALibrary)
+	if err != nil {
+		if g.cfg.CUDA == "required" {
+			return fmt.Errorf("%w: cuda is required: %v", ErrDevice, err)
+		}
+		g.cudaState = "unavailable: " + err.Error()
+		return nil
+	}
+	g.regions.gpu = d
+	g.cudaState = fmt.Sprintf("driver %d", d.Version)
+	return nil
 }
 
 // Endpoint is the "host:port" peers use as this guard's session name.
@@ -121,12 +145,41 @@ func (g *Guard) Close() error {
 }
 
 // Register makes [addr, addr+n) usable as a source and writable by peers.
+// With a CUDA driver, the driver says whether it is device memory (and of
+// which device), once, here; every later access follows that.
 func (g *Guard) Register(addr, n uint64) error {
 	if err := g.enter(); err != nil {
 		return err
 	}
 	defer g.inflight.Done()
-	return g.regions.Add(addr, n)
+	var mem cuda.Memory
+	if gpu := g.regions.gpu; gpu != nil && n > 0 && addr+n > addr {
+		first, err := gpu.Classify(addr)
+		if err != nil {
+			return fmt.Errorf("%w: classifying %#x: %v", ErrDevice, addr, err)
+		}
+		last, err := gpu.Classify(addr + n - 1)
+		if err != nil {
+			return fmt.Errorf("%w: classifying %#x: %v", ErrDevice, addr+n-1, err)
+		}
+		if first != last {
+			return fmt.Errorf("%w: [%#x, +%d) spans host and device memory, or two devices", ErrInvalidArg, addr, n)
+		}
+		mem = first
+	}
+	return g.regions.add(addr, n, mem)
+}
+
+// RegisterDevice is Register for memory the caller says is on a GPU: with
+// no usable driver that is an error instead of a wrong guess.
+func (g *Guard) RegisterDevice(addr, n uint64) error {
+	if g.regions.gpu == nil {
+		return fmt.Errorf("%w: device memory at %#x, but CUDA is %s", ErrDevice, addr, g.cudaState)
+	}
+	if m, err := g.regions.gpu.Classify(addr); err != nil || !m.Device {
+		return fmt.Errorf("%w: %#x is not device memory the CUDA driver knows", ErrDevice, addr)
+	}
+	return g.Register(addr, n)
 }
 
 // Unregister removes the region that starts at addr, waiting for accesses
@@ -247,29 +300,36 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 	for base := 0; base < len(descs); base += g.cfg.MaxBatch {
 		chunk := descs[base:min(base+g.cfg.MaxBatch, len(descs))]
 		var digests []uint64
-		wait := func() {}
+		wait := func() error { return nil }
 		if vcfg.Mode == verify.Digest || opts.Digests != nil {
 			// Digest the sources while the writes go out: the source
 			// must not change during a transfer, so both see the same bytes.
 			digests = make([]uint64, len(chunk))
 			done := make(chan struct{})
+			var digestErr error
 			go func() {
 				defer close(done)
 				for i, d := range chunk {
-					digests[i] = verify.DigestOf(bytesAt(d.Src, d.Len))
+					if digests[i], digestErr = g.regions.Digest(d.Src, d.Len); digestErr != nil {
+						return
+					}
 				}
 			}()
-			wait = func() { <-done }
+			wait = func() error { <-done; return digestErr }
 		}
 		var announce func() error
 		if notify {
 			announce = func() error {
-				wait()
+				if err := wait(); err != nil {
+					return err
+				}
 				return g.notify(s, res.ID, vcfg.Mode, len(descs), base, chunk, digests)
 			}
 		}
 		err := g.deliver(s, vcfg, seed, chunk, base, &res, announce)
-		wait() // never return while the digest goroutine still reads the sources
+		if werr := wait(); err == nil { // never return while the digest goroutine still reads the sources
+			err = werr
+		}
 		if err != nil {
 			return res, fmt.Errorf("session %s: %w", name, err)
 		}
@@ -321,7 +381,7 @@ func (g *Guard) deliver(s *session, vcfg verify.Config, seed uint64, chunk []ver
 			fenced = true
 			return s.conn.read(ctx, ranges, out, first)
 		}
-		local := func(addr, n uint64) []byte { return bytesAt(addr, n) }
+		local := g.regions.View
 		vr, err := verify.Check(g.ctx, vcfg, seed, todo, local, read, &s.scratch)
 		res.Retries += vr.Retries
 		g.stats.retries.Add(int64(vr.Retries))
@@ -482,7 +542,9 @@ func (g *Guard) Read(name string, descs []verify.Desc) error {
 			return fmt.Errorf("session %s: %w", name, err)
 		}
 		for _, p := range group {
-			g.regions.Access(p.local, p.n, func(m []byte) error { copy(m, buf[:p.n]); return nil })
+			if err := g.regions.Store(p.local, p.n, func(m []byte) error { copy(m, buf[:p.n]); return nil }); err != nil {
+				return err
+			}
 			buf = buf[p.n:]
 		}
 		group, ranges, size = group[:0], ranges[:0], 0
@@ -523,7 +585,7 @@ type SyncRange struct{ Addr, Len uint64 }
 // flight to them have landed, makes them safe to read (the device hook: a
 // full fence for host memory) and, when digests are given (one per range,
 // as the sender's mc_guard_transfer returned them), compares them.
-func (g *Guard) Sync(ranges []SyncRange, digests []uint64) error {
+func (g *Guard) Sync(ranges []SyncRange, digests []uint64, stream uint64) error {
 	if err := g.enter(); err != nil {
 		return err
 	}
@@ -541,14 +603,14 @@ func (g *Guard) Sync(ranges []SyncRange, digests []uint64) error {
 	}
 	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.SyncTimeout)
 	defer cancel()
-	return g.settle(ctx, ranges, digests, "range")
+	return g.settle(ctx, ranges, digests, "range", stream)
 }
 
 // SyncTransfers is the receiver's half for transfers announced by
 // completion notices: it waits (up to sync_timeout) for each transfer's
 // notice, then settles its ranges as Sync does, comparing digests when the
 // transfer was sent in digest mode.
-func (g *Guard) SyncTransfers(ids []uint64) error {
+func (g *Guard) SyncTransfers(ids []uint64, stream uint64) error {
 	if err := g.enter(); err != nil {
 		return err
 	}
@@ -575,16 +637,17 @@ func (g *Guard) SyncTransfers(ids []uint64) error {
 				digests[i] = d.Digest
 			}
 		}
-		if err := g.settle(ctx, ranges, digests, fmt.Sprintf("transfer %#x descriptor", id)); err != nil {
+		if err := g.settle(ctx, ranges, digests, fmt.Sprintf("transfer %#x descriptor", id), stream); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// settle waits for writes in flight to ranges, runs the device hook, and
-// compares digests if there are any.
-func (g *Guard) settle(ctx context.Context, ranges []SyncRange, digests []uint64, what string) error {
+// settle waits for writes in flight to ranges, runs the device hook (for
+// each GPU the ranges are on: flush GPUDirect writes, then synchronise the
+// caller's stream or the context), and compares digests if there are any.
+func (g *Guard) settle(ctx context.Context, ranges []SyncRange, digests []uint64, what string, stream uint64) error {
 	g.stats.syncs.Add(1)
 	regions := make([]Region, len(ranges))
 	for i, r := range ranges {
@@ -596,6 +659,12 @@ func (g *Guard) settle(ctx context.Context, ranges []SyncRange, digests []uint64
 	}
 	var fence atomic.Int64
 	fence.Add(1) // a locked instruction: a full memory barrier on every architecture Go supports
+	for _, ordinal := range g.regions.devices(regions) {
+		if err := g.regions.gpu.Settle(ordinal, stream); err != nil {
+			g.stats.syncFailures.Add(1)
+			return fmt.Errorf("%w: GPU %d: %v", ErrDevice, ordinal, err)
+		}
+	}
 	if digests == nil {
 		return nil
 	}
@@ -624,7 +693,8 @@ func digestRanges(regions *Regions, ranges []SyncRange, want []uint64) []bool {
 	ok := make([]bool, len(ranges))
 	check := func(i int) {
 		r := ranges[i]
-		regions.Access(r.Addr, r.Len, func(m []byte) error { ok[i] = verify.DigestOf(m) == want[i]; return nil })
+		d, err := regions.Digest(r.Addr, r.Len)
+		ok[i] = err == nil && d == want[i]
 	}
 	var total uint64
 	for _, r := range ranges {
@@ -682,6 +752,7 @@ func (g *Guard) Stats() ([]byte, error) {
 		"syncs":            g.stats.syncs.Load(),
 		"sync_failures":    g.stats.syncFailures.Load(),
 		"notify":           g.cfg.Notify,
+		"cuda":             g.cudaState,
 		"verify_failures":  g.stats.verifyFailures.Load(),
 		"probed_bytes":     g.stats.probed.Load(),
 	})

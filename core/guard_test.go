@@ -409,9 +409,9 @@ func TestSyncChecksRanges(t *testing.T) {
 	g := openGuard(t, "")
 	m := newMem(t, 4096)
 	require.NoError(t, g.Register(m.addr(0), 4096))
-	require.NoError(t, g.Sync([]SyncRange{{m.addr(0), 4096}, {m.addr(10), 1}}, nil))
-	require.ErrorIs(t, g.Sync([]SyncRange{{m.addr(4000), 200}}, nil), ErrNotRegistered)
-	require.ErrorIs(t, g.Sync([]SyncRange{{m.addr(0), 0}}, nil), ErrNotRegistered)
+	require.NoError(t, g.Sync([]SyncRange{{m.addr(0), 4096}, {m.addr(10), 1}}, nil, 0))
+	require.ErrorIs(t, g.Sync([]SyncRange{{m.addr(4000), 200}}, nil, 0), ErrNotRegistered)
+	require.ErrorIs(t, g.Sync([]SyncRange{{m.addr(0), 0}}, nil, 0), ErrNotRegistered)
 }
 
 func TestRegions(t *testing.T) {

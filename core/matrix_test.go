@@ -37,13 +37,13 @@ func matrixCell(t *testing.T, fault string, mode verify.Mode) (ok, failed, misma
 			switch mode {
 			case verify.Off:
 			case verify.Digest:
-				err = p.recv.SyncTransfers([]uint64{res.ID})
+				err = p.recv.SyncTransfers([]uint64{res.ID}, 0)
 			default:
 				ranges := make([]SyncRange, n)
 				for i, d := range descs {
 					ranges[i] = SyncRange{d.Dst, d.Len}
 				}
-				err = p.recv.Sync(ranges, nil)
+				err = p.recv.Sync(ranges, nil, 0)
 			}
 		}
 		if err != nil {
@@ -95,13 +95,13 @@ func TestSyncComparesDigests(t *testing.T) {
 	for i, d := range descs {
 		ranges[i] = SyncRange{d.Dst, d.Len}
 	}
-	require.NoError(t, p.recv.Sync(ranges, digests), "the application-told path")
-	require.NoError(t, p.recv.Sync(ranges, nil), "without digests: settle only")
+	require.NoError(t, p.recv.Sync(ranges, digests, 0), "the application-told path")
+	require.NoError(t, p.recv.Sync(ranges, nil, 0), "without digests: settle only")
 	p.dst.b[5*4096+77] ^= 0xff
-	err = p.recv.Sync(ranges, digests)
+	err = p.recv.Sync(ranges, digests, 0)
 	require.ErrorIs(t, err, ErrVerify)
 	require.Contains(t, err.Error(), "range 5 [")
-	require.ErrorIs(t, p.recv.Sync(ranges, digests[:3]), ErrInvalidArg)
+	require.ErrorIs(t, p.recv.Sync(ranges, digests[:3], 0), ErrInvalidArg)
 }
 
 func TestSyncTransfersByNotice(t *testing.T) {
@@ -110,13 +110,13 @@ func TestSyncTransfersByNotice(t *testing.T) {
 	res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(600, 256), TransferOptions{})
 	require.NoError(t, err, "600 descriptors: two chunks, two notices")
 	require.EqualValues(t, 2, stats(t, p.send)["notices_sent"])
-	require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}))
+	require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0))
 	require.True(t, bytes.Equal(p.src.b, p.dst.b))
 
 	res, err = p.send.Transfer(p.recv.Endpoint(), p.blocks(4, 256), TransferOptions{})
 	require.NoError(t, err)
 	p.dst.b[300] ^= 1
-	err = p.recv.SyncTransfers([]uint64{res.ID})
+	err = p.recv.SyncTransfers([]uint64{res.ID}, 0)
 	require.ErrorIs(t, err, ErrVerify)
 	require.Contains(t, err.Error(), fmt.Sprintf("transfer %#x descriptor 1", res.ID))
 }
@@ -124,11 +124,11 @@ func TestSyncTransfersByNotice(t *testing.T) {
 func TestSyncWithoutNoticeTimesOut(t *testing.T) {
 	g := openGuard(t, `{"sync_timeout_ms": 100}`)
 	start := time.Now()
-	err := g.SyncTransfers([]uint64{12345})
+	err := g.SyncTransfers([]uint64{12345}, 0)
 	require.ErrorIs(t, err, ErrTimeout)
 	require.Contains(t, err.Error(), "no complete notice for transfer 0x3039")
 	require.Less(t, time.Since(start), time.Second)
-	require.ErrorIs(t, g.SyncTransfers(nil), ErrInvalidArg)
+	require.ErrorIs(t, g.SyncTransfers(nil, 0), ErrInvalidArg)
 }
 
 // sendRaw sends body to a guard's control endpoint and returns the reply.
@@ -172,9 +172,9 @@ func TestMalformedNoticesAreRefused(t *testing.T) {
 		require.Contains(t, rep, `"error"`, name)
 	}
 	require.EqualValues(t, 0, stats(t, g)["notices_received"], "nothing was recorded")
-	require.ErrorIs(t, g.SyncTransfers([]uint64{7}), ErrTimeout)
+	require.ErrorIs(t, g.SyncTransfers([]uint64{7}, 0), ErrTimeout)
 	// The well-formed one is taken, and its wrong digest shows at sync.
 	require.Contains(t, sendRaw(t, g.Endpoint(), wire.EncodeNotice(nil, good)), `"proto":2}`)
-	err = g.SyncTransfers([]uint64{7})
+	err = g.SyncTransfers([]uint64{7}, 0)
 	require.True(t, errors.Is(err, ErrVerify), "%v", err)
 }

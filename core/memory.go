@@ -5,12 +5,21 @@ import (
 	"sort"
 	"sync"
 	"unsafe"
+
+	"github.com/mcguard/mcguard/core/cuda"
+	"github.com/mcguard/mcguard/verify"
 )
 
 // Region is a span of process memory that the application registered.
 type Region struct {
 	Addr uint64 `json:"addr"`
 	Len  uint64 `json:"len"`
+}
+
+// region is a registered Region and where its bytes live.
+type region struct {
+	Region
+	mem cuda.Memory // Device: reached through the driver's staging copies
 }
 
 func (r Region) end() uint64 { return r.Addr + r.Len }
@@ -25,12 +34,16 @@ func (r Region) contains(addr, n uint64) bool {
 // as sender or as target, is checked against it first, so a peer can never
 // read or write memory that was not registered.
 type Regions struct {
+	gpu  *cuda.Driver // nil: no CUDA here, all memory is host memory
 	mu   sync.RWMutex
-	list []Region // sorted by Addr, non-overlapping
+	list []region // sorted by Addr, non-overlapping
 }
 
-// Add registers [addr, addr+n).
-func (t *Regions) Add(addr, n uint64) error {
+// Add registers [addr, addr+n), host memory.
+func (t *Regions) Add(addr, n uint64) error { return t.add(addr, n, cuda.Memory{}) }
+
+// add registers [addr, addr+n) as mem says.
+func (t *Regions) add(addr, n uint64, mem cuda.Memory) error {
 	if addr == 0 || n == 0 || addr+n < addr {
 		return fmt.Errorf("%w: cannot register address %#x length %d (null, empty or wrapping)", ErrInvalidArg, addr, n)
 	}
@@ -40,9 +53,9 @@ func (t *Regions) Add(addr, n uint64) error {
 	if (i > 0 && t.list[i-1].end() > addr) || (i < len(t.list) && t.list[i].Addr < addr+n) {
 		return fmt.Errorf("%w: [%#x, +%d) overlaps a registered region", ErrInvalidArg, addr, n)
 	}
-	t.list = append(t.list, Region{})
+	t.list = append(t.list, region{})
 	copy(t.list[i+1:], t.list[i:])
-	t.list[i] = Region{Addr: addr, Len: n}
+	t.list[i] = region{Region: Region{Addr: addr, Len: n}, mem: mem}
 	return nil
 }
 
@@ -64,33 +77,128 @@ func (t *Regions) Remove(addr uint64) error {
 func (t *Regions) Snapshot() []Region {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return append([]Region(nil), t.list...)
+	out := make([]Region, len(t.list))
+	for i, r := range t.list {
+		out[i] = r.Region
+	}
+	return out
 }
 
-func (t *Regions) findLocked(addr, n uint64) bool {
+// findLocked returns the region holding [addr, addr+n), or nil.
+func (t *Regions) findLocked(addr, n uint64) *region {
 	i := sort.Search(len(t.list), func(i int) bool { return t.list[i].end() > addr })
-	return i < len(t.list) && t.list[i].contains(addr, n)
+	if i < len(t.list) && t.list[i].contains(addr, n) {
+		return &t.list[i]
+	}
+	return nil
+}
+
+// Memory says where the registered bytes at addr live.
+func (t *Regions) Memory(addr, n uint64) (cuda.Memory, error) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	r := t.findLocked(addr, n)
+	if r == nil {
+		return cuda.Memory{}, fmt.Errorf("%w: [%#x, +%d)", ErrNotRegistered, addr, n)
+	}
+	return r.mem, nil
 }
 
 // Check reports whether [addr, addr+n) lies inside one registered region.
 func (t *Regions) Check(addr, n uint64) error {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	if !t.findLocked(addr, n) {
+	if t.findLocked(addr, n) == nil {
 		return fmt.Errorf("%w: [%#x, +%d)", ErrNotRegistered, addr, n)
 	}
 	return nil
 }
 
-// Access runs fn on the bytes [addr, addr+n) after checking them, holding
+// Load runs fn on the bytes [addr, addr+n) after checking them, holding
 // the table's read lock so the region cannot be unregistered meanwhile.
-func (t *Regions) Access(addr, n uint64, fn func([]byte) error) error {
+// Host memory is passed as it is; device memory as a staged copy. fn must
+// not keep b.
+func (t *Regions) Load(addr, n uint64, fn func(b []byte) error) error {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	if !t.findLocked(addr, n) {
+	r := t.findLocked(addr, n)
+	if r == nil {
 		return fmt.Errorf("%w: [%#x, +%d)", ErrNotRegistered, addr, n)
 	}
-	return fn(bytesAt(addr, n))
+	if !r.mem.Device {
+		return fn(bytesAt(addr, n))
+	}
+	buf := make([]byte, n)
+	if err := t.gpu.CopyToHost(buf, addr, r.mem); err != nil {
+		return fmt.Errorf("%w: staging [%#x, +%d) from the GPU: %v", ErrDevice, addr, n, err)
+	}
+	return fn(buf)
+}
+
+// Store lets fill write all n bytes of [addr, addr+n), under the read lock
+// as Load. Device memory gets a buffer that is copied to the GPU after
+// fill returns, and Store returns once that copy has completed.
+func (t *Regions) Store(addr, n uint64, fill func(b []byte) error) error {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	r := t.findLocked(addr, n)
+	if r == nil {
+		return fmt.Errorf("%w: [%#x, +%d)", ErrNotRegistered, addr, n)
+	}
+	if !r.mem.Device {
+		return fill(bytesAt(addr, n))
+	}
+	buf := make([]byte, n)
+	if err := fill(buf); err != nil {
+		return err
+	}
+	if err := t.gpu.CopyToDevice(addr, buf, r.mem); err != nil {
+		return fmt.Errorf("%w: staging [%#x, +%d) to the GPU: %v", ErrDevice, addr, n, err)
+	}
+	return nil
+}
+
+// View returns the bytes [addr, addr+n) for reading: host memory itself
+// (valid while the application keeps it registered, as a transfer's
+// sources must stay), or a staged copy of device memory.
+func (t *Regions) View(addr, n uint64) ([]byte, error) {
+	mem, err := t.Memory(addr, n)
+	if err != nil {
+		return nil, err
+	}
+	if !mem.Device {
+		return bytesAt(addr, n), nil
+	}
+	return t.Copy(addr, n)
+}
+
+// Copy returns a copy of [addr, addr+n) (for small probes).
+func (t *Regions) Copy(addr, n uint64) ([]byte, error) {
+	var out []byte
+	err := t.Load(addr, n, func(b []byte) error { out = append([]byte(nil), b...); return nil })
+	return out, err
+}
+
+// Digest returns the xxh3-64 of [addr, addr+n), read in pieces of at most
+// 4 MiB so device memory never needs a staging copy of its whole length.
+func (t *Regions) Digest(addr, n uint64) (uint64, error) {
+	mem, err := t.Memory(addr, n)
+	if err != nil {
+		return 0, err
+	}
+	if !mem.Device {
+		var d uint64
+		err := t.Load(addr, n, func(b []byte) error { d = verify.DigestOf(b); return nil })
+		return d, err
+	}
+	h := verify.NewDigester()
+	for off := uint64(0); off < n; off += 4 << 20 {
+		k := min(4<<20, n-off)
+		if err := t.Load(addr+off, k, func(b []byte) error { h.Write(b); return nil }); err != nil {
+			return 0, err
+		}
+	}
+	return h.Sum64(), nil
 }
 
 // bytesAt views registered memory. The addresses come from the application
@@ -98,6 +206,22 @@ func (t *Regions) Access(addr, n uint64, fn func([]byte) error) error {
 // garbage collector neither moves nor frees them.
 func bytesAt(addr, n uint64) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(uintptr(addr))), n)
+}
+
+// devices returns the device ordinals of the registered regions that
+// ranges touch.
+func (t *Regions) devices(ranges []Region) []int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	seen := map[int]bool{}
+	var out []int
+	for _, rg := range ranges {
+		if r := t.findLocked(rg.Addr, rg.Len); r != nil && r.mem.Device && !seen[r.mem.Ordinal] {
+			seen[r.mem.Ordinal] = true
+			out = append(out, r.mem.Ordinal)
+		}
+	}
+	return out
 }
 
 // containsAll reports whether [addr, addr+n) lies inside one of regions.

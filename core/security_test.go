@@ -29,7 +29,7 @@ func TestAuthenticatedPeersTransfer(t *testing.T) {
 	require.NoError(t, err)
 	res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(16, 4096), TransferOptions{Verify: ptr(verify.Digest)})
 	require.NoError(t, err)
-	require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}), "notices carry the derived token")
+	require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0), "notices carry the derived token")
 	require.True(t, bytes.Equal(p.src.b, p.dst.b))
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"net"
 	"sync"
 	"time"
@@ -195,13 +196,17 @@ func (t *target) write(addr, n uint64, r io.Reader, lagged *heldWrites) (wire.St
 	if t.faults != nil {
 		return t.writeFaulty(addr, n, r, lagged)
 	}
-	err := t.regions.Access(addr, n, func(m []byte) error {
+	err := t.regions.Store(addr, n, func(m []byte) error {
 		_, err := io.ReadFull(r, m)
 		return err
 	})
 	if errors.Is(err, ErrNotRegistered) { // unregistered since the check
 		_, err = io.CopyN(io.Discard, r, int64(n))
 		return wire.StatusNotRegistered, err
+	}
+	if errors.Is(err, ErrDevice) { // the payload was read; its copy to the GPU failed
+		log.Printf("mcguard: target: %v", err)
+		return wire.StatusDevice, nil
 	}
 	return wire.StatusOK, err
 }
@@ -213,13 +218,15 @@ func (t *target) writeFaulty(addr, n uint64, r io.Reader, lagged *heldWrites) (w
 	if _, err := io.ReadFull(r, buf); err != nil {
 		return 0, err
 	}
-	var hold bool
-	t.regions.Access(addr, n, func(m []byte) error {
-		var now []byte
-		now, hold = t.faults.fate(buf, m)
-		copy(m, now)
-		return nil
-	})
+	var dstTail []byte
+	if t.faults.mode == FaultStale {
+		k := min(uint64(t.faults.tailBytes), n)
+		dstTail, _ = t.regions.Copy(addr+n-k, k)
+	}
+	now, hold := t.faults.fate(buf, dstTail)
+	if len(now) > 0 {
+		t.regions.Store(addr, uint64(len(now)), func(m []byte) error { copy(m, now); return nil })
+	}
 	if !hold {
 		return wire.StatusOK, nil
 	}
@@ -234,7 +241,7 @@ func (t *target) writeFaulty(addr, n uint64, r io.Reader, lagged *heldWrites) (w
 		defer t.late.Done()
 		t.applyMu.Lock()
 		if !t.closed {
-			t.regions.Access(addr, n, func(m []byte) error { copy(m, buf); return nil })
+			t.regions.Store(addr, n, func(m []byte) error { copy(m, buf); return nil })
 		}
 		t.applyMu.Unlock()
 		t.held.done(id)
@@ -287,7 +294,7 @@ func (t *target) read(r io.Reader, n uint64) (wire.Status, uint64, func(io.Write
 			defer t.applyMu.Unlock()
 		}
 		for i := range addrs {
-			err := t.regions.Access(addrs[i], lens[i], func(m []byte) error {
+			err := t.regions.Load(addrs[i], lens[i], func(m []byte) error {
 				_, err := w.Write(m)
 				return err
 			})

@@ -176,7 +176,7 @@ func (t *tcpConn) write(ctx context.Context, descs []verify.Desc, base int, loca
 	for _, d := range descs {
 		for off := uint64(0); off < d.Len && sendErr == nil; off += wire.WriteSlice {
 			n := min(wire.WriteSlice, d.Len-off)
-			sendErr = local.Access(d.Src+off, n, func(src []byte) error {
+			sendErr = local.Load(d.Src+off, n, func(src []byte) error {
 				return t.send(wire.Header{Op: wire.OpWrite, Addr: d.Dst + off, Len: n}, src)
 			})
 			t.deadline(ctx)
@@ -266,8 +266,11 @@ func (t *tcpConn) readRanges(ctx context.Context, ranges []verify.Range, out []b
 }
 
 func statusErr(s wire.Status) error {
-	if s == wire.StatusNotRegistered {
+	switch s {
+	case wire.StatusNotRegistered:
 		return ErrNotRegistered
+	case wire.StatusDevice:
+		return ErrDevice
 	}
 	return ErrPeer
 }

@@ -77,6 +77,13 @@ func mcgRegister(h C.mc_guard_t, addr unsafe.Pointer, n C.size_t) C.mc_status {
 	})
 }
 
+//export mcgRegisterDevice
+func mcgRegisterDevice(h C.mc_guard_t, addr unsafe.Pointer, n C.size_t) C.mc_status {
+	return run(h, "mc_guard_register_device", func(g *core.Guard) error {
+		return g.RegisterDevice(uint64(uintptr(addr)), uint64(n))
+	})
+}
+
 //export mcgUnregister
 func mcgUnregister(h C.mc_guard_t, addr unsafe.Pointer) C.mc_status {
 	return run(h, "mc_guard_unregister", func(g *core.Guard) error {
@@ -194,7 +201,11 @@ func mcgSync(h C.mc_guard_t, addr, length *C.uint64_t, n C.size_t, opts *C.mc_sy
 				digests = append([]uint64(nil), cArray(opts.digests, int(n))...)
 			}
 		}
-		return g.Sync(ranges, digests)
+		stream := uint64(0)
+		if opts != nil {
+			stream = uint64(opts.stream)
+		}
+		return g.Sync(ranges, digests, stream)
 	})
 }
 
@@ -210,7 +221,11 @@ func mcgSyncTransfers(h C.mc_guard_t, ids *C.uint64_t, n C.size_t, opts *C.mc_sy
 		case ids == nil:
 			return fmt.Errorf("%w: transfer_ids is NULL", core.ErrInvalidArg)
 		}
-		return g.SyncTransfers(append([]uint64(nil), cArray(ids, int(n))...))
+		stream := uint64(0)
+		if opts != nil {
+			stream = uint64(opts.stream)
+		}
+		return g.SyncTransfers(append([]uint64(nil), cArray(ids, int(n))...), stream)
 	})
 }
 
@@ -281,6 +296,7 @@ func statusOf(err error) C.mc_status {
 		{core.ErrInvalidArg, C.MC_ERR_INVALID_ARG},
 		{core.ErrConfig, C.MC_ERR_CONFIG},
 		{core.ErrNotRegistered, C.MC_ERR_NOT_REGISTERED},
+		{core.ErrDevice, C.MC_ERR_DEVICE},
 		{core.ErrVerify, C.MC_ERR_VERIFY},
 		{core.ErrTimeout, C.MC_ERR_TIMEOUT},
 		{core.ErrSession, C.MC_ERR_SESSION},

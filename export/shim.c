@@ -37,6 +37,11 @@ mc_status mc_guard_register(mc_guard_t g, void *addr, size_t len) {
     return mcgRegister(g, addr, len);
 }
 
+mc_status mc_guard_register_device(mc_guard_t g, void *addr, size_t len) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgRegisterDevice(g, addr, len);
+}
+
 mc_status mc_guard_unregister(mc_guard_t g, void *addr) {
     if (mcg_forked()) return MC_ERR_FORKED;
     return mcgUnregister(g, addr);

@@ -67,6 +67,7 @@ typedef int32_t mc_status;
 #define MC_ERR_FORKED          -10  /* called in a child process after fork() */
 #define MC_ERR_BUFFER_TOO_SMALL -11 /* an output buffer cannot hold the result */
 #define MC_ERR_INTERNAL        -12  /* a bug in mcguard (a recovered panic); the message says where */
+#define MC_ERR_DEVICE          -13  /* a GPU copy or synchronisation failed, or device memory without a usable CUDA driver */
 
 /* Verification modes, for mc_transfer_opts.verify. */
 #define MC_VERIFY_DEFAULT -1 /* the guard's configured mode */
@@ -109,7 +110,9 @@ typedef struct mc_sync_opts {
  *   sample_bytes, max_retries, retry_sleep_s, on_mismatch "fail"|"resend",
  *   max_resends, max_batch, timeout_ms, connect_timeout_ms, notify
  *   "auto"|"always"|"never", sync_timeout_ms, inject "none"|"lag"|"drop"|
- *   "tear"|"reorder"|"stale", inject_rate, inject_lag_max_ms, inject_seed.
+ *   "tear"|"reorder"|"stale", inject_rate, inject_lag_max_ms, inject_seed,
+ *   secret, secret_file, allow_insecure, cuda "auto"|"required"|"off",
+ *   cuda_library.
  * The vLLM variables VLLM_MOONCAKE_TRANSFER_VERIFY[_TAIL_BYTES|
  * _MAX_RETRIES|_RETRY_SLEEP_S] are honoured too. On success *out is the
  * new handle. MC_ERR_CONFIG names every bad key or value. */
@@ -122,8 +125,17 @@ mc_status mc_guard_close(mc_guard_t g);
 
 /* Register [addr, addr+len): usable as a transfer source, and writable
  * and readable by peers that handshake with this guard. Regions must not
- * overlap. The memory must stay valid until unregistered or closed. */
+ * overlap. The memory must stay valid until unregistered or closed. With
+ * libcuda loaded (cuda "auto"), the driver classifies the memory once,
+ * here: device memory is then copied through pinned staging buffers, so
+ * host and device regions can be mixed in one batch. */
 mc_status mc_guard_register(mc_guard_t g, void *addr, size_t len);
+
+/* Register [addr, addr+len) that the caller knows is GPU memory (a CUDA
+ * device pointer). mc_guard_register finds that out by itself when libcuda
+ * is loaded; this call makes it an error (MC_ERR_DEVICE, with the reason:
+ * no driver, or not device memory) instead of a guess when it is not. */
+mc_status mc_guard_register_device(mc_guard_t g, void *addr, size_t len);
 
 /* Unregister the region starting at addr. Waits for accesses in
  * progress; afterwards peers' writes to it are refused. */
@@ -160,7 +172,10 @@ mc_status mc_guard_read(mc_guard_t g, const char *session,
  * message): wait until writes still in flight to the n ranges
  * [addr[i], addr[i]+len[i]) have landed, make them safe to read, and if
  * opts->digests is set compare each range's xxh3-64 with digests[i] (the
- * sender's mc_transfer_opts.digests). n may be 0 (synchronise only).
+ * sender's mc_transfer_opts.digests). For ranges in GPU memory it calls
+ * cuFlushGPUDirectRDMAWrites, then synchronises opts->stream (a CUstream;
+ * torch.cuda.current_stream().cuda_stream) or, if 0, the context. n may be
+ * 0 (synchronise only).
  * Errors: MC_ERR_INVALID_ARG, MC_ERR_NOT_REGISTERED, MC_ERR_TIMEOUT
  * (sync_timeout_ms), MC_ERR_VERIFY (names the bad ranges). */
 mc_status mc_guard_sync(mc_guard_t g, const uint64_t *addr,

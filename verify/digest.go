@@ -7,3 +7,10 @@ import "github.com/zeebo/xxh3"
 // in BenchmarkDigest; xxh3 is faster here and its 64 bits make a chance
 // match 2^32 times rarer (see BENCHMARKS.md).
 func DigestOf(b []byte) uint64 { return xxh3.Hash(b) }
+
+// Digester computes DigestOf over data written in pieces.
+type Digester = *xxh3.Hasher
+
+// NewDigester returns a Digester; its Sum64 equals DigestOf of all it was
+// written.
+func NewDigester() Digester { return xxh3.New() }

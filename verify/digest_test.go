@@ -18,6 +18,18 @@ func TestDigestSeesEveryByte(t *testing.T) {
 	require.Equal(t, base, DigestOf(b))
 }
 
+func TestDigesterMatchesDigestOf(t *testing.T) {
+	b := make([]byte, 10<<20+3)
+	for i := range b {
+		b[i] = byte(i * 31)
+	}
+	h := NewDigester()
+	for off := 0; off < len(b); off += 4 << 20 {
+		h.Write(b[off:min(off+4<<20, len(b))])
+	}
+	require.Equal(t, DigestOf(b), h.Sum64())
+}
+
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // BenchmarkDigest compares the two candidates on a 256 KiB descriptor.

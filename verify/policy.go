@@ -110,8 +110,8 @@ type Range struct {
 type ReadFunc func(ctx context.Context, ranges []Range, out []byte) error
 
 // LocalFunc returns the local source bytes [addr, addr+n), already checked
-// to lie in registered memory.
-type LocalFunc func(addr, n uint64) []byte
+// to lie in registered memory (a copy, for device memory).
+type LocalFunc func(addr, n uint64) ([]byte, error)
 
 // Scratch is the read-back buffer of one session. A session owns its own,
 // so two sessions verifying at once never share bytes.
@@ -264,7 +264,11 @@ func Check(ctx context.Context, cfg Config, seed uint64, descs []Desc, local Loc
 			res.Probed += int64(total)
 			var off uint64
 			for _, p := range pending[start:end] {
-				if !bytes.Equal(buf[off:off+p.n], local(p.src, p.n)) {
+				want, err := local(p.src, p.n)
+				if err != nil {
+					return res, err
+				}
+				if !bytes.Equal(buf[off:off+p.n], want) {
 					still = append(still, p)
 				}
 				off += p.n

@@ -120,7 +120,7 @@ func (f *fakeTarget) read(_ context.Context, ranges []Range, out []byte) error {
 }
 
 func localOf(src []byte) LocalFunc {
-	return func(addr, n uint64) []byte { return src[addr : addr+n] }
+	return func(addr, n uint64) ([]byte, error) { return src[addr : addr+n], nil }
 }
 
 func TestCheckPassesWhenBytesArriveLate(t *testing.T) {

@@ -46,6 +46,27 @@ type device struct {
 	stream C.CUstream
 }
 
+var (
+	sharedMu sync.Mutex
+	shared   = map[string]*Driver{}
+)
+
+// Shared returns the process's driver for path, loading it on first use:
+// one symbol table per library, loaded once. A failure is not cached.
+func Shared(path string) (*Driver, error) {
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if d, ok := shared[path]; ok {
+		return d, nil
+	}
+	d, err := Load(path)
+	if err != nil {
+		return nil, err
+	}
+	shared[path] = d
+	return d, nil
+}
+
 // Load opens the driver at path (DefaultLibrary if empty).
 func Load(path string) (*Driver, error) {
 	if path == "" {

@@ -55,6 +55,7 @@ const (
 	StatusBadRequest    Status = 2
 	StatusUnauthorized  Status = 3 // no valid Hello on this connection
 	StatusTooLarge      Status = 4
+	StatusDevice        Status = 5 // the target could not copy into or out of GPU memory
 )
 
 func (s Status) String() string {
@@ -69,6 +70,8 @@ func (s Status) String() string {
 		return "connection not bound to a handshake"
 	case StatusTooLarge:
 		return "request too large"
+	case StatusDevice:
+		return "the target's GPU copy failed"
 	}
 	return fmt.Sprintf("status %d", int32(s))
 }
