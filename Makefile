@@ -6,6 +6,7 @@ PYTHON   ?= python3
 GO       ?= go
 PREFIX   ?= /usr/local
 LIB      := build/libmcguard.so
+CUDA_MODEL := build/libcudamodel.so
 APT_PKGS := pkg-config libzmq3-dev cmake g++ make libgtest-dev
 GO_SRC   := $(shell find core verify export -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) include/mcguard.h go.mod go.sum
 CTEST_DIR := build/cmake
@@ -41,8 +42,12 @@ deps-go:
 deps-python:
 	@$(PYTHON) -c "import pytest" 2>/dev/null || $(PYTHON) -m pip install -q pytest
 
-## build: build/libmcguard.so and its cgo-generated header build/libmcguard.h
-build: $(LIB)
+## build: build/libmcguard.so and its cgo-generated header build/libmcguard.h,
+## and the software model of the CUDA driver the tests use
+build: $(LIB) $(CUDA_MODEL)
+
+$(CUDA_MODEL): tests/cudamodel/cudamodel.c
+	cc -shared -fPIC -O2 -Wall -o $@ $< -lpthread
 
 $(LIB): $(GO_SRC) | deps-system deps-go
 	$(GO) build -buildmode=c-shared -o $(LIB) \
@@ -65,8 +70,8 @@ test-c: $(LIB)
 	cmake --build $(CTEST_DIR)
 	cd $(CTEST_DIR) && ctest --output-on-failure
 
-test-python: $(LIB) deps-python
-	$(PYTHON) -m pytest -q python/tests
+test-python: $(LIB) $(CUDA_MODEL) deps-python
+	MCGUARD_CUDA_MODEL=$(CURDIR)/$(CUDA_MODEL) $(PYTHON) -m pytest -q -rs python/tests
 
 ## demo: the PD stress on loopback with injected lag, verify=off beside verify=tail
 demo: build

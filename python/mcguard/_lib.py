@@ -44,6 +44,7 @@ _SIGNATURES = {
     "mc_guard_open": (_status, [ctypes.c_char_p, ctypes.POINTER(_handle)]),
     "mc_guard_close": (_status, [_handle]),
     "mc_guard_register": (_status, [_handle, ctypes.c_void_p, ctypes.c_size_t]),
+    "mc_guard_register_device": (_status, [_handle, ctypes.c_void_p, ctypes.c_size_t]),
     "mc_guard_unregister": (_status, [_handle, ctypes.c_void_p]),
     "mc_guard_transfer": (_status, [_handle, ctypes.c_char_p, _u64p, _u64p, _u64p,
                                     ctypes.c_size_t, ctypes.POINTER(TransferOpts)]),

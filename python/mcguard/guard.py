@@ -22,6 +22,7 @@ STATUS_NAMES = {
     -10: "MC_ERR_FORKED",
     -11: "MC_ERR_BUFFER_TOO_SMALL",
     -12: "MC_ERR_INTERNAL",
+    -13: "MC_ERR_DEVICE",
 }
 globals().update({name: code for code, name in STATUS_NAMES.items()})
 
@@ -60,9 +61,13 @@ def _check_not_forked():
 
 
 def address_of(x):
-    """An address from an int or an object with data_ptr() (a torch tensor)."""
+    """An address from an int, an object with data_ptr() (a torch tensor),
+    or a CUDA stream object with cuda_stream (torch.cuda.Stream)."""
     if isinstance(x, int):
         return x
+    stream = getattr(x, "cuda_stream", None)
+    if isinstance(stream, int):
+        return stream
     ptr = getattr(x, "data_ptr", None)
     if callable(ptr):
         return int(ptr())
@@ -160,9 +165,18 @@ class Guard:
         """The port of this guard's endpoint (Mooncake's rpc port)."""
         return int(self.endpoint.rsplit(":", 1)[1])
 
-    def register(self, addr, length):
-        """Register [addr, addr+length) as source and as target memory."""
-        self._check(self._lib.mc_guard_register(self._h(), address_of(addr), int(length)))
+    def register(self, addr, length=None):
+        """Register [addr, addr+length) as source and as target memory. addr
+        may be a tensor (length then defaults to its size in bytes); a CUDA
+        tensor is registered as device memory, which fails clearly with
+        MC_ERR_DEVICE where this guard has no usable CUDA driver."""
+        if length is None:
+            numel, size = getattr(addr, "numel", None), getattr(addr, "element_size", None)
+            if not (callable(numel) and callable(size)):
+                raise MCGuardError(MC_ERR_INVALID_ARG, "register needs a length for %r" % type(addr).__name__)
+            length = numel() * size()
+        fn = self._lib.mc_guard_register_device if getattr(addr, "is_cuda", False) else self._lib.mc_guard_register
+        self._check(fn(self._h(), address_of(addr), int(length)))
 
     def unregister(self, addr):
         self._check(self._lib.mc_guard_unregister(self._h(), address_of(addr)))

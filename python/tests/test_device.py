@@ -1,0 +1,127 @@
+"""GPU memory through the software model of the CUDA driver: the real
+loader and staging code run against it. Real-GPU checks live in
+scripts/device-check.sh, which needs an NVIDIA machine."""
+
+import ctypes
+import hashlib
+import multiprocessing as mp
+import os
+import subprocess
+import tempfile
+
+import pytest
+
+import mcguard
+from mcguard import MCGuardError
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def model_path():
+    path = os.environ.get("MCGUARD_CUDA_MODEL") or os.path.join(REPO, "build", "libcudamodel.so")
+    if not os.path.exists(path):
+        path = os.path.join(tempfile.mkdtemp(), "libcudamodel.so")
+        subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", path,
+                        os.path.join(REPO, "tests", "cudamodel", "cudamodel.c"), "-lpthread"], check=True)
+    return os.path.abspath(path)
+
+
+class Model:
+    """The model library as a program allocating GPU memory would use it."""
+
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        self.lib.cuInit(0)
+        self.lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+
+    def alloc(self, n):
+        p = ctypes.c_uint64()
+        assert self.lib.cuMemAlloc_v2(ctypes.byref(p), n) == 0
+        return p.value
+
+
+class FakeCudaTensor:
+    """What the binding reads of a torch CUDA tensor."""
+    is_cuda = True
+
+    def __init__(self, ptr, n):
+        self.ptr, self.n = ptr, n
+
+    def data_ptr(self):
+        return self.ptr
+
+    def numel(self):
+        return self.n
+
+    def element_size(self):
+        return 1
+
+
+def receiver_main(conn, path, size):
+    model = Model(path)
+    g = mcguard.Guard(cuda="required", cuda_library=path)
+    dev = model.alloc(size)
+    g.register(FakeCudaTensor(dev, size))
+    conn.send((g.endpoint, dev))
+    while True:
+        msg = conn.recv()
+        if msg == "stop":
+            break
+        try:
+            g.sync_transfers([msg], stream=0)
+            conn.send(hashlib.sha1(ctypes.string_at(dev, size)).hexdigest())
+        except MCGuardError as e:
+            conn.send(e.name)
+    g.close()
+
+
+@pytest.mark.parametrize("mode", ["tail", "digest"])
+def test_gpu_to_gpu_across_processes(mode):
+    path, size = model_path(), 1 << 20
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    p = ctx.Process(target=receiver_main, args=(there, path, size), daemon=True)
+    p.start()
+    try:
+        assert here.poll(30)
+        endpoint, remote = here.recv()
+        model = Model(path)
+        with mcguard.Guard(cuda="required", cuda_library=path, verify=mode, notify="always") as g:
+            src = model.alloc(size)
+            data = os.urandom(size)
+            ctypes.memmove(src, data, size)  # model GPU memory is host memory underneath
+            g.register(FakeCudaTensor(src, size))
+            assert g.stats()["cuda"].startswith("driver ")
+            n = 64
+            res = g.transfer(endpoint, [src + i * (size // n) for i in range(n)],
+                             [remote + i * (size // n) for i in range(n)], [size // n] * n)
+            here.send(res.id)
+            assert here.recv() == hashlib.sha1(data).hexdigest(), "hashed on the receiver after its sync"
+    finally:
+        here.send("stop")
+        p.join(10)
+
+
+def test_cuda_tensor_without_a_driver_is_a_clear_error():
+    with mcguard.Guard(cuda_library="/nonexistent/libcuda.so.1") as g:
+        assert g.stats()["cuda"].startswith("unavailable: ")
+        with pytest.raises(MCGuardError) as e:
+            g.register(FakeCudaTensor(0x7000000000, 4096))
+        assert e.value.status == mcguard.MC_ERR_DEVICE
+        assert "CUDA is unavailable" in e.value.message
+    with pytest.raises(MCGuardError) as e:
+        mcguard.Guard(cuda="required", cuda_library="/nonexistent/libcuda.so.1")
+    assert e.value.status == mcguard.MC_ERR_DEVICE
+
+
+def test_sync_accepts_a_stream_object():
+    path = model_path()
+    model = Model(path)
+
+    class Stream:
+        cuda_stream = 0  # the model's legacy default stream
+
+    with mcguard.Guard(cuda="required", cuda_library=path) as g:
+        dev = model.alloc(4096)
+        g.register(FakeCudaTensor(dev, 4096))
+        g.sync([dev], [4096], stream=Stream())
