@@ -13,7 +13,7 @@ CTEST_DIR := build/cmake
 
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench fuzz soak install clean
+.PHONY: device-check all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench fuzz soak install clean
 
 FUZZTIME ?= 30s
 FUZZ_WIRE := FuzzDecodeHeader FuzzDecodeRanges FuzzDecodeNotice
@@ -81,6 +81,10 @@ demo: build
 bench: build
 	$(GO) test -run '^$$' -bench Modes -benchtime 3s -count 5 ./core/
 	$(PYTHON) -m mcguard.bench --rounds 5 --seconds 4
+
+## device-check: the GPU check (an NVIDIA machine with PyTorch; see scripts/device-check.sh)
+device-check: build
+	scripts/device-check.sh
 
 ## fuzz: each decoder's fuzz target for FUZZTIME (the seed corpora run in every `go test`)
 fuzz: deps-system deps-go

@@ -81,6 +81,8 @@ int main(void) {
     CHECK_STATUS(mc_guard_transfer(sender, "nowhere", s, d, l, 1, NULL), MC_ERR_INVALID_ARG, sender, "host:port");
     CHECK_STATUS(mc_guard_transfer(sender, "127.0.0.1:1", s, d, l, 1, NULL), MC_ERR_TIMEOUT, sender, "did not answer");
     CHECK_STATUS(mc_guard_register(sender, NULL, 10), MC_ERR_INVALID_ARG, sender, "null");
+    /* Host memory named as GPU memory: no driver here, or not device memory. */
+    CHECK_STATUS(mc_guard_register_device(sender, dst, 4096), MC_ERR_DEVICE, sender, "device");
     CHECK_STATUS(mc_guard_unregister(sender, dst), MC_ERR_NOT_REGISTERED, sender, "no region");
     char tiny[4];
     CHECK_STATUS(mc_guard_endpoint(receiver, tiny, sizeof tiny), MC_ERR_BUFFER_TOO_SMALL, receiver, "needed");

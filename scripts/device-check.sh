@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The GPU device check: on an NVIDIA machine with PyTorch, GPU-to-GPU
+# transfers between two processes in every verification mode, checked with
+# torch on the receiver after mc_guard_sync, throughput per mode. Needs
+# build/libmcguard.so (make build, anywhere: libcuda is loaded at run
+# time). Writes device-check.json under $OUT (or build/device-check).
+# Finishes in well under 5 minutes (5 modes x 8 s plus start-up).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-build/device-check}
+mkdir -p "$out"
+nvidia-smi -L | tee "$out/nvidia-smi.txt" || true
+export MCGUARD_LIBRARY=${MCGUARD_LIBRARY:-$PWD/build/libmcguard.so}
+export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+ldd "$MCGUARD_LIBRARY" | tee "$out/ldd.txt"
+timeout 280 python3 -u -m mcguard.devicecheck --out "$out" "$@" 2>&1 | tee "$out/device-check.log"
