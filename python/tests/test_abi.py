@@ -190,3 +190,18 @@ def test_output_buffers(raw):
     assert L.mc_guard_last_error(h, tiny, 8) == len(msg)
     assert tiny.raw == msg[:7].encode() + b"\0"
     assert L.mc_guard_last_error(h, tiny, 0) == len(msg)
+
+
+def test_library_links_neither_cuda_nor_verbs():
+    import shutil
+    import subprocess
+    if not shutil.which("ldd"):
+        pytest.skip("needs ldd")
+    out = subprocess.run(["ldd", _lib.library_path()], stdout=subprocess.PIPE, text=True).stdout
+    for name in ("libcuda", "libcudart", "libibverbs"):
+        assert name not in out, out
+    exported = subprocess.run(["nm", "-D", "--defined-only", _lib.library_path()], stdout=subprocess.PIPE,
+                              text=True).stdout.split()
+    names = [w for w in exported if w.startswith("mc_")]
+    assert {"mc_guard_open", "mc_guard_transfer", "mc_guard_sync"} <= set(names)
+    assert all(w.startswith("mc_guard_") for w in names)
