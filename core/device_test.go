@@ -134,7 +134,9 @@ func TestSyncFlushesGPUDirectWrites(t *testing.T) {
 	g := openGuard(t, "{"+key+"}")
 	dst, view := devAlloc(t, m, 4096)
 	require.NoError(t, g.Register(dst, 4096))
-	for _, stream := range []uint64{0, 0} {
+	appStream, err := m.Stream()
+	require.NoError(t, err)
+	for _, stream := range []uint64{0, appStream} { // the context, then the application's stream
 		data := make([]byte, 4096)
 		fill(data)
 		require.NoError(t, m.DeferredWrite(dst, data))

@@ -12,6 +12,18 @@ package cudamodel
 typedef int (*alloc_fn)(unsigned long long *, size_t);
 typedef int (*deferred_fn)(unsigned long long, const void *, size_t);
 typedef void (*fail_fn)(int);
+typedef int (*retain_fn)(void **, int);
+typedef int (*setcur_fn)(void *);
+typedef int (*screate_fn)(void **, unsigned int);
+
+static int make_stream(void *retain, void *setcur, void *screate, unsigned long long *out) {
+    void *ctx = 0, *s = 0;
+    int r = ((retain_fn)retain)(&ctx, 0);
+    if (r == 0) r = ((setcur_fn)setcur)(ctx);
+    if (r == 0) r = ((screate_fn)screate)(&s, 1);
+    *out = (unsigned long long)(uintptr_t)s;
+    return r;
+}
 
 static void *model_open(const char *path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
 static void *model_sym(void *h, const char *name) { return dlsym(h, name); }
@@ -50,7 +62,8 @@ func Build(root, dir string) (string, error) {
 
 // Model is a handle on a loaded model library.
 type Model struct {
-	alloc, deferred, fail unsafe.Pointer
+	alloc, deferred, fail      unsafe.Pointer
+	retain, setCurrent, stream unsafe.Pointer
 }
 
 // Open loads the model at path (the same library the driver loader opens).
@@ -68,8 +81,9 @@ func Open(path string) (*Model, error) {
 		defer C.free(unsafe.Pointer(cs))
 		return C.model_sym(h, cs)
 	}
-	m := &Model{alloc: sym("cuMemAlloc_v2"), deferred: sym("mcgModelDeferredWrite"), fail: sym("mcgModelFailCopies")}
-	if m.alloc == nil || m.deferred == nil || m.fail == nil {
+	m := &Model{alloc: sym("cuMemAlloc_v2"), deferred: sym("mcgModelDeferredWrite"), fail: sym("mcgModelFailCopies"),
+		retain: sym("cuDevicePrimaryCtxRetain"), setCurrent: sym("cuCtxSetCurrent"), stream: sym("cuStreamCreate")}
+	if m.alloc == nil || m.deferred == nil || m.fail == nil || m.retain == nil || m.setCurrent == nil || m.stream == nil {
 		return nil, fmt.Errorf("%s is not the mcguard CUDA model", path)
 	}
 	return m, nil
@@ -91,6 +105,18 @@ func (m *Model) DeferredWrite(dst uint64, src []byte) error {
 		return fmt.Errorf("deferred write: CUresult %d", int(r))
 	}
 	return nil
+}
+
+// Stream creates a stream, as an application's CUDA code would, and
+// returns its handle (a CUstream as an integer).
+func (m *Model) Stream() (uint64, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var s C.ulonglong
+	if r := C.make_stream(m.retain, m.setCurrent, m.stream, &s); r != 0 {
+		return 0, fmt.Errorf("cuStreamCreate: CUresult %d", int(r))
+	}
+	return uint64(s), nil
 }
 
 // FailCopies makes the next n copy calls fail.
