@@ -95,67 +95,60 @@ func (t *Regions) findLocked(addr, n uint64) *region {
 
 // Memory says where the registered bytes at addr live.
 func (t *Regions) Memory(addr, n uint64) (cuda.Memory, error) {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	r := t.findLocked(addr, n)
-	if r == nil {
-		return cuda.Memory{}, fmt.Errorf("%w: [%#x, +%d)", ErrNotRegistered, addr, n)
-	}
-	return r.mem, nil
+	var mem cuda.Memory
+	err := t.within(addr, n, func(r *region) error { mem = r.mem; return nil })
+	return mem, err
 }
 
 // Check reports whether [addr, addr+n) lies inside one registered region.
 func (t *Regions) Check(addr, n uint64) error {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	if t.findLocked(addr, n) == nil {
-		return fmt.Errorf("%w: [%#x, +%d)", ErrNotRegistered, addr, n)
-	}
-	return nil
+	return t.within(addr, n, func(*region) error { return nil })
 }
 
-// Load runs fn on the bytes [addr, addr+n) after checking them, holding
-// the table's read lock so the region cannot be unregistered meanwhile.
-// Host memory is passed as it is; device memory as a staged copy. fn must
-// not keep b.
+// within runs fn on the region holding [addr, addr+n) under the table's
+// read lock, so the region cannot be unregistered meanwhile.
+func (t *Regions) within(addr, n uint64, fn func(r *region) error) error {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	r := t.findLocked(addr, n)
+	if r == nil {
+		return fmt.Errorf("%w: [%#x, +%d)", ErrNotRegistered, addr, n)
+	}
+	return fn(r)
+}
+
+// Load runs fn on the bytes [addr, addr+n) after checking them: host
+// memory as it is, device memory as a staged copy. fn must not keep b.
 func (t *Regions) Load(addr, n uint64, fn func(b []byte) error) error {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	r := t.findLocked(addr, n)
-	if r == nil {
-		return fmt.Errorf("%w: [%#x, +%d)", ErrNotRegistered, addr, n)
-	}
-	if !r.mem.Device {
-		return fn(bytesAt(addr, n))
-	}
-	buf := make([]byte, n)
-	if err := t.gpu.CopyToHost(buf, addr, r.mem); err != nil {
-		return fmt.Errorf("%w: staging [%#x, +%d) from the GPU: %v", ErrDevice, addr, n, err)
-	}
-	return fn(buf)
+	return t.within(addr, n, func(r *region) error {
+		if !r.mem.Device {
+			return fn(bytesAt(addr, n))
+		}
+		buf := make([]byte, n)
+		if err := t.gpu.CopyToHost(buf, addr, r.mem); err != nil {
+			return fmt.Errorf("%w: staging [%#x, +%d) from the GPU: %v", ErrDevice, addr, n, err)
+		}
+		return fn(buf)
+	})
 }
 
-// Store lets fill write all n bytes of [addr, addr+n), under the read lock
-// as Load. Device memory gets a buffer that is copied to the GPU after
-// fill returns, and Store returns once that copy has completed.
+// Store lets fill write all n bytes of [addr, addr+n). Device memory gets
+// a buffer that is copied to the GPU after fill returns, and Store returns
+// once that copy has completed.
 func (t *Regions) Store(addr, n uint64, fill func(b []byte) error) error {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	r := t.findLocked(addr, n)
-	if r == nil {
-		return fmt.Errorf("%w: [%#x, +%d)", ErrNotRegistered, addr, n)
-	}
-	if !r.mem.Device {
-		return fill(bytesAt(addr, n))
-	}
-	buf := make([]byte, n)
-	if err := fill(buf); err != nil {
-		return err
-	}
-	if err := t.gpu.CopyToDevice(addr, buf, r.mem); err != nil {
-		return fmt.Errorf("%w: staging [%#x, +%d) to the GPU: %v", ErrDevice, addr, n, err)
-	}
-	return nil
+	return t.within(addr, n, func(r *region) error {
+		if !r.mem.Device {
+			return fill(bytesAt(addr, n))
+		}
+		buf := make([]byte, n)
+		if err := fill(buf); err != nil {
+			return err
+		}
+		if err := t.gpu.CopyToDevice(addr, buf, r.mem); err != nil {
+			return fmt.Errorf("%w: staging [%#x, +%d) to the GPU: %v", ErrDevice, addr, n, err)
+		}
+		return nil
+	})
 }
 
 // View returns the bytes [addr, addr+n) for reading: host memory itself
