@@ -7,7 +7,7 @@ GO       ?= go
 PREFIX   ?= /usr/local
 LIB      := build/libmcguard.so
 CUDA_MODEL := build/libcudamodel.so
-APT_PKGS := pkg-config libzmq3-dev cmake g++ make libgtest-dev
+APT_PKGS := pkg-config libzmq3-dev libibverbs-dev cmake g++ make libgtest-dev
 GO_SRC   := $(shell find core verify export -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) include/mcguard.h go.mod go.sum
 CTEST_DIR := build/cmake
 

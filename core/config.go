@@ -38,8 +38,14 @@ type Config struct {
 	// it, "off" never loads it. CUDALibrary names another driver library.
 	CUDA        string
 	CUDALibrary string
-	Verify      verify.Config
-	Inject      FaultConfig
+	// Transport: "tcp", "rdma" or "auto". RequireRDMA turns auto's
+	// fallback to TCP into an error (the silent fallback that hid
+	// Mooncake users' corruption). VerbsLibrary names another libibverbs.
+	Transport    string
+	RequireRDMA  bool
+	VerbsLibrary string
+	Verify       verify.Config
+	Inject       FaultConfig
 }
 
 // FaultConfig turns on target-side fault injection, for tests and demos.
@@ -59,6 +65,7 @@ func DefaultConfig() Config {
 		ConnectTimeout: 2 * time.Second,
 		Notify:         "auto",
 		CUDA:           "auto",
+		Transport:      "auto",
 		SyncTimeout:    5 * time.Second,
 		Verify:         verify.Defaults(),
 		Inject:         FaultConfig{Mode: FaultNone, Rate: 0.1, LagMax: 20 * time.Millisecond},
@@ -84,6 +91,9 @@ func LoadConfig(getenv verify.Getenv, configJSON string) (Config, error) {
 	l.Bool("allow_insecure", []string{"MC_GUARD_ALLOW_INSECURE"}, &c.AllowInsecure)
 	l.Choice("cuda", []string{"MC_GUARD_CUDA"}, &c.CUDA, []string{"auto", "required", "off"}, nil)
 	l.String("cuda_library", []string{"MC_GUARD_CUDA_LIBRARY"}, &c.CUDALibrary)
+	l.Choice("transport", []string{"MC_GUARD_TRANSPORT"}, &c.Transport, []string{"tcp", "rdma", "auto"}, nil)
+	l.Bool("require_rdma", []string{"MC_GUARD_REQUIRE_RDMA"}, &c.RequireRDMA)
+	l.String("verbs_library", []string{"MC_GUARD_VERBS_LIBRARY"}, &c.VerbsLibrary)
 	c.Verify = verify.Load(l)
 	l.Choice("inject", []string{"MC_GUARD_INJECT"}, &c.Inject.Mode, FaultModes, map[string]string{"": "none", "off": "none"})
 	l.Float("inject_rate", []string{"MC_GUARD_INJECT_RATE"}, &c.Inject.Rate, 0, 1)

@@ -16,6 +16,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/mcguard/mcguard/core/cuda"
+	"github.com/mcguard/mcguard/core/rdma"
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -44,6 +45,7 @@ type Guard struct {
 	notices      *noticeStore
 	auth         *authority
 	cudaState    string        // for stats: why device memory does or does not work
+	rdmaState    string        // for stats: what the RDMA probe found
 	nextTransfer atomic.Uint64 // starts at a random value: ids differ across senders
 	stats        counters
 }
@@ -62,6 +64,9 @@ func Open(cfg Config) (*Guard, error) {
 	g := &Guard{cfg: cfg, regions: &Regions{}, sessions: map[string]*session{}, notices: newNoticeStore(), auth: newAuthority(cfg.Secret)}
 	g.nextTransfer.Store(mrand.Uint64() >> 1)
 	if err := g.loadCUDA(); err != nil {
+		return nil, err
+	}
+	if err := g.chooseTransport(); err != nil {
 		return nil, err
 	}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
@@ -103,6 +108,30 @@ func (g *Guard) loadCUDA() error {
 	}
 	g.regions.gpu = d
 	g.cudaState = fmt.Sprintf("driver %d", d.Version)
+	return nil
+}
+
+// chooseTransport settles cfg.Transport, and says which and why. The data
+// path of this build is TCP; RDMA is probed (libibverbs, an active port) so
+// that asking for it fails with the reason rather than falling back.
+func (g *Guard) chooseTransport() error {
+	if g.cfg.Transport == "tcp" && !g.cfg.RequireRDMA {
+		g.rdmaState = "not probed (transport tcp)"
+		return nil
+	}
+	ports, err := rdma.Probe(g.cfg.VerbsLibrary)
+	var why string
+	switch {
+	case err != nil:
+		why = err.Error()
+	default:
+		why = fmt.Sprintf("%d active RDMA port(s) (first %s port %d), but the RDMA data path is not in this build of mcguard", len(ports), ports[0].Device, ports[0].Port)
+	}
+	g.rdmaState = why
+	if g.cfg.Transport == "rdma" || g.cfg.RequireRDMA {
+		return fmt.Errorf("%w: transport rdma was required, and it is not usable: %s", ErrConfig, why)
+	}
+	log.Printf("mcguard: transport auto: using tcp, because: %s", why)
 	return nil
 }
 
@@ -753,6 +782,7 @@ func (g *Guard) Stats() ([]byte, error) {
 		"sync_failures":    g.stats.syncFailures.Load(),
 		"notify":           g.cfg.Notify,
 		"cuda":             g.cudaState,
+		"rdma":             g.rdmaState,
 		"verify_failures":  g.stats.verifyFailures.Load(),
 		"probed_bytes":     g.stats.probed.Load(),
 	})

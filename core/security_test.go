@@ -318,3 +318,16 @@ func TestSlowlorisIsCutAtTheDeadline(t *testing.T) {
 		c.Close()
 	}
 }
+
+func TestTransportChoiceSaysWhy(t *testing.T) {
+	g := openGuard(t, `{"transport": "auto", "verbs_library": "/nonexistent/libibverbs.so.1"}`)
+	require.Contains(t, stats(t, g)["rdma"], "cannot load /nonexistent/libibverbs.so.1")
+	require.Equal(t, "tcp", stats(t, g)["transport"])
+	for _, js := range []string{`{"transport": "rdma"}`, `{"require_rdma": true}`} {
+		_, err := Open(testConfig(t, js))
+		require.ErrorIs(t, err, ErrConfig, js)
+		require.Contains(t, err.Error(), "transport rdma was required, and it is not usable", js)
+	}
+	tcp := openGuard(t, `{"transport": "tcp"}`)
+	require.Equal(t, "not probed (transport tcp)", stats(t, tcp)["rdma"])
+}

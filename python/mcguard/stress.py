@@ -57,7 +57,8 @@ def parse_args(argv=None):
     p.add_argument("--on-mismatch", choices=["fail", "resend"], default=None,
                    help="what the sender does when read-back never matches (default fail; resend with --matrix)")
     p.add_argument("--matrix", action="store_true", help="run every (inject, verify) pair")
-    p.add_argument("--transport", choices=["tcp"], default="tcp")
+    p.add_argument("--transport", choices=["tcp", "rdma", "auto"], default="tcp",
+                   help="rdma fails with the reason where there is no usable RDMA device")
     p.add_argument("--sessions", type=int, default=2, help="decode processes, one session each")
     p.add_argument("--threads", type=int, default=4, help="prefill threads")
     p.add_argument("--blocks", type=int, default=256, help="KV blocks per session")
@@ -126,8 +127,12 @@ class BlockFiller:
 # ---- decode side -------------------------------------------------------
 
 def decode_main(parent, index, args):
-    guard = Guard(listen="127.0.0.1:0", inject=args.inject, inject_lag_max_ms=args.lag_max_ms,
-                  inject_rate=args.inject_rate, inject_seed=args.seed * 101 + index)
+    try:
+        guard = Guard(listen="127.0.0.1:0", inject=args.inject, inject_lag_max_ms=args.lag_max_ms,
+                      inject_rate=args.inject_rate, inject_seed=args.seed * 101 + index, transport=args.transport)
+    except MCGuardError as e:
+        parent.send({"error": str(e)})
+        return
     size = args.blocks * args.block_bytes
     region = (ctypes.c_char * size)()
     base = ctypes.addressof(region)
@@ -200,10 +205,14 @@ class Counters:
 
 
 def prefill_main(parent, sessions, args):
-    cfg = {"verify": args.verify, "on_mismatch": args.on_mismatch}
+    cfg = {"verify": args.verify, "on_mismatch": args.on_mismatch, "transport": args.transport}
     if args.max_retries is not None:
         cfg["max_retries"] = args.max_retries
-    guard = Guard(cfg)
+    try:
+        guard = Guard(cfg)
+    except MCGuardError as e:
+        parent.send({"error": str(e)})
+        return
     bb, batch = args.block_bytes, args.batch
     size = args.threads * batch * bb
     region = (ctypes.c_char * size)()
@@ -295,7 +304,10 @@ def run(args):
         for p, pipe in zip(decoders, pipes):
             if not pipe.poll(60):
                 raise RuntimeError("a decode process did not start (exit code %s)" % p.exitcode)
-            sessions.append(pipe.recv())
+            info = pipe.recv()
+            if "error" in info:
+                raise RuntimeError("the decode process could not open its guard: " + info["error"])
+            sessions.append(info)
         here, there = ctx.Pipe()
         prefill = ctx.Process(target=prefill_main, args=(there, sessions, args), daemon=True)
         prefill.start()
@@ -305,6 +317,8 @@ def run(args):
             raise RuntimeError("the prefill process did not finish (exit code %s)" % prefill.exitcode)
         result = here.recv()
         prefill.join(30)
+        if "error" in result:
+            raise RuntimeError("the prefill process could not open its guard: " + result["error"])
     finally:
         for pipe in pipes:
             try:
@@ -381,6 +395,14 @@ def run_matrix(args):
 
 def main(argv=None):
     args = parse_args(argv)
+    try:
+        return _main(args)
+    except RuntimeError as e:
+        print("mcguard stress: %s" % e, file=sys.stderr)
+        return 2
+
+
+def _main(args):
     if args.matrix:
         return run_matrix(args)
     if not args.quiet:

@@ -55,3 +55,10 @@ def test_matrix_comes_out_as_documented():
         if cell["verify"] in ("full", "digest", "sample"):
             assert cell["mismatches"] == 0
     assert p.returncode == 0
+
+
+def test_transport_rdma_without_a_device_fails_with_the_reason():
+    p = subprocess.run([sys.executable, "-m", "mcguard.stress", "--transport", "rdma", "--seconds", "1"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120, cwd=PKG_DIR)
+    assert p.returncode != 0
+    assert "transport rdma was required, and it is not usable" in p.stderr

@@ -1,0 +1,134 @@
+// Package rdma is mcguard's view of rdma-core's libibverbs, loaded at run
+// time: the symbol table and the device probe that transport selection
+// uses. (The RDMA data path — RC queue pairs, WRITE/READ work requests in
+// C shims, the software NIC model — is not in this build yet.)
+package rdma
+
+/*
+#cgo LDFLAGS: -ldl
+#include <stdlib.h>
+#include "verbs_shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"syscall"
+	"unsafe"
+)
+
+// DefaultLibrary is what Load opens when no path is given.
+const DefaultLibrary = "libibverbs.so.1"
+
+var (
+	// ErrUnavailable: libibverbs cannot be loaded here.
+	ErrUnavailable = errors.New("libibverbs unavailable")
+	// ErrNoDevice: libibverbs loaded but no usable RDMA port was found.
+	ErrNoDevice = errors.New("no usable RDMA device")
+)
+
+// Verbs is a loaded libibverbs.
+type Verbs struct {
+	v *C.struct_mcg_verbs
+	// Optional entry points this library has.
+	DmabufMR, IOVA2MR, GIDEx, ExtendedQP bool
+}
+
+// Load opens libibverbs at path (DefaultLibrary if empty): all required
+// symbols or an error.
+func Load(path string) (*Verbs, error) {
+	if path == "" {
+		path = DefaultLibrary
+	}
+	v := (*C.struct_mcg_verbs)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_mcg_verbs{}))))
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var msg [512]C.char
+	runtime.LockOSThread() // dlerror is per thread
+	rc := C.mcg_verbs_load(cpath, v, &msg[0], C.size_t(len(msg)))
+	runtime.UnlockOSThread()
+	if rc != 0 {
+		C.free(unsafe.Pointer(v))
+		return nil, fmt.Errorf("%w: %s", ErrUnavailable, C.GoString(&msg[0]))
+	}
+	return &Verbs{v: v, DmabufMR: v.reg_dmabuf_mr != nil, IOVA2MR: v.reg_mr_iova2 != nil,
+		GIDEx: v.query_gid_ex != nil, ExtendedQP: v.qp_to_qp_ex != nil}, nil
+}
+
+// Port is one port of one RDMA device.
+type Port struct {
+	Device    string
+	Port      int
+	Active    bool
+	RoCE      bool // Ethernet link layer; otherwise InfiniBand
+	ActiveMTU int  // enum ibv_mtu: 1 = 256 ... 5 = 4096
+}
+
+// Ports lists every port of every device. A kernel without RDMA support
+// makes ibv_get_device_list fail with ENOSYS: that is "no devices", an
+// ErrNoDevice naming the reason, not a crash.
+func (v *Verbs) Ports() ([]Port, error) {
+	ports := make([]C.struct_mcg_port, 64)
+	n := C.mcg_verbs_probe(v.v, &ports[0], C.int(len(ports)))
+	if n < 0 {
+		errno := syscall.Errno(-n)
+		if errno == syscall.ENOSYS {
+			return nil, fmt.Errorf("%w: the kernel has no RDMA support (ibv_get_device_list: %v)", ErrNoDevice, errno)
+		}
+		return nil, fmt.Errorf("%w: ibv_get_device_list: %v", ErrNoDevice, errno)
+	}
+	out := make([]Port, n)
+	for i := range out {
+		p := ports[i]
+		out[i] = Port{Device: C.GoString(&p.device[0]), Port: int(p.port), Active: p.active != 0,
+			RoCE: p.link_layer == C.IBV_LINK_LAYER_ETHERNET, ActiveMTU: int(p.active_mtu)}
+	}
+	return out, nil
+}
+
+type probeResult struct {
+	ports []Port
+	err   error
+}
+
+var (
+	probeMu    sync.Mutex
+	probeCache = map[string]probeResult{}
+)
+
+// Probe returns the active ports, or why there are none; the answer is
+// found once per process (devices do not come and go under a guard).
+func Probe(path string) ([]Port, error) {
+	probeMu.Lock()
+	defer probeMu.Unlock()
+	r, ok := probeCache[path]
+	if !ok {
+		r.ports, r.err = probe(path)
+		probeCache[path] = r
+	}
+	return r.ports, r.err
+}
+
+func probe(path string) ([]Port, error) {
+	v, err := Load(path)
+	if err != nil {
+		return nil, err
+	}
+	ports, err := v.Ports()
+	if err != nil {
+		return nil, err
+	}
+	var active []Port
+	for _, p := range ports {
+		if p.Active {
+			active = append(active, p)
+		}
+	}
+	if len(active) == 0 {
+		return nil, fmt.Errorf("%w: %d port(s) found, none active", ErrNoDevice, len(ports))
+	}
+	return active, nil
+}
