@@ -137,11 +137,16 @@ func frame(h wire.Header, payload []byte) []byte {
 // nothing hangs.
 func TestHostilePeers(t *testing.T) {
 	const size, pad = 64 << 10, 4096
+	// The honest peer writes recvMem; the hostile frames aim at and around
+	// hostileMem (a peer with a token may write registered memory, so the
+	// two must not share bytes), each with canaries on both sides.
 	recvMem := newCanaryMem(t, size, pad)
+	hostileMem := newCanaryMem(t, size, pad)
 	srcMem := newMem(t, size)
 	recv := openGuard(t, `{"timeout_ms": 300}`)
 	send := openGuard(t, "")
 	require.NoError(t, recv.Register(recvMem.addr(), size))
+	require.NoError(t, recv.Register(hostileMem.addr(), size))
 	require.NoError(t, send.Register(srcMem.addr(0), size))
 	dataAddr := recv.target.addr()
 
@@ -176,7 +181,7 @@ func TestHostilePeers(t *testing.T) {
 	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil)
 	require.NoError(t, err)
 	helloFrame := frame(wire.Header{Op: wire.OpHello, ID: 1, Len: wire.TokenSize}, hello.Token)
-	base := recvMem.addr()
+	base := hostileMem.addr()
 	inputs := map[string][]byte{
 		"garbage":             bytes.Repeat([]byte("not a frame "), 100),
 		"truncated header":    frame(wire.Header{Op: wire.OpWrite}, nil)[:17],
@@ -238,7 +243,8 @@ func TestHostilePeers(t *testing.T) {
 	honest.Wait()
 	require.NoError(t, honestErr, "the honest peer kept being served")
 	require.Positive(t, honestOK)
-	require.True(t, recvMem.canariesIntact(), "memory outside the registered region is byte-for-byte unchanged")
+	require.True(t, recvMem.canariesIntact(), "memory outside the registered regions is byte-for-byte unchanged")
+	require.True(t, hostileMem.canariesIntact(), "memory outside the registered regions is byte-for-byte unchanged")
 
 	// And it still serves honest peers afterwards.
 	fill(srcMem.b)
