@@ -51,24 +51,24 @@ func randomBytes(n int) []byte {
 	return b
 }
 
-// tokenSet holds the tokens of the handshakes a guard answered, the oldest
-// forgotten first past maxTokens.
+// tokenSet holds the tokens of the handshakes a guard answered, each with
+// the sender it was issued to, the oldest forgotten first past maxTokens.
 type tokenSet struct {
 	mu    sync.Mutex
-	set   map[string]bool
+	set   map[string]string // token -> sender id
 	order []string
 }
 
-func newTokenSet() *tokenSet { return &tokenSet{set: map[string]bool{}} }
+func newTokenSet() *tokenSet { return &tokenSet{set: map[string]string{}} }
 
-func (s *tokenSet) add(tok []byte) {
+func (s *tokenSet) add(tok, sender []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := string(tok)
-	if s.set[k] {
+	if _, ok := s.set[k]; ok {
 		return
 	}
-	s.set[k] = true
+	s.set[k] = string(sender)
 	s.order = append(s.order, k)
 	if len(s.order) > maxTokens {
 		delete(s.set, s.order[0])
@@ -77,9 +77,19 @@ func (s *tokenSet) add(tok []byte) {
 }
 
 func (s *tokenSet) has(tok []byte) bool {
+	_, ok := s.sender(tok)
+	return ok
+}
+
+// sender returns whom tok was issued to.
+func (s *tokenSet) sender(tok []byte) (string, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(tok) == wire.TokenSize && s.set[string(tok)]
+	if len(tok) != wire.TokenSize {
+		return "", false
+	}
+	id, ok := s.set[string(tok)]
+	return id, ok
 }
 
 // authority is the server side of the handshake.
@@ -127,7 +137,7 @@ func (a *authority) answer(req helloRequest) (proof, token []byte, err error) {
 		return nil, nil, fmt.Errorf("authentication failed: the peer does not know this guard's secret")
 	}
 	token = deriveToken(a.secret, req.Challenge, req.Nonce)
-	a.tokens.add(token)
+	a.tokens.add(token, req.Sender)
 	return mac(a.secret, labelServer, req.Nonce, req.Challenge), token, nil
 }
 

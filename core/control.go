@@ -31,6 +31,9 @@ type helloRequest struct {
 	Nonce     []byte `json:"nonce,omitempty"`     // the peer's fresh nonce
 	Challenge []byte `json:"challenge,omitempty"` // auth: the guard's challenge it answers
 	MAC       []byte `json:"mac,omitempty"`       // auth: its proof
+	// Sender names the sending session across reconnects, so the target
+	// can drop its older data connections (and their late bytes).
+	Sender []byte `json:"sender,omitempty"`
 }
 
 // helloReply tells a sender where to send data and what it may write to,
@@ -176,14 +179,14 @@ func request(ctx context.Context, sock *zmq.Socket, session, what string, body [
 // handshake asks the guard at session for its data endpoint, region table
 // and token, authenticating both ways when secret is set. The REQ socket
 // lives only for this call and this goroutine.
-func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration, secret []byte) (helloReply, error) {
+func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration, secret, sender []byte) (helloReply, error) {
 	sock, err := newReqSocket(zctx, session)
 	if err != nil {
 		return helloReply{}, err
 	}
 	defer sock.Close()
 	nonce := randomBytes(nonceSize)
-	rep, err := handshakeStep(ctx, sock, session, timeout, helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: nonce})
+	rep, err := handshakeStep(ctx, sock, session, timeout, helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: nonce, Sender: sender})
 	if err != nil {
 		return helloReply{}, err
 	}
@@ -194,7 +197,7 @@ func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout t
 		return helloReply{}, fmt.Errorf("%w: session %q did not authenticate itself (it has no secret); refusing an unauthenticated peer", ErrSession, session)
 	case rep.Challenge != nil:
 		challenge := rep.Challenge
-		auth := helloRequest{Proto: ProtocolVersion, Op: "auth", Nonce: nonce, Challenge: challenge, MAC: mac(secret, labelClient, challenge, nonce)}
+		auth := helloRequest{Proto: ProtocolVersion, Op: "auth", Nonce: nonce, Challenge: challenge, MAC: mac(secret, labelClient, challenge, nonce), Sender: sender}
 		if rep, err = handshakeStep(ctx, sock, session, timeout, auth); err != nil {
 			return helloReply{}, err
 		}

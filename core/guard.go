@@ -498,7 +498,7 @@ func (g *Guard) answerHandshake(body []byte) helloReply {
 		return helloReply{Proto: ProtocolVersion, Challenge: g.auth.challenge()}
 	case req.Op == "hello":
 		rep.Token = randomBytes(wire.TokenSize)
-		g.auth.tokens.add(rep.Token)
+		g.auth.tokens.add(rep.Token, req.Sender)
 	case req.Op == "auth" && g.auth.secret != nil:
 		proof, _, err := g.auth.answer(req)
 		if err != nil {
@@ -600,7 +600,7 @@ func (g *Guard) session(name string) *session {
 	defer g.mu.Unlock()
 	s, ok := g.sessions[name]
 	if !ok {
-		s = &session{name: name}
+		s = &session{name: name, sender: randomBytes(nonceSize)}
 		g.sessions[name] = s
 	}
 	return s

@@ -178,7 +178,7 @@ func TestHostilePeers(t *testing.T) {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil)
+	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, nil)
 	require.NoError(t, err)
 	helloFrame := frame(wire.Header{Op: wire.OpHello, ID: 1, Len: wire.TokenSize}, hello.Token)
 	base := hostileMem.addr()
@@ -298,7 +298,7 @@ func TestSlowlorisIsCutAtTheDeadline(t *testing.T) {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil)
+	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, nil)
 	require.NoError(t, err)
 	for name, stall := range map[string][]byte{
 		"before hello":     nil,
@@ -336,4 +336,41 @@ func TestTransportChoiceSaysWhy(t *testing.T) {
 	}
 	tcp := openGuard(t, `{"transport": "tcp"}`)
 	require.Equal(t, "not probed (transport tcp)", stats(t, tcp)["rdma"])
+}
+
+// A sender that reconnects drops its older data connection at the target,
+// so bytes still on their way over the old one cannot land on top of
+// newer writes.
+func TestReconnectDropsTheOlderConnection(t *testing.T) {
+	recv := openGuard(t, "")
+	m := newMem(t, 4096)
+	require.NoError(t, recv.Register(m.addr(0), 4096))
+	zctx, err := zmq.NewContext()
+	require.NoError(t, err)
+	defer zctx.Term()
+	sender := randomBytes(nonceSize)
+	dial := func() net.Conn {
+		hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, sender)
+		require.NoError(t, err)
+		c, err := net.Dial("tcp", recv.target.addr())
+		require.NoError(t, err)
+		c.Write(frame(wire.Header{Op: wire.OpHello, ID: 1, Len: wire.TokenSize}, hello.Token))
+		reply := make([]byte, wire.HeaderSize)
+		_, err = io.ReadFull(c, reply)
+		require.NoError(t, err)
+		return c
+	}
+	old := dial()
+	defer old.Close()
+	fresh := dial()
+	defer fresh.Close()
+	old.Write(frame(wire.Header{Op: wire.OpWrite, ID: 2, Addr: m.addr(0), Len: 8}, []byte("LATEBYTE")))
+	old.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_, err = old.Read(make([]byte, 64))
+	require.Error(t, err, "the target hung up the older connection")
+	require.Equal(t, make([]byte, 8), m.b[:8], "and applied nothing from it")
+	fresh.Write(frame(wire.Header{Op: wire.OpWrite, ID: 2, Addr: m.addr(0), Len: 8}, []byte("NEWBYTES")))
+	_, err = io.ReadFull(fresh, make([]byte, wire.HeaderSize))
+	require.NoError(t, err)
+	require.Equal(t, []byte("NEWBYTES"), m.b[:8])
 }

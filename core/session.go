@@ -15,8 +15,9 @@ import (
 // Its lock is held for a whole batch, so batches to one session never
 // interleave, while batches to different sessions run in parallel.
 type session struct {
-	name string
-	mu   sync.Mutex
+	name   string
+	sender []byte // this session's id at the peer, kept across reconnects
+	mu     sync.Mutex
 
 	// Under mu:
 	hello   helloReply
@@ -38,7 +39,7 @@ func (s *session) connect(ctx context.Context, zctx *zmq.Context, cfg *Config) e
 	if s.conn != nil {
 		return nil
 	}
-	rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout, cfg.Secret)
+	rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout, cfg.Secret, s.sender)
 	if err != nil {
 		return err
 	}
@@ -53,7 +54,7 @@ func (s *session) connect(ctx context.Context, zctx *zmq.Context, cfg *Config) e
 // refresh fetches the region table again, for a destination that the last
 // handshake did not list (the receiver may have registered more since).
 func (s *session) refresh(ctx context.Context, zctx *zmq.Context, cfg *Config) error {
-	rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout, cfg.Secret)
+	rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout, cfg.Secret, s.sender)
 	if err != nil {
 		return err
 	}

@@ -34,10 +34,11 @@ type target struct {
 	closed  bool // under applyMu: held writes stop touching memory
 	late    sync.WaitGroup
 
-	ln    net.Listener
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
+	ln      net.Listener
+	mu      sync.Mutex
+	conns   map[net.Conn]struct{}
+	senders map[string]net.Conn // each sender's current data connection
+	wg      sync.WaitGroup
 }
 
 func newTarget(regions *Regions, tokens *tokenSet, host string, timeout time.Duration, f FaultConfig, tailBytes int) (*target, error) {
@@ -45,7 +46,7 @@ func newTarget(regions *Regions, tokens *tokenSet, host string, timeout time.Dur
 	if err != nil {
 		return nil, fmt.Errorf("%w: target cannot listen on %s: %v", ErrConfig, host, err)
 	}
-	t := &target{regions: regions, tokens: tokens, timeout: timeout, ln: ln, conns: map[net.Conn]struct{}{},
+	t := &target{regions: regions, tokens: tokens, timeout: timeout, ln: ln, conns: map[net.Conn]struct{}{}, senders: map[string]net.Conn{},
 		held: newHeldWrites(), faults: newFaults(f, tailBytes, ln.Addr().String())}
 	t.wg.Add(1)
 	go t.accept()
@@ -103,6 +104,11 @@ func (t *target) serve(c net.Conn) {
 		if t.conns != nil {
 			delete(t.conns, c)
 		}
+		for id, sc := range t.senders {
+			if sc == c {
+				delete(t.senders, id)
+			}
+		}
 		t.mu.Unlock()
 		c.Close()
 	}()
@@ -134,8 +140,12 @@ func (t *target) serve(c net.Conn) {
 		var n uint64
 		switch {
 		case h.Op == wire.OpHello:
-			st = t.hello(r, h.Len)
+			var sender string
+			st, sender = t.hello(r, h.Len)
 			bound = st == wire.StatusOK
+			if bound {
+				t.claim(sender, c)
+			}
 		case !bound:
 			st = wire.StatusUnauthorized
 		case h.Op == wire.OpWrite:
@@ -171,19 +181,35 @@ func (t *target) serve(c net.Conn) {
 	}
 }
 
-func (t *target) hello(r io.Reader, n uint64) wire.Status {
+func (t *target) hello(r io.Reader, n uint64) (wire.Status, string) {
 	if n != wire.TokenSize {
 		io.CopyN(io.Discard, r, int64(n))
-		return wire.StatusUnauthorized
+		return wire.StatusUnauthorized, ""
 	}
 	got := make([]byte, n)
 	if _, err := io.ReadFull(r, got); err != nil {
-		return wire.StatusUnauthorized
+		return wire.StatusUnauthorized, ""
 	}
-	if !t.tokens.has(got) {
-		return wire.StatusUnauthorized
+	sender, ok := t.tokens.sender(got)
+	if !ok {
+		return wire.StatusUnauthorized, ""
 	}
-	return wire.StatusOK
+	return wire.StatusOK, sender
+}
+
+// claim makes c the sender's data connection and drops the one before it:
+// a sender reconnects after giving up on the old one, whose late bytes
+// must not land on top of newer writes.
+func (t *target) claim(sender string, c net.Conn) {
+	if sender == "" {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old, ok := t.senders[sender]; ok && old != c {
+		old.Close()
+	}
+	t.senders[sender] = c
 }
 
 // write applies a Write frame's payload. A range outside registered memory

@@ -49,13 +49,20 @@ func dialTCP(ctx context.Context, addr string, token []byte, timeout time.Durati
 	}
 	t := &tcpConn{c: c, r: bufio.NewReaderSize(c, 256<<10), w: bufio.NewWriterSize(c, 256<<10), timeout: timeout}
 	if err := t.hello(ctx, token); err != nil {
-		c.Close()
+		t.close()
 		return nil, err
 	}
 	return t, nil
 }
 
-func (t *tcpConn) close() { t.c.Close() }
+// close aborts the connection (RST): bytes still queued for a peer we gave
+// up on must not arrive later and overwrite a newer transfer's.
+func (t *tcpConn) close() {
+	if tc, ok := t.c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	t.c.Close()
+}
 
 // abortOn closes the connection if ctx ends (the guard is closing) while
 // an operation waits on it; call the returned stop when the operation ends.
