@@ -131,9 +131,12 @@ func (g *Guard) chooseTransport() error {
 	if g.cfg.Transport == "rdma" || g.cfg.RequireRDMA {
 		return fmt.Errorf("%w: transport rdma was required, and it is not usable: %s", ErrConfig, why)
 	}
-	log.Printf("mcguard: transport auto: using tcp, because: %s", why)
+	// The probe is the same for every guard of the process: say it once.
+	autoFallbackLogged.Do(func() { log.Printf("mcguard: transport auto: using tcp, because: %s", why) })
 	return nil
 }
+
+var autoFallbackLogged sync.Once
 
 // Endpoint is the "host:port" peers use as this guard's session name.
 func (g *Guard) Endpoint() string { return g.control.endpoint }
