@@ -1,0 +1,563 @@
+/* A software model of an RDMA NIC behind the libibverbs API, for tests on
+ * machines without one. It exports the entry points mcguard's loader asks
+ * for, so the real transport code runs unchanged on it, and keeps the
+ * semantics that matter:
+ *  - a WRITE completes when the remote "NIC" has accepted it, before its
+ *    bytes are visible in the remote memory (they land up to
+ *    MCG_NIC_LAG_US later: posted writes);
+ *  - writes on one QP become visible in order; different QPs have no
+ *    mutual order (each has its own delays);
+ *  - a READ on a QP is answered only after that QP's earlier writes are
+ *    visible (a READ flushes them, as on PCIe);
+ *  - accesses are checked against the remote MR (rkey and bounds): a bad
+ *    one completes in error (IBV_WC_REM_ACCESS_ERR) and moves the QP to
+ *    the error state; MCG_NIC_FAIL_WR=n fails the n-th WRITE the same way.
+ * The fabric between processes is a Unix socket per process (abstract
+ * name "mcgnic-<pid>"); a GID carries the pid. One device, one port. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+/* verbs.h wraps these two in macros for its inline fast paths; the model
+ * defines the exported functions themselves. */
+#undef ibv_query_port
+#undef ibv_reg_mr
+
+enum { M_WRITE = 1, M_READ = 2, M_ACK = 3, M_NAK = 4, M_READRESP = 5, M_HELLO = 6 };
+
+struct msg {
+    uint32_t op, rkey, len, qpn;
+    uint64_t wr_id, raddr;
+};
+
+struct mr_entry {
+    struct ibv_mr mr;
+    struct mr_entry *next;
+};
+
+struct pending_read { /* a READ waiting for its response */
+    uint64_t wr_id;
+    struct ibv_sge sge[4];
+    int nsge;
+    int signaled;
+    struct pending_read *next;
+};
+
+struct mqp {
+    struct ibv_qp qp;
+    int fd; /* connection to the remote NIC, once RTR */
+    pthread_t reader;
+    int sq_sig_all;
+    pthread_mutex_t mu;
+    struct pending_read *reads;
+};
+
+struct wc_node {
+    struct ibv_wc wc;
+    struct wc_node *next;
+};
+
+struct mcq {
+    struct ibv_cq cq;
+    pthread_mutex_t mu;
+    struct wc_node *head, *tail;
+};
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct mr_entry *g_mrs;
+static uint32_t g_next_key = 0x100, g_next_qpn = 0x10;
+static int g_listening, g_writes, g_fail_wr;
+static long g_lag_us;
+static struct ibv_device g_dev;
+static struct ibv_device *g_list[2];
+
+static long env_long(const char *name) {
+    const char *v = getenv(name);
+    return v ? atol(v) : 0;
+}
+
+static int read_full(int fd, void *p, size_t n) {
+    char *b = p;
+    while (n) {
+        ssize_t k = read(fd, b, n);
+        if (k <= 0) return -1;
+        b += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int write_full(int fd, const void *p, size_t n) {
+    const char *b = p;
+    while (n) {
+        ssize_t k = write(fd, b, n);
+        if (k <= 0) return -1;
+        b += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static void sock_name(struct sockaddr_un *a, socklen_t *len, int pid) {
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "mcgnic-%d", pid);
+    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
+/* The MR that holds [addr, addr+len) under rkey, or NULL. */
+static struct ibv_mr *find_mr(uint32_t rkey, uint64_t addr, uint64_t len) {
+    struct ibv_mr *found = NULL;
+    pthread_mutex_lock(&g_mu);
+    for (struct mr_entry *e = g_mrs; e; e = e->next) {
+        uint64_t base = (uint64_t)(uintptr_t)e->mr.addr;
+        if (e->mr.rkey == rkey && addr >= base && addr + len <= base + e->mr.length && addr + len >= addr) {
+            found = &e->mr;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return found;
+}
+
+/* ---- the responder: one thread per incoming QP connection ---- */
+
+struct posted { /* a write accepted but not yet visible */
+    uint64_t raddr;
+    char *data;
+    uint32_t len;
+    struct timespec due;
+    struct posted *next;
+};
+
+struct responder {
+    int fd;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct posted *head, *tail;
+    int done;
+};
+
+static void *applier(void *arg) {
+    struct responder *r = arg;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->head && !r->done) pthread_cond_wait(&r->cv, &r->mu);
+        if (!r->head) break;
+        struct posted *p = r->head;
+        pthread_cond_timedwait(&r->cv, &r->mu, &p->due);
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        if (now.tv_sec < p->due.tv_sec || (now.tv_sec == p->due.tv_sec && now.tv_nsec < p->due.tv_nsec)) continue;
+        memcpy((void *)(uintptr_t)p->raddr, p->data, p->len); /* now visible */
+        r->head = p->next;
+        if (!r->head) r->tail = NULL;
+        free(p->data);
+        free(p);
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+static void *responder_main(void *arg) {
+    struct responder *r = arg;
+    pthread_t ap;
+    pthread_create(&ap, NULL, applier, r);
+    struct msg m;
+    unsigned seed = (unsigned)(uintptr_t)r ^ (unsigned)getpid();
+    while (read_full(r->fd, &m, sizeof m) == 0) {
+        if (m.op == M_WRITE) {
+            char *data = malloc(m.len ? m.len : 1);
+            if (read_full(r->fd, data, m.len) != 0) { free(data); break; }
+            pthread_mutex_lock(&g_mu);
+            int nth = ++g_writes;
+            pthread_mutex_unlock(&g_mu);
+            struct msg reply = {.op = M_ACK, .wr_id = m.wr_id};
+            if (!find_mr(m.rkey, m.raddr, m.len) || (g_fail_wr && nth == g_fail_wr)) {
+                reply.op = M_NAK;
+                free(data);
+            } else {
+                struct posted *p = calloc(1, sizeof *p);
+                p->raddr = m.raddr;
+                p->data = data;
+                p->len = m.len;
+                clock_gettime(CLOCK_REALTIME, &p->due);
+                long lag = g_lag_us > 0 ? rand_r(&seed) % (g_lag_us + 1) : 0;
+                p->due.tv_nsec += lag * 1000;
+                p->due.tv_sec += p->due.tv_nsec / 1000000000;
+                p->due.tv_nsec %= 1000000000;
+                pthread_mutex_lock(&r->mu);
+                if (r->tail) r->tail->next = p; else r->head = p;
+                r->tail = p;
+                pthread_cond_broadcast(&r->cv);
+                pthread_mutex_unlock(&r->mu);
+            }
+            /* Acknowledged before it is visible: completion before visibility. */
+            if (write_full(r->fd, &reply, sizeof reply) != 0) break;
+        } else if (m.op == M_READ) {
+            struct ibv_mr *mr = find_mr(m.rkey, m.raddr, m.len);
+            /* A READ on this QP waits until its earlier writes are visible. */
+            pthread_mutex_lock(&r->mu);
+            while (r->head) pthread_cond_wait(&r->cv, &r->mu);
+            pthread_mutex_unlock(&r->mu);
+            struct msg reply = {.op = mr ? M_READRESP : M_NAK, .wr_id = m.wr_id, .len = mr ? m.len : 0};
+            if (write_full(r->fd, &reply, sizeof reply) != 0) break;
+            if (mr && write_full(r->fd, (void *)(uintptr_t)m.raddr, m.len) != 0) break;
+        } else if (m.op != M_HELLO) {
+            break;
+        }
+    }
+    pthread_mutex_lock(&r->mu);
+    r->done = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    pthread_join(ap, NULL);
+    close(r->fd);
+    free(r);
+    return NULL;
+}
+
+static void *listener_main(void *arg) {
+    int ls = (int)(intptr_t)arg;
+    for (;;) {
+        int fd = accept(ls, NULL, NULL);
+        if (fd < 0) continue;
+        struct responder *r = calloc(1, sizeof *r);
+        r->fd = fd;
+        pthread_mutex_init(&r->mu, NULL);
+        pthread_cond_init(&r->cv, NULL);
+        pthread_t t;
+        pthread_create(&t, NULL, responder_main, r);
+        pthread_detach(t);
+    }
+    return NULL;
+}
+
+static int ensure_listening(void) {
+    pthread_mutex_lock(&g_mu);
+    if (g_listening) { pthread_mutex_unlock(&g_mu); return 0; }
+    int ls = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un a;
+    socklen_t len;
+    sock_name(&a, &len, getpid());
+    if (ls < 0 || bind(ls, (struct sockaddr *)&a, len) != 0 || listen(ls, 64) != 0) {
+        pthread_mutex_unlock(&g_mu);
+        return -1;
+    }
+    pthread_t t;
+    pthread_create(&t, NULL, listener_main, (void *)(intptr_t)ls);
+    pthread_detach(t);
+    g_listening = 1;
+    pthread_mutex_unlock(&g_mu);
+    return 0;
+}
+
+/* ---- the requester ---- */
+
+static void push_wc(struct ibv_cq *cq, uint64_t wr_id, enum ibv_wc_status st, enum ibv_wc_opcode op, uint32_t qpn, uint32_t len) {
+    struct mcq *c = (struct mcq *)cq;
+    struct wc_node *n = calloc(1, sizeof *n);
+    n->wc.wr_id = wr_id;
+    n->wc.status = st;
+    n->wc.opcode = op;
+    n->wc.qp_num = qpn;
+    n->wc.byte_len = len;
+    pthread_mutex_lock(&c->mu);
+    if (c->tail) c->tail->next = n; else c->head = n;
+    c->tail = n;
+    pthread_mutex_unlock(&c->mu);
+}
+
+struct wr_meta { uint64_t wr_id; int signaled; };
+
+static void *reader_main(void *arg) {
+    struct mqp *q = arg;
+    struct msg m;
+    while (read_full(q->fd, &m, sizeof m) == 0) {
+        if (m.op == M_ACK || m.op == M_NAK) {
+            /* wr_id's low bit carries "signaled" (see post_send) */
+            int signaled = (int)(m.wr_id & 1);
+            uint64_t id = m.wr_id >> 1;
+            if (m.op == M_NAK) {
+                q->qp.state = IBV_QPS_ERR;
+                push_wc(q->qp.send_cq, id, IBV_WC_REM_ACCESS_ERR, IBV_WC_RDMA_WRITE, q->qp.qp_num, 0);
+            } else if (signaled) {
+                push_wc(q->qp.send_cq, id, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, q->qp.qp_num, 0);
+            }
+        } else if (m.op == M_READRESP) {
+            pthread_mutex_lock(&q->mu);
+            struct pending_read **pp = &q->reads, *p = NULL;
+            for (; *pp; pp = &(*pp)->next) {
+                if ((*pp)->wr_id == m.wr_id) { p = *pp; *pp = p->next; break; }
+            }
+            pthread_mutex_unlock(&q->mu);
+            char *buf = malloc(m.len ? m.len : 1);
+            if (read_full(q->fd, buf, m.len) != 0) { free(buf); free(p); break; }
+            if (p) {
+                uint32_t off = 0;
+                for (int i = 0; i < p->nsge && off < m.len; i++) {
+                    uint32_t k = p->sge[i].length < m.len - off ? p->sge[i].length : m.len - off;
+                    memcpy((void *)(uintptr_t)p->sge[i].addr, buf + off, k);
+                    off += k;
+                }
+                if (p->signaled) push_wc(q->qp.send_cq, p->wr_id, IBV_WC_SUCCESS, IBV_WC_RDMA_READ, q->qp.qp_num, m.len);
+                free(p);
+            }
+            free(buf);
+        }
+    }
+    return NULL;
+}
+
+static int model_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
+    struct mqp *q = (struct mqp *)qp;
+    for (; wr; wr = wr->next) {
+        if (qp->state != IBV_QPS_RTS) { *bad = wr; return EINVAL; }
+        if (wr->num_sge > 4 || (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_READ)) { *bad = wr; return EINVAL; }
+        uint32_t total = 0;
+        for (int i = 0; i < wr->num_sge; i++) total += wr->sg_list[i].length;
+        int signaled = q->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
+        struct msg m = {.rkey = wr->wr.rdma.rkey, .raddr = wr->wr.rdma.remote_addr, .len = total, .qpn = qp->qp_num};
+        if (wr->opcode == IBV_WR_RDMA_WRITE) {
+            m.op = M_WRITE;
+            m.wr_id = (wr->wr_id << 1) | (uint64_t)signaled;
+            char *buf = malloc(total ? total : 1);
+            uint32_t off = 0;
+            for (int i = 0; i < wr->num_sge; i++) {
+                memcpy(buf + off, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
+                off += wr->sg_list[i].length;
+            }
+            int err = write_full(q->fd, &m, sizeof m) || write_full(q->fd, buf, total);
+            free(buf);
+            if (err) { *bad = wr; return EIO; }
+        } else {
+            struct pending_read *p = calloc(1, sizeof *p);
+            p->wr_id = wr->wr_id;
+            p->nsge = wr->num_sge;
+            memcpy(p->sge, wr->sg_list, sizeof(struct ibv_sge) * (size_t)wr->num_sge);
+            p->signaled = signaled;
+            pthread_mutex_lock(&q->mu);
+            p->next = q->reads;
+            q->reads = p;
+            pthread_mutex_unlock(&q->mu);
+            m.op = M_READ;
+            m.wr_id = wr->wr_id;
+            if (write_full(q->fd, &m, sizeof m)) { *bad = wr; return EIO; }
+        }
+    }
+    return 0;
+}
+
+static int model_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
+    struct mcq *c = (struct mcq *)cq;
+    int k = 0;
+    pthread_mutex_lock(&c->mu);
+    while (k < n && c->head) {
+        struct wc_node *x = c->head;
+        c->head = x->next;
+        if (!c->head) c->tail = NULL;
+        wc[k++] = x->wc;
+        free(x);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return k;
+}
+
+static int model_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad) {
+    (void)qp; *bad = wr; return EOPNOTSUPP; /* mcguard posts no receives */
+}
+
+/* ---- the verbs entry points ---- */
+
+struct ibv_device **ibv_get_device_list(int *n) {
+    g_lag_us = env_long("MCG_NIC_LAG_US");
+    g_fail_wr = (int)env_long("MCG_NIC_FAIL_WR");
+    snprintf(g_dev.name, sizeof g_dev.name, "mcgnic0");
+    g_list[0] = &g_dev;
+    g_list[1] = NULL;
+    if (n) *n = 1;
+    return g_list;
+}
+
+void ibv_free_device_list(struct ibv_device **list) { (void)list; }
+const char *ibv_get_device_name(struct ibv_device *d) { return d->name; }
+
+struct ibv_context *ibv_open_device(struct ibv_device *d) {
+    if (ensure_listening() != 0) { errno = EIO; return NULL; }
+    struct ibv_context *ctx = calloc(1, sizeof *ctx);
+    ctx->device = d;
+    ctx->ops.post_send = model_post_send;
+    ctx->ops.poll_cq = model_poll_cq;
+    ctx->ops.post_recv = model_post_recv;
+    return ctx;
+}
+
+int ibv_close_device(struct ibv_context *ctx) { free(ctx); return 0; }
+
+int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *a) {
+    (void)ctx;
+    memset(a, 0, sizeof *a);
+    a->phys_port_cnt = 1;
+    a->max_qp_wr = 4096;
+    a->max_sge = 4;
+    a->max_qp_rd_atom = 16;
+    return 0;
+}
+
+int ibv_query_port(struct ibv_context *ctx, uint8_t port, struct _compat_ibv_port_attr *compat) {
+    (void)ctx;
+    if (port != 1) return EINVAL;
+    /* The exported symbol fills the older layout: a prefix of ibv_port_attr. */
+    struct ibv_port_attr *a = (struct ibv_port_attr *)compat;
+    memset(a, 0, offsetof(struct ibv_port_attr, port_cap_flags2));
+    a->state = IBV_PORT_ACTIVE;
+    a->max_mtu = a->active_mtu = IBV_MTU_4096;
+    a->link_layer = IBV_LINK_LAYER_ETHERNET;
+    a->gid_tbl_len = 1;
+    return 0;
+}
+
+int ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid) {
+    (void)ctx;
+    if (port != 1 || index != 0) return EINVAL;
+    memset(gid, 0, sizeof *gid);
+    memcpy(gid->raw, "MCGNIC", 6);
+    uint32_t pid = (uint32_t)getpid();
+    memcpy(gid->raw + 12, &pid, 4);
+    return 0;
+}
+
+struct ibv_pd *ibv_alloc_pd(struct ibv_context *ctx) {
+    struct ibv_pd *pd = calloc(1, sizeof *pd);
+    pd->context = ctx;
+    return pd;
+}
+
+int ibv_dealloc_pd(struct ibv_pd *pd) { free(pd); return 0; }
+
+struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
+    (void)access;
+    if (!addr || !len) { errno = EINVAL; return NULL; }
+    struct mr_entry *e = calloc(1, sizeof *e);
+    e->mr.context = pd->context;
+    e->mr.pd = pd;
+    e->mr.addr = addr;
+    e->mr.length = len;
+    pthread_mutex_lock(&g_mu);
+    e->mr.lkey = e->mr.rkey = g_next_key++;
+    e->next = g_mrs;
+    g_mrs = e;
+    pthread_mutex_unlock(&g_mu);
+    return &e->mr;
+}
+
+int ibv_dereg_mr(struct ibv_mr *mr) {
+    pthread_mutex_lock(&g_mu);
+    for (struct mr_entry **pp = &g_mrs; *pp; pp = &(*pp)->next) {
+        if (&(*pp)->mr == mr) {
+            struct mr_entry *e = *pp;
+            *pp = e->next;
+            pthread_mutex_unlock(&g_mu);
+            free(e);
+            return 0;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return EINVAL;
+}
+
+struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context, struct ibv_comp_channel *ch, int vec) {
+    (void)cq_context; (void)ch; (void)vec;
+    struct mcq *c = calloc(1, sizeof *c);
+    c->cq.context = ctx;
+    c->cq.cqe = cqe;
+    pthread_mutex_init(&c->mu, NULL);
+    return &c->cq;
+}
+
+int ibv_destroy_cq(struct ibv_cq *cq) { free(cq); return 0; }
+
+struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr) {
+    if (attr->qp_type != IBV_QPT_RC) { errno = EINVAL; return NULL; }
+    struct mqp *q = calloc(1, sizeof *q);
+    q->qp.context = pd->context;
+    q->qp.pd = pd;
+    q->qp.send_cq = attr->send_cq;
+    q->qp.recv_cq = attr->recv_cq;
+    q->qp.qp_type = IBV_QPT_RC;
+    q->qp.state = IBV_QPS_RESET;
+    q->sq_sig_all = attr->sq_sig_all;
+    q->fd = -1;
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_mutex_lock(&g_mu);
+    q->qp.qp_num = g_next_qpn++;
+    pthread_mutex_unlock(&g_mu);
+    return &q->qp;
+}
+
+static void disconnect(struct mqp *q) {
+    if (q->fd >= 0) {
+        shutdown(q->fd, SHUT_RDWR);
+        pthread_join(q->reader, NULL);
+        close(q->fd);
+        q->fd = -1;
+    }
+}
+
+int ibv_destroy_qp(struct ibv_qp *qp) {
+    disconnect((struct mqp *)qp);
+    free(qp);
+    return 0;
+}
+
+/* The RC state machine, with the attribute masks each transition needs. */
+int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask) {
+    struct mqp *q = (struct mqp *)qp;
+    if (!(mask & IBV_QP_STATE)) return EINVAL;
+    enum ibv_qp_state from = qp->state, to = a->qp_state;
+    int need = 0;
+    if (to == IBV_QPS_RESET || to == IBV_QPS_ERR) {
+        if (to == IBV_QPS_RESET) disconnect(q);
+        qp->state = to;
+        return 0;
+    }
+    if (from == IBV_QPS_RESET && to == IBV_QPS_INIT) need = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+    else if (from == IBV_QPS_INIT && to == IBV_QPS_RTR)
+        need = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    else if (from == IBV_QPS_RTR && to == IBV_QPS_RTS)
+        need = IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
+    else return EINVAL;
+    if ((mask & need) != need) return EINVAL;
+    if (to == IBV_QPS_RTR) {
+        if (memcmp(a->ah_attr.grh.dgid.raw, "MCGNIC", 6) != 0) return EINVAL;
+        uint32_t pid;
+        memcpy(&pid, a->ah_attr.grh.dgid.raw + 12, 4);
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_un sa;
+        socklen_t len;
+        sock_name(&sa, &len, (int)pid);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&sa, len) != 0) {
+            if (fd >= 0) close(fd);
+            return EHOSTUNREACH;
+        }
+        struct msg hello = {.op = M_HELLO, .qpn = a->dest_qp_num};
+        write_full(fd, &hello, sizeof hello);
+        q->fd = fd;
+        pthread_create(&q->reader, NULL, reader_main, q);
+    }
+    qp->state = to;
+    return 0;
+}
+
+int ibv_fork_init(void) { return 0; }
