@@ -1,7 +1,8 @@
 // Package rdma is mcguard's view of rdma-core's libibverbs, loaded at run
-// time: the symbol table and the device probe that transport selection
-// uses. (The RDMA data path — RC queue pairs, WRITE/READ work requests in
-// C shims, the software NIC model — is not in this build yet.)
+// time: the symbol table, the device probe that transport selection uses,
+// and the queue-pair layer (endpoint.go: RC queue pairs through INIT, RTR
+// and RTS, chained WRITEs and READs built in C memory, completions). The
+// guard does not use the queue-pair layer yet: its data path is TCP.
 package rdma
 
 /*

@@ -382,7 +382,10 @@ static int model_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv
 
 struct ibv_device **ibv_get_device_list(int *n) {
     g_lag_us = env_long("MCG_NIC_LAG_US");
+    pthread_mutex_lock(&g_mu);
     g_fail_wr = (int)env_long("MCG_NIC_FAIL_WR");
+    g_writes = 0; /* MCG_NIC_FAIL_WR counts from the latest device listing */
+    pthread_mutex_unlock(&g_mu);
     snprintf(g_dev.name, sizeof g_dev.name, "mcgnic0");
     g_list[0] = &g_dev;
     g_list[1] = NULL;

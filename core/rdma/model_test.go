@@ -1,0 +1,180 @@
+package rdma
+
+import (
+	"bytes"
+	"crypto/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+)
+
+var (
+	nicOnce sync.Once
+	nicPath string
+	nicErr  error
+)
+
+// nicModel builds tests/nicmodel once per test binary.
+func nicModel(t *testing.T) string {
+	t.Helper()
+	nicOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "mcguard-nicmodel")
+		if err != nil {
+			nicErr = err
+			return
+		}
+		nicPath = filepath.Join(dir, "libnicmodel.so")
+		out, err := exec.Command("cc", "-shared", "-fPIC", "-O2", "-o", nicPath, "../../tests/nicmodel/nicmodel.c", "-lpthread").CombinedOutput()
+		if err != nil {
+			nicErr = err
+			t.Logf("%s", out)
+		}
+	})
+	require.NoError(t, nicErr)
+	return nicPath
+}
+
+type mmapMem []byte
+
+func alloc(t *testing.T, n int) mmapMem {
+	b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	require.NoError(t, err)
+	t.Cleanup(func() { syscall.Munmap(b) })
+	return b
+}
+
+func (m mmapMem) addr(off int) uint64 { return uint64(uintptr(unsafe.Pointer(&m[off]))) }
+
+// pair is two endpoints of the model with a queue pair each, connected to
+// each other: a sender (a) and a target (b).
+type pair struct {
+	a, b   *Endpoint
+	qa, qb *QP
+}
+
+func newPair(t *testing.T, env map[string]string) *pair {
+	path := nicModel(t)
+	for k, v := range env {
+		t.Setenv(k, v) // the model reads its knobs when devices are listed
+	}
+	v, err := Load(path)
+	require.NoError(t, err)
+	p := &pair{}
+	p.a, err = v.Open("")
+	require.NoError(t, err)
+	p.b, err = v.Open("mcgnic0")
+	require.NoError(t, err)
+	p.qa, err = p.a.NewQP(64)
+	require.NoError(t, err)
+	p.qb, err = p.b.NewQP(64)
+	require.NoError(t, err)
+	require.NoError(t, p.qa.Connect(p.qb.Info()))
+	require.NoError(t, p.qb.Connect(p.qa.Info()))
+	t.Cleanup(func() {
+		p.qa.Destroy()
+		p.qb.Destroy()
+		p.a.Close()
+		p.b.Close()
+	})
+	return p
+}
+
+func TestModelRunsTheRealLoader(t *testing.T) {
+	ports, err := probe(nicModel(t))
+	require.NoError(t, err)
+	require.Equal(t, []Port{{Device: "mcgnic0", Port: 1, Active: true, RoCE: true, ActiveMTU: 5}}, ports)
+}
+
+func TestQPStateMachine(t *testing.T) {
+	p := newPair(t, nil)
+	require.Error(t, p.qa.Connect(p.qb.Info()), "RTS -> INIT is not a transition")
+	q, err := p.a.NewQP(8)
+	require.NoError(t, err)
+	defer q.Destroy()
+	require.Error(t, q.Connect(QPInfo{QPN: 1}), "a GID no NIC answers to")
+}
+
+func TestWriteThenFencedReadDeliversBytes(t *testing.T) {
+	p := newPair(t, nil)
+	const n, size = 100, 4096 // more than the queue depth: several chains
+	src, dst, scratch := alloc(t, n*size), alloc(t, n*size), alloc(t, n*size)
+	rand.Read(src)
+	_, err := p.a.Register(src.addr(0), n*size)
+	require.NoError(t, err)
+	_, err = p.a.Register(scratch.addr(0), n*size)
+	require.NoError(t, err)
+	mr, err := p.b.Register(dst.addr(0), n*size)
+	require.NoError(t, err)
+	ws := make([]Write, n)
+	for i := range ws {
+		ws[i] = Write{Addr: src.addr(i * size), RemoteAddr: dst.addr(i * size), Len: size, RKey: mr.RKey}
+	}
+	require.NoError(t, p.qa.Writes(ws, 5*time.Second))
+	require.NoError(t, p.qa.Read(scratch.addr(0), dst.addr(0), mr.RKey, n*size, 5*time.Second))
+	require.True(t, bytes.Equal(src, dst))
+	require.True(t, bytes.Equal(src, scratch), "the read-back returns the target's bytes")
+}
+
+func TestCompletionComesBeforeVisibilityAndTheReadFlushes(t *testing.T) {
+	p := newPair(t, map[string]string{"MCG_NIC_LAG_US": "200000"})
+	const size = 64 << 10
+	src, dst, scratch := alloc(t, size), alloc(t, size), alloc(t, 64)
+	rand.Read(src)
+	_, err := p.a.Register(src.addr(0), size)
+	require.NoError(t, err)
+	_, err = p.a.Register(scratch.addr(0), 64)
+	require.NoError(t, err)
+	mr, err := p.b.Register(dst.addr(0), size)
+	require.NoError(t, err)
+	for i := 0; i < 8; i++ {
+		ws := []Write{{Addr: src.addr(i * size / 8), RemoteAddr: dst.addr(i * size / 8), Len: size / 8, RKey: mr.RKey}}
+		require.NoError(t, p.qa.Writes(ws, 5*time.Second))
+	}
+	require.False(t, bytes.Equal(src, dst), "the writes completed, and their bytes are not all there yet")
+	require.NoError(t, p.qa.Read(scratch.addr(0), dst.addr(0), mr.RKey, 64, 5*time.Second))
+	require.True(t, bytes.Equal(src, dst), "a READ on the same QP returns after its earlier writes are visible")
+}
+
+func TestErrorsCompleteInErrorAndTheQPReconnects(t *testing.T) {
+	p := newPair(t, nil)
+	src, dst := alloc(t, 8192), alloc(t, 4096)
+	rand.Read(src)
+	_, err := p.a.Register(src.addr(0), 8192)
+	require.NoError(t, err)
+	mr, err := p.b.Register(dst.addr(0), 4096)
+	require.NoError(t, err)
+
+	err = p.qa.Writes([]Write{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 8192, RKey: mr.RKey}}, 5*time.Second)
+	require.ErrorIs(t, err, ErrCompletion)
+	require.Contains(t, err.Error(), "remote access error")
+	require.Equal(t, make([]byte, 4096), []byte(dst), "nothing landed")
+	err = p.qa.Writes([]Write{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 64, RKey: mr.RKey}}, time.Second)
+	require.Error(t, err, "a QP in the error state takes no work")
+
+	require.NoError(t, p.qa.Reconnect())
+	require.NoError(t, p.qa.Writes([]Write{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 4096, RKey: mr.RKey}}, 5*time.Second))
+	require.NoError(t, p.qa.Read(src.addr(4096), dst.addr(0), mr.RKey, 4096, 5*time.Second))
+	require.True(t, bytes.Equal(src[:4096], dst), "after the reconnect the write lands")
+	require.True(t, bytes.Equal(src[4096:], dst), "and reads back")
+
+	err = p.qa.Writes([]Write{{Addr: src.addr(0) + 1<<20, RemoteAddr: dst.addr(0), Len: 64, RKey: mr.RKey}}, time.Second)
+	require.ErrorContains(t, err, "not in a registered memory region", "a local range outside registered memory is refused before posting")
+}
+
+func TestInjectedErrorCompletion(t *testing.T) {
+	p := newPair(t, map[string]string{"MCG_NIC_FAIL_WR": "1"})
+	src, dst := alloc(t, 4096), alloc(t, 4096)
+	_, err := p.a.Register(src.addr(0), 4096)
+	require.NoError(t, err)
+	mr, err := p.b.Register(dst.addr(0), 4096)
+	require.NoError(t, err)
+	err = p.qa.Writes([]Write{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 4096, RKey: mr.RKey}}, 5*time.Second)
+	require.ErrorIs(t, err, ErrCompletion)
+}

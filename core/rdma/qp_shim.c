@@ -1,0 +1,193 @@
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "qp_shim.h"
+
+int mcg_ep_open(struct mcg_verbs *v, const char *device, struct mcg_endpoint *ep, char *err, size_t errlen) {
+    memset(ep, 0, sizeof *ep);
+    ep->v = v;
+    int n = 0;
+    struct ibv_device **list = v->get_device_list(&n);
+    if (!list) {
+        snprintf(err, errlen, "ibv_get_device_list: %s", strerror(errno));
+        return -1;
+    }
+    for (int i = 0; i < n && !ep->ctx; i++) {
+        if (device && strcmp(device, v->get_device_name(list[i])) != 0) continue;
+        struct ibv_context *ctx = v->open_device(list[i]);
+        if (!ctx) continue;
+        struct ibv_device_attr dattr;
+        if (v->query_device(ctx, &dattr) == 0) {
+            for (int p = 1; p <= dattr.phys_port_cnt; p++) {
+                struct ibv_port_attr pattr;
+                memset(&pattr, 0, sizeof pattr);
+                if (v->query_port(ctx, (uint8_t)p, &pattr) == 0 && pattr.state == IBV_PORT_ACTIVE) {
+                    ep->ctx = ctx;
+                    ep->port = (uint8_t)p;
+                    ep->mtu = pattr.active_mtu;
+                    break;
+                }
+            }
+        }
+        if (!ep->ctx) v->close_device(ctx);
+    }
+    v->free_device_list(list);
+    if (!ep->ctx) {
+        snprintf(err, errlen, device ? "device %s has no active port" : "no device with an active port", device);
+        return -1;
+    }
+    /* GID index 0; a RoCE v2 deployment names its index (config, later). */
+    if (v->query_gid(ep->ctx, ep->port, ep->gid_index, &ep->gid) != 0 || !(ep->pd = v->alloc_pd(ep->ctx)) ||
+        !(ep->cq = v->create_cq(ep->ctx, 4096, NULL, NULL, 0))) {
+        snprintf(err, errlen, "setting up the device: %s", strerror(errno));
+        mcg_ep_close(ep);
+        return -1;
+    }
+    return 0;
+}
+
+void mcg_ep_close(struct mcg_endpoint *ep) {
+    if (ep->cq) ep->v->destroy_cq(ep->cq);
+    if (ep->pd) ep->v->dealloc_pd(ep->pd);
+    if (ep->ctx) ep->v->close_device(ep->ctx);
+    ep->cq = NULL;
+    ep->pd = NULL;
+    ep->ctx = NULL;
+}
+
+struct ibv_mr *mcg_ep_reg(struct mcg_endpoint *ep, void *addr, size_t len) {
+    return ep->v->reg_mr(ep->pd, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+}
+
+int mcg_ep_dereg(struct mcg_endpoint *ep, struct ibv_mr *mr) { return ep->v->dereg_mr(mr); }
+uint32_t mcg_mr_lkey(struct ibv_mr *mr) { return mr->lkey; }
+uint32_t mcg_mr_rkey(struct ibv_mr *mr) { return mr->rkey; }
+
+struct ibv_qp *mcg_qp_create(struct mcg_endpoint *ep, int depth) {
+    struct ibv_qp_init_attr a;
+    memset(&a, 0, sizeof a);
+    a.send_cq = ep->cq;
+    a.recv_cq = ep->cq;
+    a.qp_type = IBV_QPT_RC;
+    a.cap.max_send_wr = (uint32_t)depth;
+    a.cap.max_recv_wr = 1;
+    a.cap.max_send_sge = 1;
+    a.cap.max_recv_sge = 1;
+    return ep->v->create_qp(ep->pd, &a);
+}
+
+void mcg_qp_destroy(struct mcg_endpoint *ep, struct ibv_qp *qp) { ep->v->destroy_qp(qp); }
+uint32_t mcg_qp_num(struct ibv_qp *qp) { return qp->qp_num; }
+
+int mcg_qp_connect(struct mcg_endpoint *ep, struct ibv_qp *qp, uint32_t remote_qpn, const uint8_t *remote_gid,
+                   uint32_t psn, uint32_t remote_psn) {
+    struct ibv_qp_attr a;
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = ep->port;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE;
+    int r = ep->v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    if (r) return r;
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = ep->mtu;
+    a.dest_qp_num = remote_qpn;
+    a.rq_psn = remote_psn;
+    a.max_dest_rd_atomic = 16;
+    a.min_rnr_timer = 12;
+    a.ah_attr.is_global = 1;
+    memcpy(a.ah_attr.grh.dgid.raw, remote_gid, 16);
+    a.ah_attr.grh.sgid_index = (uint8_t)ep->gid_index;
+    a.ah_attr.grh.hop_limit = 64;
+    a.ah_attr.port_num = ep->port;
+    r = ep->v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    if (r) return r;
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.sq_psn = psn;
+    a.max_rd_atomic = 16;
+    return ep->v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                        IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+int mcg_qp_reset(struct mcg_endpoint *ep, struct ibv_qp *qp) {
+    struct ibv_qp_attr a;
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_RESET;
+    return ep->v->modify_qp(qp, &a, IBV_QP_STATE);
+}
+
+int mcg_post_writes(struct ibv_qp *qp, int n, const uint64_t *laddr, const uint32_t *lkey, const uint64_t *raddr,
+                    const uint32_t *rkey, const uint32_t *len, uint64_t wr_base, int signal_every) {
+    struct ibv_send_wr *wrs = calloc((size_t)n, sizeof *wrs);
+    struct ibv_sge *sges = calloc((size_t)n, sizeof *sges);
+    if (!wrs || !sges) {
+        free(wrs);
+        free(sges);
+        return ENOMEM;
+    }
+    for (int i = 0; i < n; i++) {
+        sges[i].addr = laddr[i];
+        sges[i].length = len[i];
+        sges[i].lkey = lkey[i];
+        wrs[i].wr_id = wr_base + (uint64_t)i;
+        wrs[i].sg_list = &sges[i];
+        wrs[i].num_sge = 1;
+        wrs[i].opcode = IBV_WR_RDMA_WRITE;
+        wrs[i].send_flags = ((i + 1) % signal_every == 0 || i == n - 1) ? IBV_SEND_SIGNALED : 0;
+        wrs[i].wr.rdma.remote_addr = raddr[i];
+        wrs[i].wr.rdma.rkey = rkey[i];
+        wrs[i].next = i + 1 < n ? &wrs[i + 1] : NULL;
+    }
+    struct ibv_send_wr *bad = NULL;
+    int r = ibv_post_send(qp, wrs, &bad);
+    free(wrs);
+    free(sges);
+    return r;
+}
+
+int mcg_post_read(struct ibv_qp *qp, uint64_t laddr, uint32_t lkey, uint64_t raddr, uint32_t rkey, uint32_t len,
+                  uint64_t wr_id) {
+    struct ibv_sge sge = {.addr = laddr, .length = len, .lkey = lkey};
+    struct ibv_send_wr wr;
+    memset(&wr, 0, sizeof wr);
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = raddr;
+    wr.wr.rdma.rkey = rkey;
+    struct ibv_send_wr *bad = NULL;
+    return ibv_post_send(qp, &wr, &bad);
+}
+
+int mcg_poll(struct mcg_endpoint *ep, int max, uint64_t *wr_ids, int *statuses) {
+    struct ibv_wc wc[64];
+    if (max > 64) max = 64;
+    int n = ibv_poll_cq(ep->cq, max, wc);
+    for (int i = 0; i < n; i++) {
+        wr_ids[i] = wc[i].wr_id;
+        statuses[i] = wc[i].status;
+    }
+    return n;
+}
+
+const char *mcg_wc_status_str(int status) {
+    switch (status) {
+    case IBV_WC_SUCCESS: return "success";
+    case IBV_WC_LOC_PROT_ERR: return "local protection error";
+    case IBV_WC_WR_FLUSH_ERR: return "flushed (the QP is in error)";
+    case IBV_WC_REM_ACCESS_ERR: return "remote access error (rkey or bounds)";
+    case IBV_WC_RETRY_EXC_ERR: return "transport retries exceeded (peer unreachable)";
+    case IBV_WC_REM_OP_ERR: return "remote operation error";
+    default: return "error completion";
+    }
+}

@@ -1,0 +1,46 @@
+/* The verbs data path in C: queue pairs, work requests and completions live
+ * in C memory, and ibv_post_send / ibv_poll_cq (inline in verbs.h, through
+ * the context's ops) are called here, never from Go. */
+#ifndef MCGUARD_QP_SHIM_H
+#define MCGUARD_QP_SHIM_H
+#include <stdint.h>
+#include "verbs_shim.h"
+
+struct mcg_endpoint {
+    struct mcg_verbs *v;
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    struct ibv_cq *cq;
+    uint8_t port;
+    int gid_index;
+    union ibv_gid gid;
+    enum ibv_mtu mtu;
+};
+
+/* Opens device (NULL: the first with an active port). 0 or -1 with err. */
+int mcg_ep_open(struct mcg_verbs *v, const char *device, struct mcg_endpoint *ep, char *err, size_t errlen);
+void mcg_ep_close(struct mcg_endpoint *ep);
+struct ibv_mr *mcg_ep_reg(struct mcg_endpoint *ep, void *addr, size_t len);
+int mcg_ep_dereg(struct mcg_endpoint *ep, struct ibv_mr *mr);
+uint32_t mcg_mr_lkey(struct ibv_mr *mr);
+uint32_t mcg_mr_rkey(struct ibv_mr *mr);
+
+struct ibv_qp *mcg_qp_create(struct mcg_endpoint *ep, int depth);
+void mcg_qp_destroy(struct mcg_endpoint *ep, struct ibv_qp *qp);
+uint32_t mcg_qp_num(struct ibv_qp *qp);
+/* RESET -> INIT -> RTR -> RTS towards (remote_qpn, remote_gid). 0 or errno. */
+int mcg_qp_connect(struct mcg_endpoint *ep, struct ibv_qp *qp, uint32_t remote_qpn, const uint8_t *remote_gid,
+                   uint32_t psn, uint32_t remote_psn);
+int mcg_qp_reset(struct mcg_endpoint *ep, struct ibv_qp *qp);
+
+/* Posts n RDMA WRITEs as one chain; every signal_every-th and the last
+ * are signaled, with wr_id = wr_base + index. 0 or errno. */
+int mcg_post_writes(struct ibv_qp *qp, int n, const uint64_t *laddr, const uint32_t *lkey, const uint64_t *raddr,
+                    const uint32_t *rkey, const uint32_t *len, uint64_t wr_base, int signal_every);
+/* Posts one signaled RDMA READ. */
+int mcg_post_read(struct ibv_qp *qp, uint64_t laddr, uint32_t lkey, uint64_t raddr, uint32_t rkey, uint32_t len,
+                  uint64_t wr_id);
+/* Polls up to max completions: wr_ids and statuses (enum ibv_wc_status). */
+int mcg_poll(struct mcg_endpoint *ep, int max, uint64_t *wr_ids, int *statuses);
+const char *mcg_wc_status_str(int status);
+#endif
