@@ -13,6 +13,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/mcguard/mcguard/core/rdma"
 	"github.com/mcguard/mcguard/core/wire"
 )
 
@@ -34,6 +35,8 @@ type helloRequest struct {
 	// Sender names the sending session across reconnects, so the target
 	// can drop its older data connections (and their late bytes).
 	Sender []byte `json:"sender,omitempty"`
+	// RDMA is the sender's queue pair, when its transport is RDMA.
+	RDMA *rdma.QPInfo `json:"rdma,omitempty"`
 }
 
 // helloReply tells a sender where to send data and what it may write to,
@@ -46,6 +49,10 @@ type helloReply struct {
 	Token     []byte   `json:"token,omitempty"`     // unauthenticated guards: binds data connections to this handshake
 	MAC       []byte   `json:"mac,omitempty"`       // authenticated guards: their proof
 	Regions   []Region `json:"regions,omitempty"`
+	// RDMA answers a request's queue pair: the target's queue pair, and an
+	// rkey per region (0: not reachable over RDMA).
+	RDMA  *rdma.QPInfo `json:"rdma,omitempty"`
+	RKeys []uint32     `json:"rkeys,omitempty"`
 }
 
 // controlReply is the answer to a notice, or to a request that failed.
@@ -179,14 +186,14 @@ func request(ctx context.Context, sock *zmq.Socket, session, what string, body [
 // handshake asks the guard at session for its data endpoint, region table
 // and token, authenticating both ways when secret is set. The REQ socket
 // lives only for this call and this goroutine.
-func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration, secret, sender []byte) (helloReply, error) {
+func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration, secret, sender []byte, qp *rdma.QPInfo) (helloReply, error) {
 	sock, err := newReqSocket(zctx, session)
 	if err != nil {
 		return helloReply{}, err
 	}
 	defer sock.Close()
 	nonce := randomBytes(nonceSize)
-	rep, err := handshakeStep(ctx, sock, session, timeout, helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: nonce, Sender: sender})
+	rep, err := handshakeStep(ctx, sock, session, timeout, helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: nonce, Sender: sender, RDMA: qp})
 	if err != nil {
 		return helloReply{}, err
 	}
@@ -197,7 +204,7 @@ func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout t
 		return helloReply{}, fmt.Errorf("%w: session %q did not authenticate itself (it has no secret); refusing an unauthenticated peer", ErrSession, session)
 	case rep.Challenge != nil:
 		challenge := rep.Challenge
-		auth := helloRequest{Proto: ProtocolVersion, Op: "auth", Nonce: nonce, Challenge: challenge, MAC: mac(secret, labelClient, challenge, nonce), Sender: sender}
+		auth := helloRequest{Proto: ProtocolVersion, Op: "auth", Nonce: nonce, Challenge: challenge, MAC: mac(secret, labelClient, challenge, nonce), Sender: sender, RDMA: qp}
 		if rep, err = handshakeStep(ctx, sock, session, timeout, auth); err != nil {
 			return helloReply{}, err
 		}

@@ -46,6 +46,7 @@ type Guard struct {
 	auth         *authority
 	cudaState    string        // for stats: why device memory does or does not work
 	rdmaState    string        // for stats: what the RDMA probe found
+	rdma         *rdmaSide     // nil: the data path is TCP
 	nextTransfer atomic.Uint64 // starts at a random value: ids differ across senders
 	stats        counters
 }
@@ -120,13 +121,16 @@ func (g *Guard) chooseTransport() error {
 		return nil
 	}
 	ports, err := rdma.Probe(g.cfg.VerbsLibrary)
-	var why string
-	switch {
-	case err != nil:
-		why = err.Error()
-	default:
-		why = fmt.Sprintf("%d active RDMA port(s) (first %s port %d), but the RDMA data path is not in this build of mcguard", len(ports), ports[0].Device, ports[0].Port)
+	if err == nil {
+		side, oerr := openRDMA(g.cfg.VerbsLibrary, "")
+		if oerr == nil {
+			g.rdma = side
+			g.rdmaState = fmt.Sprintf("rdma on %s port %d", ports[0].Device, ports[0].Port)
+			return nil
+		}
+		err = oerr
 	}
+	why := err.Error()
 	g.rdmaState = why
 	if g.cfg.Transport == "rdma" || g.cfg.RequireRDMA {
 		return fmt.Errorf("%w: transport rdma was required, and it is not usable: %s", ErrConfig, why)
@@ -137,6 +141,13 @@ func (g *Guard) chooseTransport() error {
 }
 
 var autoFallbackLogged sync.Once
+
+func (g *Guard) transportName() string {
+	if g.rdma != nil {
+		return "rdma"
+	}
+	return "tcp"
+}
 
 // Endpoint is the "host:port" peers use as this guard's session name.
 func (g *Guard) Endpoint() string { return g.control.endpoint }
@@ -173,6 +184,9 @@ func (g *Guard) Close() error {
 	g.zctx.Term() // returns once the control socket is closed
 	g.control.wait()
 	g.target.close()
+	if g.rdma != nil {
+		g.rdma.close()
+	}
 	return nil
 }
 
@@ -199,6 +213,16 @@ func (g *Guard) Register(addr, n uint64) error {
 		}
 		mem = first
 	}
+	if g.rdma != nil && !mem.Device {
+		if err := g.rdma.register(addr, n); err != nil {
+			return err
+		}
+		if err := g.regions.add(addr, n, mem); err != nil {
+			g.rdma.unregister(addr)
+			return err
+		}
+		return nil
+	}
 	return g.regions.add(addr, n, mem)
 }
 
@@ -221,7 +245,13 @@ func (g *Guard) Unregister(addr uint64) error {
 		return err
 	}
 	defer g.inflight.Done()
-	return g.regions.Remove(addr)
+	if err := g.regions.Remove(addr); err != nil {
+		return err
+	}
+	if g.rdma != nil {
+		g.rdma.unregister(addr)
+	}
+	return nil
 }
 
 // TransferOptions adjusts one call.
@@ -294,7 +324,7 @@ func (g *Guard) checkBatch(name string, descs []verify.Desc) (uint64, error) {
 func (g *Guard) lockSession(name string, descs []verify.Desc) (*session, error) {
 	s := g.session(name)
 	s.mu.Lock()
-	err := s.connect(g.ctx, g.zctx, &g.cfg)
+	err := s.connect(g.ctx, g.zctx, &g.cfg, g.rdma)
 	if err == nil {
 		if i := s.checkDst(descs); i >= 0 {
 			if err = s.refresh(g.ctx, g.zctx, &g.cfg); err == nil {
@@ -512,6 +542,18 @@ func (g *Guard) answerHandshake(body []byte) helloReply {
 		return refuse("unexpected control op %q", req.Op)
 	}
 	rep.Regions = g.regions.Snapshot()
+	if g.rdma != nil {
+		if req.RDMA != nil {
+			info, err := g.rdma.accept(string(req.Sender), *req.RDMA)
+			if err != nil {
+				return refuse("cannot connect a queue pair to the peer's: %v", err)
+			}
+			rep.RDMA = &info
+		}
+		rep.RKeys = g.rdma.rkeys(rep.Regions)
+	} else if req.RDMA != nil {
+		return refuse("this guard's transport is tcp, not rdma")
+	}
 	return rep
 }
 
@@ -768,7 +810,7 @@ func (g *Guard) Stats() ([]byte, error) {
 		"data_endpoint":    g.target.addr(),
 		"verify":           g.cfg.Verify.Mode,
 		"inject":           g.cfg.Inject.Mode,
-		"transport":        "tcp",
+		"transport":        g.transportName(),
 		"max_batch":        g.cfg.MaxBatch,
 		"sessions":         nsessions,
 		"regions":          len(g.regions.Snapshot()),

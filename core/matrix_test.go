@@ -151,7 +151,7 @@ func TestMalformedNoticesAreRefused(t *testing.T) {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	hello, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, nil)
+	hello, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, nil, nil)
 	require.NoError(t, err)
 	good := wire.Notice{Token: hello.Token, ID: 7, Mode: 4, Total: 1, Descs: []wire.NoticeDesc{{Dst: m.addr(0), Len: 64, Digest: 1}}}
 	forged := good

@@ -178,7 +178,7 @@ func TestHostilePeers(t *testing.T) {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, nil)
+	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, nil, nil)
 	require.NoError(t, err)
 	helloFrame := frame(wire.Header{Op: wire.OpHello, ID: 1, Len: wire.TokenSize}, hello.Token)
 	base := hostileMem.addr()
@@ -298,7 +298,7 @@ func TestSlowlorisIsCutAtTheDeadline(t *testing.T) {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, nil)
+	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, nil, nil)
 	require.NoError(t, err)
 	for name, stall := range map[string][]byte{
 		"before hello":     nil,
@@ -350,7 +350,7 @@ func TestReconnectDropsTheOlderConnection(t *testing.T) {
 	defer zctx.Term()
 	sender := randomBytes(nonceSize)
 	dial := func() net.Conn {
-		hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, sender)
+		hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, sender, nil)
 		require.NoError(t, err)
 		c, err := net.Dial("tcp", recv.target.addr())
 		require.NoError(t, err)

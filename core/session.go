@@ -35,11 +35,29 @@ func validSessionName(name string) error {
 }
 
 // connect makes sure the session has a handshake and a data connection.
-func (s *session) connect(ctx context.Context, zctx *zmq.Context, cfg *Config) error {
+func (s *session) connect(ctx context.Context, zctx *zmq.Context, cfg *Config, side *rdmaSide) error {
 	if s.conn != nil {
 		return nil
 	}
-	rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout, cfg.Secret, s.sender)
+	if side != nil { // RDMA: our queue pair goes in the handshake, the target's comes back
+		qp, err := dialRDMA(side)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrPeer, err)
+		}
+		info := qp.Info()
+		rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout, cfg.Secret, s.sender, &info)
+		if err != nil {
+			qp.Destroy()
+			return err
+		}
+		conn, err := connectRDMA(side, qp, rep, cfg.Timeout)
+		if err != nil {
+			return err
+		}
+		s.hello, s.conn = rep, conn
+		return nil
+	}
+	rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout, cfg.Secret, s.sender, nil)
 	if err != nil {
 		return err
 	}
@@ -54,11 +72,14 @@ func (s *session) connect(ctx context.Context, zctx *zmq.Context, cfg *Config) e
 // refresh fetches the region table again, for a destination that the last
 // handshake did not list (the receiver may have registered more since).
 func (s *session) refresh(ctx context.Context, zctx *zmq.Context, cfg *Config) error {
-	rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout, cfg.Secret, s.sender)
+	rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout, cfg.Secret, s.sender, nil)
 	if err != nil {
 		return err
 	}
 	s.hello.Regions = rep.Regions
+	if c, ok := s.conn.(*rdmaConn); ok {
+		c.regions, c.rkeys = rep.Regions, rep.RKeys
+	}
 	return nil
 }
 

@@ -1,0 +1,105 @@
+package core
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/verify"
+)
+
+var (
+	nicModelOnce sync.Once
+	nicModelPath string
+	nicModelErr  error
+)
+
+// rdmaKey builds the software NIC once and returns the config keys that
+// put a guard's data path on it.
+func rdmaKey(t *testing.T) string {
+	t.Helper()
+	nicModelOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "mcguard-nicmodel")
+		if err != nil {
+			nicModelErr = err
+			return
+		}
+		nicModelPath = filepath.Join(dir, "libnicmodel.so")
+		out, err := exec.Command("cc", "-shared", "-fPIC", "-O2", "-o", nicModelPath, "../tests/nicmodel/nicmodel.c", "-lpthread").CombinedOutput()
+		if err != nil {
+			nicModelErr = fmt.Errorf("%v: %s", err, out)
+		}
+	})
+	require.NoError(t, nicModelErr)
+	return fmt.Sprintf(`"transport": "rdma", "verbs_library": %q`, nicModelPath)
+}
+
+func TestRDMATransportOnTheModelInEveryMode(t *testing.T) {
+	key := rdmaKey(t)
+	p := newPair(t, "{"+key+"}", "{"+key+"}", 600*4096)
+	require.Equal(t, "rdma", stats(t, p.send)["transport"])
+	for _, mode := range verify.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			fill(p.src.b)
+			descs := p.blocks(600, 4096) // two chunks, several queue depths
+			res, err := p.send.Transfer(p.recv.Endpoint(), descs, TransferOptions{Verify: &mode})
+			require.NoError(t, err)
+			if mode == verify.Digest {
+				require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0))
+			}
+			if mode != verify.Off {
+				require.True(t, bytes.Equal(p.src.b, p.dst.b))
+			}
+		})
+	}
+}
+
+func TestRDMALagIsCaughtByTheFencedReadBack(t *testing.T) {
+	key := rdmaKey(t)
+	t.Setenv("MCG_NIC_LAG_US", "50000")
+	const n, size = 32, 4096
+	p := newPair(t, "{"+key+`, "verify": "off"}`, "{"+key+"}", n*size)
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{})
+	require.NoError(t, err, "off trusts the WRITE completions")
+	require.False(t, bytes.Equal(p.src.b, p.dst.b), "a completed WRITE is not yet a visible one")
+	fill(p.src.b)
+	res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{Verify: ptr(verify.Tail)})
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(p.src.b, p.dst.b), "the READ on the same QP flushed every earlier write")
+	require.Zero(t, res.Retries)
+}
+
+func TestRDMAErrorCompletionFailsTheTransferThenReconnects(t *testing.T) {
+	key := rdmaKey(t)
+	t.Setenv("MCG_NIC_FAIL_WR", "1") // the model fails the first WRITE after the guards open
+	p := newPair(t, "{"+key+"}", "{"+key+"}", 8192)
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(2, 4096), TransferOptions{})
+	require.ErrorIs(t, err, ErrPeer, "an error completion is a failed transfer, never a success")
+	require.Contains(t, err.Error(), "remote access error")
+	_, err = p.send.Transfer(p.recv.Endpoint(), p.blocks(2, 4096), TransferOptions{})
+	require.NoError(t, err, "the next transfer gets a new queue pair")
+	require.True(t, bytes.Equal(p.src.b, p.dst.b))
+}
+
+func TestRDMAAndTCPGuardsTogether(t *testing.T) {
+	key := rdmaKey(t)
+	p := newPair(t, "", "{"+key+"}", 4096)
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(1, 4096), TransferOptions{})
+	require.NoError(t, err, "an RDMA guard still serves TCP peers through its TCP target")
+	require.True(t, bytes.Equal(p.src.b, p.dst.b))
+	q := newPair(t, "{"+key+"}", "", 4096)
+	_, err = q.send.Transfer(q.recv.Endpoint(), q.blocks(1, 64), TransferOptions{})
+	require.ErrorIs(t, err, ErrSession)
+	require.Contains(t, err.Error(), "this guard's transport is tcp, not rdma")
+	_, err = Open(testConfig(t, `{"transport": "rdma", "verbs_library": "/nonexistent/libibverbs.so.1"}`))
+	require.ErrorIs(t, err, ErrConfig)
+}

@@ -1,0 +1,213 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/mcguard/mcguard/core/rdma"
+	"github.com/mcguard/mcguard/core/wire"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// rdmaSide is a guard's RDMA state, when its transport is RDMA: the
+// endpoint, a memory region per registered host region, and on the target
+// side one queue pair per sender.
+type rdmaSide struct {
+	ep    *rdma.Endpoint
+	mu    sync.Mutex
+	mrs   map[uint64]*rdma.MR // by region start
+	peers map[string]*rdma.QP // by sender id
+}
+
+func openRDMA(path, device string) (*rdmaSide, error) {
+	v, err := rdma.Load(path)
+	if err != nil {
+		return nil, err
+	}
+	ep, err := v.Open(device)
+	if err != nil {
+		return nil, err
+	}
+	return &rdmaSide{ep: ep, mrs: map[uint64]*rdma.MR{}, peers: map[string]*rdma.QP{}}, nil
+}
+
+func (r *rdmaSide) register(addr, n uint64) error {
+	mr, err := r.ep.Register(addr, n)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArg, err)
+	}
+	r.mu.Lock()
+	r.mrs[addr] = mr
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *rdmaSide) unregister(addr uint64) {
+	r.mu.Lock()
+	mr := r.mrs[addr]
+	delete(r.mrs, addr)
+	r.mu.Unlock()
+	if mr != nil {
+		r.ep.Deregister(mr)
+	}
+}
+
+// rkeys returns the rkey of each region (0: not reachable over RDMA).
+func (r *rdmaSide) rkeys(regions []Region) []uint32 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]uint32, len(regions))
+	for i, rg := range regions {
+		if mr := r.mrs[rg.Addr]; mr != nil {
+			out[i] = mr.RKey
+		}
+	}
+	return out
+}
+
+// accept connects a queue pair of ours to a sender's, replacing the one
+// an earlier handshake of the same sender made.
+func (r *rdmaSide) accept(sender string, remote rdma.QPInfo) (rdma.QPInfo, error) {
+	qp, err := r.ep.NewQP(256)
+	if err != nil {
+		return rdma.QPInfo{}, err
+	}
+	if err := qp.Connect(remote); err != nil {
+		qp.Destroy()
+		return rdma.QPInfo{}, err
+	}
+	r.mu.Lock()
+	if old := r.peers[sender]; old != nil {
+		old.Destroy()
+	}
+	r.peers[sender] = qp
+	r.mu.Unlock()
+	return qp.Info(), nil
+}
+
+func (r *rdmaSide) close() {
+	r.mu.Lock()
+	for id, qp := range r.peers {
+		qp.Destroy()
+		delete(r.peers, id)
+	}
+	for addr, mr := range r.mrs {
+		r.ep.Deregister(mr)
+		delete(r.mrs, addr)
+	}
+	r.mu.Unlock()
+	r.ep.Close()
+}
+
+// bounceSize is the registered buffer read-backs land in.
+const bounceSize = wire.WriteSlice
+
+// rdmaConn is a session's data path over one RC queue pair: WRITEs for
+// the data, and READs on the same queue pair for the fence and the
+// read-backs (a READ returns only after the QP's earlier writes are
+// visible at the target).
+type rdmaConn struct {
+	side    *rdmaSide
+	qp      *rdma.QP
+	regions []Region
+	rkeys   []uint32
+	bounce  []byte
+	mr      *rdma.MR
+	timeout time.Duration
+}
+
+// dialRDMA makes a queue pair for a session; connectRDMA finishes it with
+// the target's answer.
+func dialRDMA(side *rdmaSide) (*rdma.QP, error) { return side.ep.NewQP(256) }
+
+func connectRDMA(side *rdmaSide, qp *rdma.QP, rep helloReply, timeout time.Duration) (*rdmaConn, error) {
+	if rep.RDMA == nil || len(rep.RKeys) != len(rep.Regions) {
+		qp.Destroy()
+		return nil, fmt.Errorf("%w: the session answered without RDMA parameters (its transport is not RDMA)", ErrSession)
+	}
+	if err := qp.Connect(*rep.RDMA); err != nil {
+		qp.Destroy()
+		return nil, fmt.Errorf("%w: %v", ErrPeer, err)
+	}
+	b, err := syscall.Mmap(-1, 0, bounceSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		qp.Destroy()
+		return nil, fmt.Errorf("%w: bounce buffer: %v", ErrPeer, err)
+	}
+	mr, err := side.ep.Register(uint64(uintptr(unsafe.Pointer(&b[0]))), bounceSize)
+	if err != nil {
+		syscall.Munmap(b)
+		qp.Destroy()
+		return nil, fmt.Errorf("%w: %v", ErrPeer, err)
+	}
+	return &rdmaConn{side: side, qp: qp, regions: rep.Regions, rkeys: rep.RKeys, bounce: b, mr: mr, timeout: timeout}, nil
+}
+
+func (c *rdmaConn) close() {
+	c.qp.Destroy()
+	c.side.ep.Deregister(c.mr)
+	syscall.Munmap(c.bounce)
+}
+
+func (c *rdmaConn) rkey(addr, n uint64) (uint32, error) {
+	for i, r := range c.regions {
+		if r.contains(addr, n) && c.rkeys[i] != 0 {
+			return c.rkeys[i], nil
+		}
+	}
+	return 0, fmt.Errorf("%w: [%#x, +%d) has no rkey at the target", ErrNotRegistered, addr, n)
+}
+
+func rdmaErr(err error) error { return fmt.Errorf("%w: %v", ErrPeer, err) }
+
+func (c *rdmaConn) write(_ context.Context, descs []verify.Desc, base int, local *Regions) error {
+	var ws []rdma.Write
+	for i, d := range descs {
+		if m, err := local.Memory(d.Src, d.Len); err != nil || m.Device {
+			return fmt.Errorf("%w: descriptor %d: GPU memory over RDMA needs dmabuf registration, not in this build", ErrDevice, base+i)
+		}
+		for off := uint64(0); off < d.Len; off += wire.WriteSlice {
+			n := min(wire.WriteSlice, d.Len-off)
+			key, err := c.rkey(d.Dst+off, n)
+			if err != nil {
+				return fmt.Errorf("descriptor %d: %w", base+i, err)
+			}
+			ws = append(ws, rdma.Write{Addr: d.Src + off, RemoteAddr: d.Dst + off, Len: n, RKey: key})
+		}
+	}
+	if err := c.qp.Writes(ws, c.timeout); err != nil {
+		return rdmaErr(err)
+	}
+	return nil
+}
+
+func (c *rdmaConn) fence(ctx context.Context) error {
+	if len(c.regions) == 0 {
+		return nil
+	}
+	return c.read(ctx, []verify.Range{{Addr: c.regions[0].Addr, Len: 1}}, make([]byte, 1), true)
+}
+
+// read reads each range through the bounce buffer, on the queue pair that
+// carried the writes, so it is fenced by construction.
+func (c *rdmaConn) read(_ context.Context, ranges []verify.Range, out []byte, _ bool) error {
+	off := 0
+	for _, r := range ranges {
+		for done := uint64(0); done < r.Len; done += bounceSize {
+			n := min(bounceSize, r.Len-done)
+			key, err := c.rkey(r.Addr+done, n)
+			if err != nil {
+				return err
+			}
+			if err := c.qp.Read(c.mr.Addr, r.Addr+done, key, n, c.timeout); err != nil {
+				return rdmaErr(err)
+			}
+			off += copy(out[off:], c.bounce[:n])
+		}
+	}
+	return nil
+}
