@@ -7,6 +7,7 @@ GO       ?= go
 PREFIX   ?= /usr/local
 LIB      := build/libmcguard.so
 CUDA_MODEL := build/libcudamodel.so
+NIC_MODEL  := build/libnicmodel.so
 APT_PKGS := pkg-config libzmq3-dev libibverbs-dev cmake g++ make libgtest-dev
 GO_SRC   := $(shell find core verify export -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) include/mcguard.h go.mod go.sum
 CTEST_DIR := build/cmake
@@ -43,8 +44,11 @@ deps-python:
 	@$(PYTHON) -c "import pytest" 2>/dev/null || $(PYTHON) -m pip install -q pytest
 
 ## build: build/libmcguard.so and its cgo-generated header build/libmcguard.h,
-## and the software model of the CUDA driver the tests use
-build: $(LIB) $(CUDA_MODEL)
+## and the software models of the CUDA driver and of an RDMA NIC the tests use
+build: $(LIB) $(CUDA_MODEL) $(NIC_MODEL)
+
+$(NIC_MODEL): tests/nicmodel/nicmodel.c | deps-system
+	cc -shared -fPIC -O2 -Wall -o $@ $< -lpthread
 
 $(CUDA_MODEL): tests/cudamodel/cudamodel.c
 	cc -shared -fPIC -O2 -Wall -o $@ $< -lpthread
@@ -70,7 +74,7 @@ test-c: $(LIB)
 	cmake --build $(CTEST_DIR)
 	cd $(CTEST_DIR) && ctest --output-on-failure
 
-test-python: $(LIB) $(CUDA_MODEL) deps-python
+test-python: $(LIB) $(CUDA_MODEL) $(NIC_MODEL) deps-python
 	MCGUARD_CUDA_MODEL=$(CURDIR)/$(CUDA_MODEL) $(PYTHON) -m pytest -q -rs python/tests
 
 ## demo: the PD stress on loopback with injected lag, verify=off beside verify=tail

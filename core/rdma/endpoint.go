@@ -18,11 +18,11 @@ import (
 // ErrCompletion marks a work request that completed in error.
 var ErrCompletion = errors.New("RDMA work request failed")
 
-// Endpoint is an opened device port with a protection domain and one
-// completion queue, shared by its queue pairs.
+// Endpoint is an opened device port with a protection domain; each of its
+// queue pairs has a completion queue of its own.
 type Endpoint struct {
 	ep  *C.struct_mcg_endpoint
-	mu  sync.Mutex // serialises polling: completions go to whoever waits for them
+	mu  sync.Mutex // guards mrs
 	mrs map[uint64]*MR
 }
 
@@ -144,16 +144,14 @@ func (q *QP) Reconnect() error {
 	if r := C.mcg_qp_reset(q.e.ep, q.qp); r != 0 {
 		return fmt.Errorf("resetting the queue pair: %v", syscall.Errno(r))
 	}
-	q.e.drain()
+	q.drain()
 	return q.Connect(q.remote)
 }
 
-func (e *Endpoint) drain() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+func (q *QP) drain() {
 	var ids [64]C.uint64_t
 	var sts [64]C.int
-	for C.mcg_poll(e.ep, 64, &ids[0], &sts[0]) > 0 {
+	for C.mcg_poll(q.qp, 64, &ids[0], &sts[0]) > 0 {
 	}
 }
 
@@ -198,7 +196,7 @@ func (q *QP) Writes(ws []Write, timeout time.Duration) error {
 			(*C.uint32_t)(&rk[start]), (*C.uint32_t)(&ln[start]), C.uint64_t(base), C.int(every)); r != 0 {
 			return fmt.Errorf("%w: ibv_post_send: %v", ErrCompletion, syscall.Errno(r))
 		}
-		if err := q.e.wait(signaled, timeout); err != nil {
+		if err := q.wait(signaled, timeout); err != nil {
 			return err
 		}
 	}
@@ -217,18 +215,18 @@ func (q *QP) Read(addr, remote uint64, rkey uint32, n uint64, timeout time.Durat
 	if r := C.mcg_post_read(q.qp, C.uint64_t(addr), C.uint32_t(key), C.uint64_t(remote), C.uint32_t(rkey), C.uint32_t(n), C.uint64_t(id)); r != 0 {
 		return fmt.Errorf("%w: ibv_post_send: %v", ErrCompletion, syscall.Errno(r))
 	}
-	return q.e.wait(1, timeout)
+	return q.wait(1, timeout)
 }
 
-// wait polls until n completions arrived (an error completion ends it).
-func (e *Endpoint) wait(n int, timeout time.Duration) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+// wait polls the queue pair's completion queue until n completions
+// arrived (an error completion ends it). A queue pair is used by one
+// goroutine at a time (its session's lock).
+func (q *QP) wait(n int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var ids [64]C.uint64_t
 	var sts [64]C.int
 	for got := 0; got < n; {
-		k := int(C.mcg_poll(e.ep, 64, &ids[0], &sts[0]))
+		k := int(C.mcg_poll(q.qp, 64, &ids[0], &sts[0]))
 		for i := 0; i < k; i++ {
 			if sts[i] != C.IBV_WC_SUCCESS {
 				return fmt.Errorf("%w: work request %d: %s", ErrCompletion, uint64(ids[i]), C.GoString(C.mcg_wc_status_str(sts[i])))

@@ -39,8 +39,7 @@ int mcg_ep_open(struct mcg_verbs *v, const char *device, struct mcg_endpoint *ep
         return -1;
     }
     /* GID index 0; a RoCE v2 deployment names its index (config, later). */
-    if (v->query_gid(ep->ctx, ep->port, ep->gid_index, &ep->gid) != 0 || !(ep->pd = v->alloc_pd(ep->ctx)) ||
-        !(ep->cq = v->create_cq(ep->ctx, 4096, NULL, NULL, 0))) {
+    if (v->query_gid(ep->ctx, ep->port, ep->gid_index, &ep->gid) != 0 || !(ep->pd = v->alloc_pd(ep->ctx))) {
         snprintf(err, errlen, "setting up the device: %s", strerror(errno));
         mcg_ep_close(ep);
         return -1;
@@ -49,10 +48,8 @@ int mcg_ep_open(struct mcg_verbs *v, const char *device, struct mcg_endpoint *ep
 }
 
 void mcg_ep_close(struct mcg_endpoint *ep) {
-    if (ep->cq) ep->v->destroy_cq(ep->cq);
     if (ep->pd) ep->v->dealloc_pd(ep->pd);
     if (ep->ctx) ep->v->close_device(ep->ctx);
-    ep->cq = NULL;
     ep->pd = NULL;
     ep->ctx = NULL;
 }
@@ -66,19 +63,27 @@ uint32_t mcg_mr_lkey(struct ibv_mr *mr) { return mr->lkey; }
 uint32_t mcg_mr_rkey(struct ibv_mr *mr) { return mr->rkey; }
 
 struct ibv_qp *mcg_qp_create(struct mcg_endpoint *ep, int depth) {
+    struct ibv_cq *cq = ep->v->create_cq(ep->ctx, 2 * depth + 16, NULL, NULL, 0);
+    if (!cq) return NULL;
     struct ibv_qp_init_attr a;
     memset(&a, 0, sizeof a);
-    a.send_cq = ep->cq;
-    a.recv_cq = ep->cq;
+    a.send_cq = cq;
+    a.recv_cq = cq;
     a.qp_type = IBV_QPT_RC;
     a.cap.max_send_wr = (uint32_t)depth;
     a.cap.max_recv_wr = 1;
     a.cap.max_send_sge = 1;
     a.cap.max_recv_sge = 1;
-    return ep->v->create_qp(ep->pd, &a);
+    struct ibv_qp *qp = ep->v->create_qp(ep->pd, &a);
+    if (!qp) ep->v->destroy_cq(cq);
+    return qp;
 }
 
-void mcg_qp_destroy(struct mcg_endpoint *ep, struct ibv_qp *qp) { ep->v->destroy_qp(qp); }
+void mcg_qp_destroy(struct mcg_endpoint *ep, struct ibv_qp *qp) {
+    struct ibv_cq *cq = qp->send_cq;
+    ep->v->destroy_qp(qp);
+    ep->v->destroy_cq(cq);
+}
 uint32_t mcg_qp_num(struct ibv_qp *qp) { return qp->qp_num; }
 
 int mcg_qp_connect(struct mcg_endpoint *ep, struct ibv_qp *qp, uint32_t remote_qpn, const uint8_t *remote_gid,
@@ -169,10 +174,10 @@ int mcg_post_read(struct ibv_qp *qp, uint64_t laddr, uint32_t lkey, uint64_t rad
     return ibv_post_send(qp, &wr, &bad);
 }
 
-int mcg_poll(struct mcg_endpoint *ep, int max, uint64_t *wr_ids, int *statuses) {
+int mcg_poll(struct ibv_qp *qp, int max, uint64_t *wr_ids, int *statuses) {
     struct ibv_wc wc[64];
     if (max > 64) max = 64;
-    int n = ibv_poll_cq(ep->cq, max, wc);
+    int n = ibv_poll_cq(qp->send_cq, max, wc);
     for (int i = 0; i < n; i++) {
         wr_ids[i] = wc[i].wr_id;
         statuses[i] = wc[i].status;

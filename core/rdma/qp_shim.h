@@ -10,7 +10,6 @@ struct mcg_endpoint {
     struct mcg_verbs *v;
     struct ibv_context *ctx;
     struct ibv_pd *pd;
-    struct ibv_cq *cq;
     uint8_t port;
     int gid_index;
     union ibv_gid gid;
@@ -25,6 +24,8 @@ int mcg_ep_dereg(struct mcg_endpoint *ep, struct ibv_mr *mr);
 uint32_t mcg_mr_lkey(struct ibv_mr *mr);
 uint32_t mcg_mr_rkey(struct ibv_mr *mr);
 
+/* A queue pair with a completion queue of its own, so that waits on two
+ * queue pairs never take each other's completions. */
 struct ibv_qp *mcg_qp_create(struct mcg_endpoint *ep, int depth);
 void mcg_qp_destroy(struct mcg_endpoint *ep, struct ibv_qp *qp);
 uint32_t mcg_qp_num(struct ibv_qp *qp);
@@ -40,7 +41,7 @@ int mcg_post_writes(struct ibv_qp *qp, int n, const uint64_t *laddr, const uint3
 /* Posts one signaled RDMA READ. */
 int mcg_post_read(struct ibv_qp *qp, uint64_t laddr, uint32_t lkey, uint64_t raddr, uint32_t rkey, uint32_t len,
                   uint64_t wr_id);
-/* Polls up to max completions: wr_ids and statuses (enum ibv_wc_status). */
-int mcg_poll(struct mcg_endpoint *ep, int max, uint64_t *wr_ids, int *statuses);
+/* Polls up to max completions of qp: wr_ids and statuses (enum ibv_wc_status). */
+int mcg_poll(struct ibv_qp *qp, int max, uint64_t *wr_ids, int *statuses);
 const char *mcg_wc_status_str(int status);
 #endif

@@ -57,8 +57,10 @@ def parse_args(argv=None):
     p.add_argument("--on-mismatch", choices=["fail", "resend"], default=None,
                    help="what the sender does when read-back never matches (default fail; resend with --matrix)")
     p.add_argument("--matrix", action="store_true", help="run every (inject, verify) pair")
-    p.add_argument("--transport", choices=["tcp", "rdma", "auto"], default="tcp",
-                   help="rdma fails with the reason where there is no usable RDMA device")
+    p.add_argument("--transport", choices=["tcp", "rdma", "auto", "rdma-model"], default="tcp",
+                   help="rdma fails with the reason where there is no usable RDMA device; rdma-model runs "
+                        "the RDMA transport on the software NIC (tests/nicmodel), where --inject lag "
+                        "delays the visibility of completed WRITEs")
     p.add_argument("--sessions", type=int, default=2, help="decode processes, one session each")
     p.add_argument("--threads", type=int, default=4, help="prefill threads")
     p.add_argument("--blocks", type=int, default=256, help="KV blocks per session")
@@ -76,6 +78,8 @@ def parse_args(argv=None):
     if a.blocks < a.threads * a.batch:
         p.error("--blocks (%d) must be at least --threads x --batch (%d) so threads own disjoint blocks"
                 % (a.blocks, a.threads * a.batch))
+    if a.transport == "rdma-model" and a.inject not in ("none", "lag"):
+        p.error("--transport rdma-model injects only lag (the NIC model's delayed visibility)")
     if a.seconds is None:
         a.seconds = 2.0 if a.matrix else 5.0
     # The matrix repairs what read-back finds, so its cells show successes
@@ -92,6 +96,29 @@ def parse_args(argv=None):
     if not 0 <= a.zero_tail <= a.block_bytes - 16:
         p.error("--zero-tail must be in [0, block-bytes - 16]")
     return a
+
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def nic_model_path():
+    """The software NIC library: MCGUARD_NIC_MODEL, else build/libnicmodel.so,
+    built with cc from tests/nicmodel if it is missing."""
+    path = os.environ.get("MCGUARD_NIC_MODEL") or os.path.join(REPO, "build", "libnicmodel.so")
+    if not os.path.exists(path):
+        import subprocess
+        import tempfile
+        path = os.path.join(tempfile.mkdtemp(), "libnicmodel.so")
+        subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", path, os.path.join(REPO, "tests", "nicmodel", "nicmodel.c"),
+                        "-lpthread"], check=True)
+    return os.path.abspath(path)
+
+
+def transport_config(args):
+    """The guard settings that select args.transport."""
+    if args.transport == "rdma-model":
+        return {"transport": "rdma", "verbs_library": args.nic_model}
+    return {"transport": args.transport}
 
 
 def block_hash(view):
@@ -128,8 +155,9 @@ class BlockFiller:
 
 def decode_main(parent, index, args):
     try:
-        guard = Guard(listen="127.0.0.1:0", inject=args.inject, inject_lag_max_ms=args.lag_max_ms,
-                      inject_rate=args.inject_rate, inject_seed=args.seed * 101 + index, transport=args.transport)
+        tcp_inject = "none" if args.transport == "rdma-model" else args.inject  # the NIC model lags instead
+        guard = Guard(dict(listen="127.0.0.1:0", inject=tcp_inject, inject_lag_max_ms=args.lag_max_ms,
+                           inject_rate=args.inject_rate, inject_seed=args.seed * 101 + index, **transport_config(args)))
     except MCGuardError as e:
         parent.send({"error": str(e)})
         return
@@ -205,7 +233,7 @@ class Counters:
 
 
 def prefill_main(parent, sessions, args):
-    cfg = {"verify": args.verify, "on_mismatch": args.on_mismatch, "transport": args.transport}
+    cfg = dict(verify=args.verify, on_mismatch=args.on_mismatch, **transport_config(args))
     if args.max_retries is not None:
         cfg["max_retries"] = args.max_retries
     try:
@@ -291,6 +319,10 @@ def prefill_main(parent, sessions, args):
 
 def run(args):
     """Run one stress and return its result dict."""
+    if args.transport == "rdma-model":
+        args.nic_model = nic_model_path()
+        # The model reads its knobs in each process when the guard opens.
+        os.environ["MCG_NIC_LAG_US"] = str(int(args.lag_max_ms * 1000)) if args.inject == "lag" else "0"
     ctx = mp.get_context("spawn")  # never fork: a forked child cannot use the library
     decoders, pipes = [], []
     try:

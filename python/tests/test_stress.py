@@ -62,3 +62,13 @@ def test_transport_rdma_without_a_device_fails_with_the_reason():
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120, cwd=PKG_DIR)
     assert p.returncode != 0
     assert "transport rdma was required, and it is not usable" in p.stderr
+
+
+def test_rdma_model_off_under_lag_shows_mismatches_and_tail_none():
+    """The RDMA transport on the software NIC, decode and prefill in separate
+    processes: a completed WRITE is not yet visible, and the READ-fenced
+    read-back closes that."""
+    rc, off, _ = stress("--transport", "rdma-model", "--verify", "off", "--inject", "lag")
+    assert off["transport"] == "rdma-model" and off["mismatches"] > 0 and rc == 1
+    rc, tail, _ = stress("--transport", "rdma-model", "--verify", "tail", "--inject", "lag")
+    assert rc == 0 and tail["ok"] == 24 and tail["failed"] == 0 and tail["mismatches"] == 0
