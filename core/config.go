@@ -44,6 +44,8 @@ type Config struct {
 	Transport    string
 	RequireRDMA  bool
 	VerbsLibrary string
+	RDMADevice   string // empty: the first device with an active port
+	RDMAGIDIndex int    // -1: the first RoCE v2 GID
 	Verify       verify.Config
 	Inject       FaultConfig
 }
@@ -66,6 +68,7 @@ func DefaultConfig() Config {
 		Notify:         "auto",
 		CUDA:           "auto",
 		Transport:      "auto",
+		RDMAGIDIndex:   -1,
 		SyncTimeout:    5 * time.Second,
 		Verify:         verify.Defaults(),
 		Inject:         FaultConfig{Mode: FaultNone, Rate: 0.1, LagMax: 20 * time.Millisecond},
@@ -94,6 +97,8 @@ func LoadConfig(getenv verify.Getenv, configJSON string) (Config, error) {
 	l.Choice("transport", []string{"MC_GUARD_TRANSPORT"}, &c.Transport, []string{"tcp", "rdma", "auto"}, nil)
 	l.Bool("require_rdma", []string{"MC_GUARD_REQUIRE_RDMA"}, &c.RequireRDMA)
 	l.String("verbs_library", []string{"MC_GUARD_VERBS_LIBRARY"}, &c.VerbsLibrary)
+	l.String("rdma_device", []string{"MC_GUARD_RDMA_DEVICE"}, &c.RDMADevice)
+	l.Int("rdma_gid_index", []string{"MC_GUARD_RDMA_GID_INDEX"}, &c.RDMAGIDIndex, -1, 255)
 	c.Verify = verify.Load(l)
 	l.Choice("inject", []string{"MC_GUARD_INJECT"}, &c.Inject.Mode, FaultModes, map[string]string{"": "none", "off": "none"})
 	l.Float("inject_rate", []string{"MC_GUARD_INJECT_RATE"}, &c.Inject.Rate, 0, 1)

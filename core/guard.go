@@ -122,7 +122,7 @@ func (g *Guard) chooseTransport() error {
 	}
 	ports, err := rdma.Probe(g.cfg.VerbsLibrary)
 	if err == nil {
-		side, oerr := openRDMA(g.cfg.VerbsLibrary, "")
+		side, oerr := openRDMA(g.cfg.VerbsLibrary, g.cfg.RDMADevice, g.cfg.RDMAGIDIndex)
 		if oerr == nil {
 			g.rdma = side
 			g.rdmaState = fmt.Sprintf("rdma on %s port %d", ports[0].Device, ports[0].Port)

@@ -23,12 +23,13 @@ type rdmaSide struct {
 	peers map[string]*rdma.QP // by sender id
 }
 
-func openRDMA(path, device string) (*rdmaSide, error) {
+func openRDMA(path, device string, gidIndex int) (*rdmaSide, error) {
 	v, err := rdma.Load(path)
 	if err != nil {
 		return nil, err
 	}
-	ep, err := v.Open(device)
+	v.ForkInit()
+	ep, err := v.Open(device, gidIndex)
 	if err != nil {
 		return nil, err
 	}

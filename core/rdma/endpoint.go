@@ -33,8 +33,9 @@ type MR struct {
 	mr         *C.struct_ibv_mr
 }
 
-// Open opens device (empty: the first with an active port).
-func (v *Verbs) Open(device string) (*Endpoint, error) {
+// Open opens device (empty: the first with an active port) with the GID at
+// gidIndex (-1: the first RoCE v2 GID where the library tells GID types).
+func (v *Verbs) Open(device string, gidIndex int) (*Endpoint, error) {
 	ep := (*C.struct_mcg_endpoint)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_mcg_endpoint{}))))
 	var cdev *C.char
 	if device != "" {
@@ -42,7 +43,7 @@ func (v *Verbs) Open(device string) (*Endpoint, error) {
 		defer C.free(unsafe.Pointer(cdev))
 	}
 	var msg [256]C.char
-	if C.mcg_ep_open(v.v, cdev, ep, &msg[0], C.size_t(len(msg))) != 0 {
+	if C.mcg_ep_open(v.v, cdev, C.int(gidIndex), ep, &msg[0], C.size_t(len(msg))) != 0 {
 		C.free(unsafe.Pointer(ep))
 		return nil, fmt.Errorf("%w: %s", ErrNoDevice, C.GoString(&msg[0]))
 	}

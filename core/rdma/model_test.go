@@ -67,9 +67,9 @@ func newPair(t *testing.T, env map[string]string) *pair {
 	v, err := Load(path)
 	require.NoError(t, err)
 	p := &pair{}
-	p.a, err = v.Open("")
+	p.a, err = v.Open("", -1)
 	require.NoError(t, err)
-	p.b, err = v.Open("mcgnic0")
+	p.b, err = v.Open("mcgnic0", 0)
 	require.NoError(t, err)
 	p.qa, err = p.a.NewQP(64)
 	require.NoError(t, err)

@@ -5,7 +5,19 @@
 
 #include "qp_shim.h"
 
-int mcg_ep_open(struct mcg_verbs *v, const char *device, struct mcg_endpoint *ep, char *err, size_t errlen) {
+/* The first RoCE v2 GID of the port, or 0 when GID types are unknown. */
+static int pick_gid(struct mcg_endpoint *ep) {
+    if (!ep->v->query_gid_ex) return 0;
+    for (uint32_t i = 0; i < 256; i++) {
+        struct ibv_gid_entry e;
+        if (ep->v->query_gid_ex(ep->ctx, ep->port, i, &e, 0, sizeof e) != 0) break;
+        if (e.gid_type == IBV_GID_TYPE_ROCE_V2) return (int)i;
+    }
+    return 0;
+}
+
+int mcg_ep_open(struct mcg_verbs *v, const char *device, int gid_index, struct mcg_endpoint *ep, char *err,
+                size_t errlen) {
     memset(ep, 0, sizeof *ep);
     ep->v = v;
     int n = 0;
@@ -38,7 +50,7 @@ int mcg_ep_open(struct mcg_verbs *v, const char *device, struct mcg_endpoint *ep
         snprintf(err, errlen, device ? "device %s has no active port" : "no device with an active port", device);
         return -1;
     }
-    /* GID index 0; a RoCE v2 deployment names its index (config, later). */
+    ep->gid_index = gid_index >= 0 ? gid_index : pick_gid(ep);
     if (v->query_gid(ep->ctx, ep->port, ep->gid_index, &ep->gid) != 0 || !(ep->pd = v->alloc_pd(ep->ctx))) {
         snprintf(err, errlen, "setting up the device: %s", strerror(errno));
         mcg_ep_close(ep);

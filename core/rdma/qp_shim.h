@@ -16,8 +16,12 @@ struct mcg_endpoint {
     enum ibv_mtu mtu;
 };
 
-/* Opens device (NULL: the first with an active port). 0 or -1 with err. */
-int mcg_ep_open(struct mcg_verbs *v, const char *device, struct mcg_endpoint *ep, char *err, size_t errlen);
+/* Opens device (NULL: the first with an active port) and picks the GID:
+ * gid_index >= 0 names it; -1 picks the first RoCE v2 GID where the
+ * library can tell GID types (ibv_query_gid_ex), else index 0. 0 or -1
+ * with err. */
+int mcg_ep_open(struct mcg_verbs *v, const char *device, int gid_index, struct mcg_endpoint *ep, char *err,
+                size_t errlen);
 void mcg_ep_close(struct mcg_endpoint *ep);
 struct ibv_mr *mcg_ep_reg(struct mcg_endpoint *ep, void *addr, size_t len);
 int mcg_ep_dereg(struct mcg_endpoint *ep, struct ibv_mr *mr);

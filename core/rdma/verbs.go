@@ -59,6 +59,15 @@ func Load(path string) (*Verbs, error) {
 		GIDEx: v.query_gid_ex != nil, ExtendedQP: v.qp_to_qp_ex != nil}, nil
 }
 
+var forkInit sync.Once
+
+// ForkInit calls ibv_fork_init once per process, before any registration
+// (as NCCL does), so that registered memory stays intact in a host program
+// that forks (the children still cannot use mcguard itself).
+func (v *Verbs) ForkInit() {
+	forkInit.Do(func() { C.mcg_verbs_fork_init(v.v) })
+}
+
 // Port is one port of one RDMA device.
 type Port struct {
 	Device    string

@@ -81,3 +81,5 @@ int mcg_verbs_probe(struct mcg_verbs *v, struct mcg_port *ports, int max) {
     v->free_device_list(list);
     return n;
 }
+
+int mcg_verbs_fork_init(struct mcg_verbs *v) { return v->fork_init(); }

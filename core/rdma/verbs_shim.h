@@ -50,4 +50,5 @@ struct mcg_port {
 /* Lists up to max ports of every device; returns how many, or -errno when
  * ibv_get_device_list fails (-ENOSYS: the kernel has no RDMA support). */
 int mcg_verbs_probe(struct mcg_verbs *v, struct mcg_port *ports, int max);
+int mcg_verbs_fork_init(struct mcg_verbs *v);
 #endif
