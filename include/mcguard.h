@@ -112,7 +112,8 @@ typedef struct mc_sync_opts {
  *   "auto"|"always"|"never", sync_timeout_ms, inject "none"|"lag"|"drop"|
  *   "tear"|"reorder"|"stale", inject_rate, inject_lag_max_ms, inject_seed,
  *   secret, secret_file, allow_insecure, cuda "auto"|"required"|"off",
- *   cuda_library.
+ *   cuda_library, transport "tcp"|"rdma"|"auto", require_rdma,
+ *   verbs_library, rdma_device, rdma_gid_index.
  * The vLLM variables VLLM_MOONCAKE_TRANSFER_VERIFY[_TAIL_BYTES|
  * _MAX_RETRIES|_RETRY_SLEEP_S] are honoured too. On success *out is the
  * new handle. MC_ERR_CONFIG names every bad key or value. */
