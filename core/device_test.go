@@ -3,8 +3,6 @@ package core
 import (
 	"bytes"
 	"fmt"
-	"os"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -13,24 +11,12 @@ import (
 	"github.com/mcguard/mcguard/verify"
 )
 
-var (
-	cudaModelOnce sync.Once
-	cudaModelPath string
-	cudaModelErr  error
-)
-
 // cudaModel builds the software CUDA driver once and returns the config
 // key that makes a guard load it, and a handle to allocate "GPU" memory.
 func cudaModel(t *testing.T) (string, *cudamodel.Model) {
 	t.Helper()
-	cudaModelOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "mcguard-cudamodel")
-		if err == nil {
-			cudaModelPath, err = cudamodel.Build("..", dir)
-		}
-		cudaModelErr = err
-	})
-	require.NoError(t, cudaModelErr)
+	cudaModelPath, err := cudamodel.Build("..")
+	require.NoError(t, err)
 	m, err := cudamodel.Open(cudaModelPath)
 	require.NoError(t, err)
 	return fmt.Sprintf(`"cuda": "required", "cuda_library": %q`, cudaModelPath), m

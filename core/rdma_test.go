@@ -3,40 +3,20 @@ package core
 import (
 	"bytes"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/internal/cbuild"
 	"github.com/mcguard/mcguard/verify"
-)
-
-var (
-	nicModelOnce sync.Once
-	nicModelPath string
-	nicModelErr  error
 )
 
 // rdmaKey builds the software NIC once and returns the config keys that
 // put a guard's data path on it.
 func rdmaKey(t *testing.T) string {
 	t.Helper()
-	nicModelOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "mcguard-nicmodel")
-		if err != nil {
-			nicModelErr = err
-			return
-		}
-		nicModelPath = filepath.Join(dir, "libnicmodel.so")
-		out, err := exec.Command("cc", "-shared", "-fPIC", "-O2", "-o", nicModelPath, "../tests/nicmodel/nicmodel.c", "-lpthread").CombinedOutput()
-		if err != nil {
-			nicModelErr = fmt.Errorf("%v: %s", err, out)
-		}
-	})
-	require.NoError(t, nicModelErr)
+	nicModelPath, err := cbuild.Library("../tests/nicmodel/nicmodel.c")
+	require.NoError(t, err)
 	return fmt.Sprintf(`"transport": "rdma", "verbs_library": %q`, nicModelPath)
 }
 

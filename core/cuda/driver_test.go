@@ -3,9 +3,7 @@ package cuda_test
 import (
 	"bytes"
 	"errors"
-	"os"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -16,24 +14,14 @@ import (
 	"github.com/mcguard/mcguard/core/cuda/cudamodel"
 )
 
-var (
-	modelOnce sync.Once
-	modelPath string
-	modelErr  error
-)
+var modelPath string
 
-// model builds the software driver once per test binary.
+// model builds the software driver (once per test binary) and loads it.
 func model(t *testing.T) (*cuda.Driver, *cudamodel.Model) {
 	t.Helper()
-	modelOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "mcguard-cudamodel")
-		if err != nil {
-			modelErr = err
-			return
-		}
-		modelPath, modelErr = cudamodel.Build(filepath.Join("..", ".."), dir)
-	})
-	require.NoError(t, modelErr)
+	var err error
+	modelPath, err = cudamodel.Build(filepath.Join("..", ".."))
+	require.NoError(t, err)
 	d, err := cuda.Load(modelPath)
 	require.NoError(t, err)
 	m, err := cudamodel.Open(modelPath)

@@ -3,42 +3,22 @@ package rdma
 import (
 	"bytes"
 	"crypto/rand"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/core/internal/cbuild"
 )
 
-var (
-	nicOnce sync.Once
-	nicPath string
-	nicErr  error
-)
-
-// nicModel builds tests/nicmodel once per test binary.
+// nicModel builds tests/nicmodel (once per test binary).
 func nicModel(t *testing.T) string {
 	t.Helper()
-	nicOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "mcguard-nicmodel")
-		if err != nil {
-			nicErr = err
-			return
-		}
-		nicPath = filepath.Join(dir, "libnicmodel.so")
-		out, err := exec.Command("cc", "-shared", "-fPIC", "-O2", "-o", nicPath, "../../tests/nicmodel/nicmodel.c", "-lpthread").CombinedOutput()
-		if err != nil {
-			nicErr = err
-			t.Logf("%s", out)
-		}
-	})
-	require.NoError(t, nicErr)
-	return nicPath
+	path, err := cbuild.Library("../../tests/nicmodel/nicmodel.c")
+	require.NoError(t, err)
+	return path
 }
 
 type mmapMem []byte

@@ -35,29 +35,20 @@ import "C"
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"unsafe"
+
+	"github.com/mcguard/mcguard/core/internal/cbuild"
 )
 
 // Source is the model's C source, relative to the repository root.
 const Source = "tests/cudamodel/cudamodel.c"
 
-// Build compiles the model into dir and returns the library's path.
-// root is the repository root.
-func Build(root, dir string) (string, error) {
-	out := filepath.Join(dir, "libcudamodel.so")
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "cc"
-	}
-	cmd := exec.Command(cc, "-shared", "-fPIC", "-O2", "-o", out, filepath.Join(root, Source), "-lpthread")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building the CUDA model: %v: %s", err, b)
-	}
-	return out, nil
+// Build compiles the model (once per process) and returns the library's
+// path. root is the repository root.
+func Build(root string) (string, error) {
+	return cbuild.Library(filepath.Join(root, Source))
 }
 
 // Model is a handle on a loaded model library.
