@@ -193,22 +193,40 @@ func (c *rdmaConn) fence(ctx context.Context) error {
 	return c.read(ctx, []verify.Range{{Addr: c.regions[0].Addr, Len: 1}}, make([]byte, 1), true)
 }
 
-// read reads each range through the bounce buffer, on the queue pair that
-// carried the writes, so it is fenced by construction.
+// read reads the ranges through the bounce buffer, as many at a time as it
+// holds (one round trip each), on the queue pair that carried the writes,
+// so every read is fenced by construction.
 func (c *rdmaConn) read(_ context.Context, ranges []verify.Range, out []byte, _ bool) error {
+	var batch []rdma.ReadOp
+	var used uint64
 	off := 0
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		if err := c.qp.Reads(batch, c.timeout); err != nil {
+			return rdmaErr(err)
+		}
+		off += copy(out[off:], c.bounce[:used])
+		batch, used = batch[:0], 0
+		return nil
+	}
 	for _, r := range ranges {
-		for done := uint64(0); done < r.Len; done += bounceSize {
-			n := min(bounceSize, r.Len-done)
+		for done := uint64(0); done < r.Len; {
+			if used == bounceSize {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+			n := min(bounceSize-used, r.Len-done)
 			key, err := c.rkey(r.Addr+done, n)
 			if err != nil {
 				return err
 			}
-			if err := c.qp.Read(c.mr.Addr, r.Addr+done, key, n, c.timeout); err != nil {
-				return rdmaErr(err)
-			}
-			off += copy(out[off:], c.bounce[:n])
+			batch = append(batch, rdma.ReadOp{Addr: c.mr.Addr + used, RemoteAddr: r.Addr + done, Len: n, RKey: key})
+			used += n
+			done += n
 		}
 	}
-	return nil
+	return flush()
 }

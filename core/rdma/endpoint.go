@@ -219,6 +219,41 @@ func (q *QP) Read(addr, remote uint64, rkey uint32, n uint64, timeout time.Durat
 	return q.wait(1, timeout)
 }
 
+// ReadOp is one RDMA READ: Len bytes of the peer's RemoteAddr (RKey) into
+// local Addr.
+type ReadOp struct {
+	Addr, RemoteAddr, Len uint64
+	RKey                  uint32
+}
+
+// Reads posts the reads as chains of at most the queue depth, each chain
+// waited for with one completion (its last): one round trip per chain.
+func (q *QP) Reads(rs []ReadOp, timeout time.Duration) error {
+	n := len(rs)
+	la, lk := make([]uint64, n), make([]uint32, n)
+	ra, rk, ln := make([]uint64, n), make([]uint32, n), make([]uint32, n)
+	for i, r := range rs {
+		key, err := q.e.local(r.Addr, r.Len)
+		if err != nil {
+			return err
+		}
+		la[i], lk[i], ra[i], rk[i], ln[i] = r.Addr, key, r.RemoteAddr, r.RKey, uint32(r.Len)
+	}
+	for start := 0; start < n; start += q.depth {
+		k := min(q.depth, n-start)
+		base := q.nextID
+		q.nextID += uint64(k)
+		if r := C.mcg_post_reads(q.qp, C.int(k), (*C.uint64_t)(&la[start]), (*C.uint32_t)(&lk[start]), (*C.uint64_t)(&ra[start]),
+			(*C.uint32_t)(&rk[start]), (*C.uint32_t)(&ln[start]), C.uint64_t(base)); r != 0 {
+			return fmt.Errorf("%w: ibv_post_send: %v", ErrCompletion, syscall.Errno(r))
+		}
+		if err := q.wait(1, timeout); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // wait polls the queue pair's completion queue until n completions
 // arrived (an error completion ends it). A queue pair is used by one
 // goroutine at a time (its session's lock).

@@ -170,6 +170,35 @@ int mcg_post_writes(struct ibv_qp *qp, int n, const uint64_t *laddr, const uint3
     return r;
 }
 
+int mcg_post_reads(struct ibv_qp *qp, int n, const uint64_t *laddr, const uint32_t *lkey, const uint64_t *raddr,
+                   const uint32_t *rkey, const uint32_t *len, uint64_t wr_base) {
+    struct ibv_send_wr *wrs = calloc((size_t)n, sizeof *wrs);
+    struct ibv_sge *sges = calloc((size_t)n, sizeof *sges);
+    if (!wrs || !sges) {
+        free(wrs);
+        free(sges);
+        return ENOMEM;
+    }
+    for (int i = 0; i < n; i++) {
+        sges[i].addr = laddr[i];
+        sges[i].length = len[i];
+        sges[i].lkey = lkey[i];
+        wrs[i].wr_id = wr_base + (uint64_t)i;
+        wrs[i].sg_list = &sges[i];
+        wrs[i].num_sge = 1;
+        wrs[i].opcode = IBV_WR_RDMA_READ;
+        wrs[i].send_flags = i == n - 1 ? IBV_SEND_SIGNALED : 0;
+        wrs[i].wr.rdma.remote_addr = raddr[i];
+        wrs[i].wr.rdma.rkey = rkey[i];
+        wrs[i].next = i + 1 < n ? &wrs[i + 1] : NULL;
+    }
+    struct ibv_send_wr *bad = NULL;
+    int r = ibv_post_send(qp, wrs, &bad);
+    free(wrs);
+    free(sges);
+    return r;
+}
+
 int mcg_post_read(struct ibv_qp *qp, uint64_t laddr, uint32_t lkey, uint64_t raddr, uint32_t rkey, uint32_t len,
                   uint64_t wr_id) {
     struct ibv_sge sge = {.addr = laddr, .length = len, .lkey = lkey};

@@ -42,6 +42,10 @@ int mcg_qp_reset(struct mcg_endpoint *ep, struct ibv_qp *qp);
  * are signaled, with wr_id = wr_base + index. 0 or errno. */
 int mcg_post_writes(struct ibv_qp *qp, int n, const uint64_t *laddr, const uint32_t *lkey, const uint64_t *raddr,
                     const uint32_t *rkey, const uint32_t *len, uint64_t wr_base, int signal_every);
+/* Posts n RDMA READs as one chain, only the last signaled (an RC queue
+ * completes in order), wr_id = wr_base + index. */
+int mcg_post_reads(struct ibv_qp *qp, int n, const uint64_t *laddr, const uint32_t *lkey, const uint64_t *raddr,
+                   const uint32_t *rkey, const uint32_t *len, uint64_t wr_base);
 /* Posts one signaled RDMA READ. */
 int mcg_post_read(struct ibv_qp *qp, uint64_t laddr, uint32_t lkey, uint64_t raddr, uint32_t rkey, uint32_t len,
                   uint64_t wr_id);
