@@ -731,8 +731,9 @@ func (g *Guard) settle(ctx context.Context, ranges []SyncRange, digests []uint64
 		g.stats.syncFailures.Add(1)
 		return fmt.Errorf("%w: writes to the synced ranges were still in flight after %v", ErrTimeout, g.cfg.SyncTimeout)
 	}
-	var fence atomic.Int64
-	fence.Add(1) // a locked instruction: a full memory barrier on every architecture Go supports
+	// Host memory needs no hook: the target applied its writes before it
+	// acknowledged them, and the application learned of the transfer
+	// through a message (a syscall), which orders memory. GPU memory does:
 	for _, ordinal := range g.regions.devices(regions) {
 		if err := g.regions.gpu.Settle(ordinal, stream); err != nil {
 			g.stats.syncFailures.Add(1)

@@ -73,7 +73,7 @@ func (r *rdmaSide) rkeys(regions []Region) []uint32 {
 // accept connects a queue pair of ours to a sender's, replacing the one
 // an earlier handshake of the same sender made.
 func (r *rdmaSide) accept(sender string, remote rdma.QPInfo) (rdma.QPInfo, error) {
-	qp, err := r.ep.NewQP(256)
+	qp, err := r.ep.NewQP(qpDepth)
 	if err != nil {
 		return rdma.QPInfo{}, err
 	}
@@ -121,10 +121,10 @@ type rdmaConn struct {
 	timeout time.Duration
 }
 
-// dialRDMA makes a queue pair for a session; connectRDMA finishes it with
-// the target's answer.
-func dialRDMA(side *rdmaSide) (*rdma.QP, error) { return side.ep.NewQP(256) }
+// qpDepth is the send depth of a session's queue pair.
+const qpDepth = 256
 
+// connectRDMA finishes a session's queue pair with the target's answer.
 func connectRDMA(side *rdmaSide, qp *rdma.QP, rep helloReply, timeout time.Duration) (*rdmaConn, error) {
 	if rep.RDMA == nil || len(rep.RKeys) != len(rep.Regions) {
 		qp.Destroy()
@@ -166,7 +166,7 @@ func (c *rdmaConn) rkey(addr, n uint64) (uint32, error) {
 func rdmaErr(err error) error { return fmt.Errorf("%w: %v", ErrPeer, err) }
 
 func (c *rdmaConn) write(_ context.Context, descs []verify.Desc, base int, local *Regions) error {
-	var ws []rdma.Write
+	var ws []rdma.Op
 	for i, d := range descs {
 		if m, err := local.Memory(d.Src, d.Len); err != nil || m.Device {
 			return fmt.Errorf("%w: descriptor %d: GPU memory over RDMA needs dmabuf registration, not in this build", ErrDevice, base+i)
@@ -177,7 +177,7 @@ func (c *rdmaConn) write(_ context.Context, descs []verify.Desc, base int, local
 			if err != nil {
 				return fmt.Errorf("descriptor %d: %w", base+i, err)
 			}
-			ws = append(ws, rdma.Write{Addr: d.Src + off, RemoteAddr: d.Dst + off, Len: n, RKey: key})
+			ws = append(ws, rdma.Op{Addr: d.Src + off, RemoteAddr: d.Dst + off, Len: n, RKey: key})
 		}
 	}
 	if err := c.qp.Writes(ws, c.timeout); err != nil {
@@ -197,7 +197,7 @@ func (c *rdmaConn) fence(ctx context.Context) error {
 // holds (one round trip each), on the queue pair that carried the writes,
 // so every read is fenced by construction.
 func (c *rdmaConn) read(_ context.Context, ranges []verify.Range, out []byte, _ bool) error {
-	var batch []rdma.ReadOp
+	var batch []rdma.Op
 	var used uint64
 	off := 0
 	flush := func() error {
@@ -223,7 +223,7 @@ func (c *rdmaConn) read(_ context.Context, ranges []verify.Range, out []byte, _ 
 			if err != nil {
 				return err
 			}
-			batch = append(batch, rdma.ReadOp{Addr: c.mr.Addr + used, RemoteAddr: r.Addr + done, Len: n, RKey: key})
+			batch = append(batch, rdma.Op{Addr: c.mr.Addr + used, RemoteAddr: r.Addr + done, Len: n, RKey: key})
 			used += n
 			done += n
 		}

@@ -40,7 +40,7 @@ func (s *session) connect(ctx context.Context, zctx *zmq.Context, cfg *Config, s
 		return nil
 	}
 	if side != nil { // RDMA: our queue pair goes in the handshake, the target's comes back
-		qp, err := dialRDMA(side)
+		qp, err := side.ep.NewQP(qpDepth)
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrPeer, err)
 		}

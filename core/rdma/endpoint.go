@@ -159,9 +159,9 @@ func (q *QP) drain() {
 // Destroy releases the queue pair.
 func (q *QP) Destroy() { C.mcg_qp_destroy(q.e.ep, q.qp) }
 
-// Write is one RDMA WRITE: Len bytes from local Addr to the peer's
-// RemoteAddr under RKey.
-type Write struct {
+// Op is one RDMA WRITE or READ: Len bytes between local Addr and the
+// peer's RemoteAddr under RKey.
+type Op struct {
 	Addr, RemoteAddr, Len uint64
 	RKey                  uint32
 }
@@ -169,85 +169,55 @@ type Write struct {
 // Writes posts the writes as chains of at most the queue depth, signalling
 // every half depth and the last, and waits for their completions. A
 // completion means the peer NIC accepted them — not that the bytes are
-// visible there: that takes a fence (Read on this QP).
-func (q *QP) Writes(ws []Write, timeout time.Duration) error {
-	n := len(ws)
-	if n == 0 {
-		return nil
-	}
-	la, lk := make([]uint64, n), make([]uint32, n)
-	ra, rk, ln := make([]uint64, n), make([]uint32, n), make([]uint32, n)
-	for i, w := range ws {
-		key, err := q.e.local(w.Addr, w.Len)
-		if err != nil {
-			return err
-		}
-		if w.Len > 1<<31 {
-			return fmt.Errorf("write %d of %d bytes: slice it", i, w.Len)
-		}
-		la[i], lk[i], ra[i], rk[i], ln[i] = w.Addr, key, w.RemoteAddr, w.RKey, uint32(w.Len)
-	}
-	every := max(1, q.depth/2)
-	for start := 0; start < n; start += q.depth {
-		k := min(q.depth, n-start)
-		base := q.nextID
-		q.nextID += uint64(k)
-		signaled := (k + every - 1) / every // every every-th, and the last
-		if r := C.mcg_post_writes(q.qp, C.int(k), (*C.uint64_t)(&la[start]), (*C.uint32_t)(&lk[start]), (*C.uint64_t)(&ra[start]),
-			(*C.uint32_t)(&rk[start]), (*C.uint32_t)(&ln[start]), C.uint64_t(base), C.int(every)); r != 0 {
-			return fmt.Errorf("%w: ibv_post_send: %v", ErrCompletion, syscall.Errno(r))
-		}
-		if err := q.wait(signaled, timeout); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// Read reads n bytes of the peer's memory into local addr. Answered after
-// every earlier write on this QP is visible at the peer: the fence.
-func (q *QP) Read(addr, remote uint64, rkey uint32, n uint64, timeout time.Duration) error {
-	key, err := q.e.local(addr, n)
-	if err != nil {
-		return err
-	}
-	id := q.nextID
-	q.nextID++
-	if r := C.mcg_post_read(q.qp, C.uint64_t(addr), C.uint32_t(key), C.uint64_t(remote), C.uint32_t(rkey), C.uint32_t(n), C.uint64_t(id)); r != 0 {
-		return fmt.Errorf("%w: ibv_post_send: %v", ErrCompletion, syscall.Errno(r))
-	}
-	return q.wait(1, timeout)
-}
-
-// ReadOp is one RDMA READ: Len bytes of the peer's RemoteAddr (RKey) into
-// local Addr.
-type ReadOp struct {
-	Addr, RemoteAddr, Len uint64
-	RKey                  uint32
+// visible there: that takes a fence (a READ on this QP).
+func (q *QP) Writes(ops []Op, timeout time.Duration) error {
+	return q.post(false, ops, max(1, q.depth/2), timeout)
 }
 
 // Reads posts the reads as chains of at most the queue depth, each chain
-// waited for with one completion (its last): one round trip per chain.
-func (q *QP) Reads(rs []ReadOp, timeout time.Duration) error {
-	n := len(rs)
+// waited for with one completion (its last): one round trip per chain. A
+// READ is answered after every earlier write on this QP is visible at the
+// peer: the fence.
+func (q *QP) Reads(ops []Op, timeout time.Duration) error {
+	return q.post(true, ops, q.depth, timeout)
+}
+
+// Read reads n bytes of the peer's memory into local addr.
+func (q *QP) Read(addr, remote uint64, rkey uint32, n uint64, timeout time.Duration) error {
+	return q.Reads([]Op{{Addr: addr, RemoteAddr: remote, Len: n, RKey: rkey}}, timeout)
+}
+
+// post checks every local range against the registered regions (refused
+// before posting), then posts chains of at most the queue depth with every
+// signalEvery-th and the last signaled, and waits for each chain.
+func (q *QP) post(read bool, ops []Op, signalEvery int, timeout time.Duration) error {
+	n := len(ops)
 	la, lk := make([]uint64, n), make([]uint32, n)
 	ra, rk, ln := make([]uint64, n), make([]uint32, n), make([]uint32, n)
-	for i, r := range rs {
-		key, err := q.e.local(r.Addr, r.Len)
+	for i, o := range ops {
+		key, err := q.e.local(o.Addr, o.Len)
 		if err != nil {
 			return err
 		}
-		la[i], lk[i], ra[i], rk[i], ln[i] = r.Addr, key, r.RemoteAddr, r.RKey, uint32(r.Len)
+		if o.Len > 1<<31 {
+			return fmt.Errorf("operation %d of %d bytes: slice it", i, o.Len)
+		}
+		la[i], lk[i], ra[i], rk[i], ln[i] = o.Addr, key, o.RemoteAddr, o.RKey, uint32(o.Len)
+	}
+	isRead := C.int(0)
+	if read {
+		isRead = 1
 	}
 	for start := 0; start < n; start += q.depth {
 		k := min(q.depth, n-start)
 		base := q.nextID
 		q.nextID += uint64(k)
-		if r := C.mcg_post_reads(q.qp, C.int(k), (*C.uint64_t)(&la[start]), (*C.uint32_t)(&lk[start]), (*C.uint64_t)(&ra[start]),
-			(*C.uint32_t)(&rk[start]), (*C.uint32_t)(&ln[start]), C.uint64_t(base)); r != 0 {
+		if r := C.mcg_post_chain(q.qp, isRead, C.int(k), (*C.uint64_t)(&la[start]), (*C.uint32_t)(&lk[start]), (*C.uint64_t)(&ra[start]),
+			(*C.uint32_t)(&rk[start]), (*C.uint32_t)(&ln[start]), C.uint64_t(base), C.int(signalEvery)); r != 0 {
 			return fmt.Errorf("%w: ibv_post_send: %v", ErrCompletion, syscall.Errno(r))
 		}
-		if err := q.wait(1, timeout); err != nil {
+		// every signalEvery-th and the last of the chain
+		if err := q.wait((k+signalEvery-1)/signalEvery, timeout); err != nil {
 			return err
 		}
 	}
@@ -261,11 +231,22 @@ func (q *QP) wait(n int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var ids [64]C.uint64_t
 	var sts [64]C.int
+	// A failing work request's own error says more than the flush errors
+	// of those behind it, which a NIC may report first: keep the first
+	// error that is not a flush.
+	var flushed error
 	for got := 0; got < n; {
 		k := int(C.mcg_poll(q.qp, 64, &ids[0], &sts[0]))
 		for i := 0; i < k; i++ {
-			if sts[i] != C.IBV_WC_SUCCESS {
-				return fmt.Errorf("%w: work request %d: %s", ErrCompletion, uint64(ids[i]), C.GoString(C.mcg_wc_status_str(sts[i])))
+			if sts[i] == C.IBV_WC_SUCCESS {
+				continue
+			}
+			err := fmt.Errorf("%w: work request %d: %s", ErrCompletion, uint64(ids[i]), C.GoString(C.mcg_wc_status_str(sts[i])))
+			if sts[i] != C.IBV_WC_WR_FLUSH_ERR {
+				return err
+			}
+			if flushed == nil {
+				flushed = err
 			}
 		}
 		got += k
@@ -273,11 +254,17 @@ func (q *QP) wait(n int, timeout time.Duration) error {
 			break
 		}
 		if time.Now().After(deadline) {
+			if flushed != nil {
+				return flushed
+			}
 			return fmt.Errorf("%w: %d of %d completions within %v", ErrCompletion, got, n, timeout)
 		}
 		if k == 0 {
 			time.Sleep(20 * time.Microsecond)
 		}
+	}
+	if flushed != nil {
+		return flushed
 	}
 	return nil
 }

@@ -92,9 +92,9 @@ func TestWriteThenFencedReadDeliversBytes(t *testing.T) {
 	require.NoError(t, err)
 	mr, err := p.b.Register(dst.addr(0), n*size)
 	require.NoError(t, err)
-	ws := make([]Write, n)
+	ws := make([]Op, n)
 	for i := range ws {
-		ws[i] = Write{Addr: src.addr(i * size), RemoteAddr: dst.addr(i * size), Len: size, RKey: mr.RKey}
+		ws[i] = Op{Addr: src.addr(i * size), RemoteAddr: dst.addr(i * size), Len: size, RKey: mr.RKey}
 	}
 	require.NoError(t, p.qa.Writes(ws, 5*time.Second))
 	require.NoError(t, p.qa.Read(scratch.addr(0), dst.addr(0), mr.RKey, n*size, 5*time.Second))
@@ -114,7 +114,7 @@ func TestCompletionComesBeforeVisibilityAndTheReadFlushes(t *testing.T) {
 	mr, err := p.b.Register(dst.addr(0), size)
 	require.NoError(t, err)
 	for i := 0; i < 8; i++ {
-		ws := []Write{{Addr: src.addr(i * size / 8), RemoteAddr: dst.addr(i * size / 8), Len: size / 8, RKey: mr.RKey}}
+		ws := []Op{{Addr: src.addr(i * size / 8), RemoteAddr: dst.addr(i * size / 8), Len: size / 8, RKey: mr.RKey}}
 		require.NoError(t, p.qa.Writes(ws, 5*time.Second))
 	}
 	require.False(t, bytes.Equal(src, dst), "the writes completed, and their bytes are not all there yet")
@@ -131,20 +131,20 @@ func TestErrorsCompleteInErrorAndTheQPReconnects(t *testing.T) {
 	mr, err := p.b.Register(dst.addr(0), 4096)
 	require.NoError(t, err)
 
-	err = p.qa.Writes([]Write{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 8192, RKey: mr.RKey}}, 5*time.Second)
+	err = p.qa.Writes([]Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 8192, RKey: mr.RKey}}, 5*time.Second)
 	require.ErrorIs(t, err, ErrCompletion)
 	require.Contains(t, err.Error(), "remote access error")
 	require.Equal(t, make([]byte, 4096), []byte(dst), "nothing landed")
-	err = p.qa.Writes([]Write{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 64, RKey: mr.RKey}}, time.Second)
+	err = p.qa.Writes([]Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 64, RKey: mr.RKey}}, time.Second)
 	require.Error(t, err, "a QP in the error state takes no work")
 
 	require.NoError(t, p.qa.Reconnect())
-	require.NoError(t, p.qa.Writes([]Write{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 4096, RKey: mr.RKey}}, 5*time.Second))
+	require.NoError(t, p.qa.Writes([]Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 4096, RKey: mr.RKey}}, 5*time.Second))
 	require.NoError(t, p.qa.Read(src.addr(4096), dst.addr(0), mr.RKey, 4096, 5*time.Second))
 	require.True(t, bytes.Equal(src[:4096], dst), "after the reconnect the write lands")
 	require.True(t, bytes.Equal(src[4096:], dst), "and reads back")
 
-	err = p.qa.Writes([]Write{{Addr: src.addr(0) + 1<<20, RemoteAddr: dst.addr(0), Len: 64, RKey: mr.RKey}}, time.Second)
+	err = p.qa.Writes([]Op{{Addr: src.addr(0) + 1<<20, RemoteAddr: dst.addr(0), Len: 64, RKey: mr.RKey}}, time.Second)
 	require.ErrorContains(t, err, "not in a registered memory region", "a local range outside registered memory is refused before posting")
 }
 
@@ -155,6 +155,6 @@ func TestInjectedErrorCompletion(t *testing.T) {
 	require.NoError(t, err)
 	mr, err := p.b.Register(dst.addr(0), 4096)
 	require.NoError(t, err)
-	err = p.qa.Writes([]Write{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 4096, RKey: mr.RKey}}, 5*time.Second)
+	err = p.qa.Writes([]Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 4096, RKey: mr.RKey}}, 5*time.Second)
 	require.ErrorIs(t, err, ErrCompletion)
 }

@@ -141,8 +141,9 @@ int mcg_qp_reset(struct mcg_endpoint *ep, struct ibv_qp *qp) {
     return ep->v->modify_qp(qp, &a, IBV_QP_STATE);
 }
 
-int mcg_post_writes(struct ibv_qp *qp, int n, const uint64_t *laddr, const uint32_t *lkey, const uint64_t *raddr,
-                    const uint32_t *rkey, const uint32_t *len, uint64_t wr_base, int signal_every) {
+int mcg_post_chain(struct ibv_qp *qp, int is_read, int n, const uint64_t *laddr, const uint32_t *lkey,
+                   const uint64_t *raddr, const uint32_t *rkey, const uint32_t *len, uint64_t wr_base,
+                   int signal_every) {
     struct ibv_send_wr *wrs = calloc((size_t)n, sizeof *wrs);
     struct ibv_sge *sges = calloc((size_t)n, sizeof *sges);
     if (!wrs || !sges) {
@@ -157,7 +158,7 @@ int mcg_post_writes(struct ibv_qp *qp, int n, const uint64_t *laddr, const uint3
         wrs[i].wr_id = wr_base + (uint64_t)i;
         wrs[i].sg_list = &sges[i];
         wrs[i].num_sge = 1;
-        wrs[i].opcode = IBV_WR_RDMA_WRITE;
+        wrs[i].opcode = is_read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
         wrs[i].send_flags = ((i + 1) % signal_every == 0 || i == n - 1) ? IBV_SEND_SIGNALED : 0;
         wrs[i].wr.rdma.remote_addr = raddr[i];
         wrs[i].wr.rdma.rkey = rkey[i];
@@ -168,51 +169,6 @@ int mcg_post_writes(struct ibv_qp *qp, int n, const uint64_t *laddr, const uint3
     free(wrs);
     free(sges);
     return r;
-}
-
-int mcg_post_reads(struct ibv_qp *qp, int n, const uint64_t *laddr, const uint32_t *lkey, const uint64_t *raddr,
-                   const uint32_t *rkey, const uint32_t *len, uint64_t wr_base) {
-    struct ibv_send_wr *wrs = calloc((size_t)n, sizeof *wrs);
-    struct ibv_sge *sges = calloc((size_t)n, sizeof *sges);
-    if (!wrs || !sges) {
-        free(wrs);
-        free(sges);
-        return ENOMEM;
-    }
-    for (int i = 0; i < n; i++) {
-        sges[i].addr = laddr[i];
-        sges[i].length = len[i];
-        sges[i].lkey = lkey[i];
-        wrs[i].wr_id = wr_base + (uint64_t)i;
-        wrs[i].sg_list = &sges[i];
-        wrs[i].num_sge = 1;
-        wrs[i].opcode = IBV_WR_RDMA_READ;
-        wrs[i].send_flags = i == n - 1 ? IBV_SEND_SIGNALED : 0;
-        wrs[i].wr.rdma.remote_addr = raddr[i];
-        wrs[i].wr.rdma.rkey = rkey[i];
-        wrs[i].next = i + 1 < n ? &wrs[i + 1] : NULL;
-    }
-    struct ibv_send_wr *bad = NULL;
-    int r = ibv_post_send(qp, wrs, &bad);
-    free(wrs);
-    free(sges);
-    return r;
-}
-
-int mcg_post_read(struct ibv_qp *qp, uint64_t laddr, uint32_t lkey, uint64_t raddr, uint32_t rkey, uint32_t len,
-                  uint64_t wr_id) {
-    struct ibv_sge sge = {.addr = laddr, .length = len, .lkey = lkey};
-    struct ibv_send_wr wr;
-    memset(&wr, 0, sizeof wr);
-    wr.wr_id = wr_id;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    wr.opcode = IBV_WR_RDMA_READ;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = raddr;
-    wr.wr.rdma.rkey = rkey;
-    struct ibv_send_wr *bad = NULL;
-    return ibv_post_send(qp, &wr, &bad);
 }
 
 int mcg_poll(struct ibv_qp *qp, int max, uint64_t *wr_ids, int *statuses) {

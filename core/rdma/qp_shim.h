@@ -38,17 +38,12 @@ int mcg_qp_connect(struct mcg_endpoint *ep, struct ibv_qp *qp, uint32_t remote_q
                    uint32_t psn, uint32_t remote_psn);
 int mcg_qp_reset(struct mcg_endpoint *ep, struct ibv_qp *qp);
 
-/* Posts n RDMA WRITEs as one chain; every signal_every-th and the last
- * are signaled, with wr_id = wr_base + index. 0 or errno. */
-int mcg_post_writes(struct ibv_qp *qp, int n, const uint64_t *laddr, const uint32_t *lkey, const uint64_t *raddr,
-                    const uint32_t *rkey, const uint32_t *len, uint64_t wr_base, int signal_every);
-/* Posts n RDMA READs as one chain, only the last signaled (an RC queue
- * completes in order), wr_id = wr_base + index. */
-int mcg_post_reads(struct ibv_qp *qp, int n, const uint64_t *laddr, const uint32_t *lkey, const uint64_t *raddr,
-                   const uint32_t *rkey, const uint32_t *len, uint64_t wr_base);
-/* Posts one signaled RDMA READ. */
-int mcg_post_read(struct ibv_qp *qp, uint64_t laddr, uint32_t lkey, uint64_t raddr, uint32_t rkey, uint32_t len,
-                  uint64_t wr_id);
+/* Posts n RDMA WRITEs (or READs) as one chain; every signal_every-th and
+ * the last are signaled (an RC queue completes in order), with
+ * wr_id = wr_base + index. 0 or errno. */
+int mcg_post_chain(struct ibv_qp *qp, int is_read, int n, const uint64_t *laddr, const uint32_t *lkey,
+                   const uint64_t *raddr, const uint32_t *rkey, const uint32_t *len, uint64_t wr_base,
+                   int signal_every);
 /* Polls up to max completions of qp: wr_ids and statuses (enum ibv_wc_status). */
 int mcg_poll(struct ibv_qp *qp, int max, uint64_t *wr_ids, int *statuses);
 const char *mcg_wc_status_str(int status);

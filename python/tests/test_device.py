@@ -114,14 +114,25 @@ def test_cuda_tensor_without_a_driver_is_a_clear_error():
     assert e.value.status == mcguard.MC_ERR_DEVICE
 
 
-def test_sync_accepts_a_stream_object():
+def test_sync_with_a_stream_object_makes_gpudirect_writes_visible():
     path = model_path()
     model = Model(path)
+    lib = model.lib
+    # The application's own stream, as torch.cuda.current_stream() would be.
+    ctx, stream = ctypes.c_void_p(), ctypes.c_void_p()
+    assert lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+    assert lib.cuCtxSetCurrent(ctx) == 0
+    assert lib.cuStreamCreate(ctypes.byref(stream), 1) == 0
 
     class Stream:
-        cuda_stream = 0  # the model's legacy default stream
+        cuda_stream = stream.value
 
+    lib.mcgModelDeferredWrite.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
     with mcguard.Guard(cuda="required", cuda_library=path) as g:
         dev = model.alloc(4096)
         g.register(FakeCudaTensor(dev, 4096))
+        data = os.urandom(4096)
+        assert lib.mcgModelDeferredWrite(dev, data, 4096) == 0  # a NIC's write, not yet visible
+        assert ctypes.string_at(dev, 4096) != data
         g.sync([dev], [4096], stream=Stream())
+        assert ctypes.string_at(dev, 4096) == data, "sync flushed it and synchronised the stream"

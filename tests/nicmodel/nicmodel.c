@@ -290,8 +290,10 @@ static void *reader_main(void *arg) {
             int signaled = (int)(m.wr_id & 1);
             uint64_t id = m.wr_id >> 1;
             if (m.op == M_NAK) {
-                q->qp.state = IBV_QPS_ERR;
+                /* The failing request's completion first, then the error
+                 * state: anything posted after it is flushed behind it. */
                 push_wc(q->qp.send_cq, id, IBV_WC_REM_ACCESS_ERR, IBV_WC_RDMA_WRITE, q->qp.qp_num, 0);
+                __atomic_store_n(&q->qp.state, IBV_QPS_ERR, __ATOMIC_RELEASE);
             } else if (signaled) {
                 push_wc(q->qp.send_cq, id, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, q->qp.qp_num, 0);
             }
@@ -323,7 +325,13 @@ static void *reader_main(void *arg) {
 static int model_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
     struct mqp *q = (struct mqp *)qp;
     for (; wr; wr = wr->next) {
-        if (qp->state != IBV_QPS_RTS) { *bad = wr; return EINVAL; }
+        enum ibv_qp_state state = __atomic_load_n(&qp->state, __ATOMIC_ACQUIRE);
+        if (state == IBV_QPS_ERR) { /* as a NIC does: accepted, then flushed in error */
+            push_wc(qp->send_cq, wr->wr_id, IBV_WC_WR_FLUSH_ERR,
+                    wr->opcode == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE, qp->qp_num, 0);
+            continue;
+        }
+        if (state != IBV_QPS_RTS) { *bad = wr; return EINVAL; }
         if (wr->num_sge > 4 || (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_READ)) { *bad = wr; return EINVAL; }
         uint32_t total = 0;
         for (int i = 0; i < wr->num_sge; i++) total += wr->sg_list[i].length;
