@@ -53,6 +53,8 @@ type helloReply struct {
 	// rkey per region (0: not reachable over RDMA).
 	RDMA  *rdma.QPInfo `json:"rdma,omitempty"`
 	RKeys []uint32     `json:"rkeys,omitempty"`
+	// RDMAFlush: the target's regions accept the FLUSH verb.
+	RDMAFlush bool `json:"rdma_flush,omitempty"`
 }
 
 // controlReply is the answer to a notice, or to a request that failed.

@@ -125,7 +125,11 @@ func (g *Guard) chooseTransport() error {
 		side, oerr := openRDMA(g.cfg.VerbsLibrary, g.cfg.RDMADevice, g.cfg.RDMAGIDIndex)
 		if oerr == nil {
 			g.rdma = side
-			g.rdmaState = fmt.Sprintf("rdma on %s port %d", ports[0].Device, ports[0].Port)
+			fence := "READ (the device has no FLUSH verb)"
+			if side.ep.Flush() {
+				fence = "FLUSH verb"
+			}
+			g.rdmaState = fmt.Sprintf("rdma on %s port %d, fence %s", ports[0].Device, ports[0].Port, fence)
 			return nil
 		}
 		err = oerr
@@ -551,6 +555,7 @@ func (g *Guard) answerHandshake(body []byte) helloReply {
 			rep.RDMA = &info
 		}
 		rep.RKeys = g.rdma.rkeys(rep.Regions)
+		rep.RDMAFlush = g.rdma.ep.Flush()
 	} else if req.RDMA != nil {
 		return refuse("this guard's transport is tcp, not rdma")
 	}

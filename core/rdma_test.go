@@ -83,3 +83,41 @@ func TestRDMAAndTCPGuardsTogether(t *testing.T) {
 	_, err = Open(testConfig(t, `{"transport": "rdma", "verbs_library": "/nonexistent/libibverbs.so.1"}`))
 	require.ErrorIs(t, err, ErrConfig)
 }
+
+// The fence alone (digest mode: no read-backs) makes lagging writes
+// visible before the transfer returns: a FLUSH where both ends do the
+// verb, a READ where either lacks it.
+func TestRDMAFenceIsAFlushWhereBothEndsHaveIt(t *testing.T) {
+	key := rdmaKey(t)
+	t.Setenv("MCG_NIC_LAG_US", "50000")
+	const n, size = 32, 4096
+	for _, c := range []struct {
+		name             string
+		sendNo, recvNo   string // MCG_NIC_NO_FLUSH when each guard opens
+		sendSays, recvSa string
+	}{
+		{"both", "0", "0", "fence FLUSH verb", "fence FLUSH verb"},
+		{"neither", "1", "1", "fence READ", "fence READ"},
+		{"target lacks it", "0", "1", "fence FLUSH verb", "fence READ"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			src, dst := newMem(t, n*size), newMem(t, n*size)
+			t.Setenv("MCG_NIC_NO_FLUSH", c.recvNo) // the model reads it when a guard opens its device
+			recv := openGuard(t, "{"+key+"}")
+			t.Setenv("MCG_NIC_NO_FLUSH", c.sendNo)
+			send := openGuard(t, "{"+key+`, "verify": "digest"}`)
+			require.Contains(t, stats(t, send)["rdma"], c.sendSays)
+			require.Contains(t, stats(t, recv)["rdma"], c.recvSa)
+			require.NoError(t, send.Register(src.addr(0), n*size))
+			require.NoError(t, recv.Register(dst.addr(0), n*size))
+			p := &pair{src: src, dst: dst, send: send, recv: recv}
+			for round := 0; round < 3; round++ {
+				fill(src.b)
+				res, err := send.Transfer(recv.Endpoint(), p.blocks(n, size), TransferOptions{})
+				require.NoError(t, err)
+				require.True(t, bytes.Equal(src.b, dst.b), "round %d: the fence returned after every write was visible", round)
+				require.NoError(t, recv.SyncTransfers([]uint64{res.ID}, 0), "and the receiver's digests agree")
+			}
+		})
+	}
+}

@@ -108,9 +108,10 @@ func (r *rdmaSide) close() {
 const bounceSize = wire.WriteSlice
 
 // rdmaConn is a session's data path over one RC queue pair: WRITEs for
-// the data, and READs on the same queue pair for the fence and the
-// read-backs (a READ returns only after the QP's earlier writes are
-// visible at the target).
+// the data, and READs on the same queue pair for the read-backs (a READ
+// returns only after the QP's earlier writes are visible at the target).
+// The fence is a FLUSH of what was written where both ends do the FLUSH
+// verb, else a READ.
 type rdmaConn struct {
 	side    *rdmaSide
 	qp      *rdma.QP
@@ -119,7 +120,12 @@ type rdmaConn struct {
 	bounce  []byte
 	mr      *rdma.MR
 	timeout time.Duration
+	flush   bool              // FLUSH fences: our QP can post them, the target's regions take them
+	written map[uint32]extent // by rkey: what the writes since the last fence touched
 }
+
+// extent is the span [lo, hi) of a region's writes since the last fence.
+type extent struct{ lo, hi uint64 }
 
 // qpDepth is the send depth of a session's queue pair.
 const qpDepth = 256
@@ -145,7 +151,8 @@ func connectRDMA(side *rdmaSide, qp *rdma.QP, rep helloReply, timeout time.Durat
 		qp.Destroy()
 		return nil, fmt.Errorf("%w: %v", ErrPeer, err)
 	}
-	return &rdmaConn{side: side, qp: qp, regions: rep.Regions, rkeys: rep.RKeys, bounce: b, mr: mr, timeout: timeout}, nil
+	return &rdmaConn{side: side, qp: qp, regions: rep.Regions, rkeys: rep.RKeys, bounce: b, mr: mr, timeout: timeout,
+		flush: qp.CanFlush() && rep.RDMAFlush, written: map[uint32]extent{}}, nil
 }
 
 func (c *rdmaConn) close() {
@@ -178,6 +185,7 @@ func (c *rdmaConn) write(_ context.Context, descs []verify.Desc, base int, local
 				return fmt.Errorf("descriptor %d: %w", base+i, err)
 			}
 			ws = append(ws, rdma.Op{Addr: d.Src + off, RemoteAddr: d.Dst + off, Len: n, RKey: key})
+			c.touch(key, d.Dst+off, n)
 		}
 	}
 	if err := c.qp.Writes(ws, c.timeout); err != nil {
@@ -186,17 +194,55 @@ func (c *rdmaConn) write(_ context.Context, descs []verify.Desc, base int, local
 	return nil
 }
 
+func (c *rdmaConn) touch(rkey uint32, addr, n uint64) {
+	e, ok := c.written[rkey]
+	if !ok {
+		e = extent{lo: addr, hi: addr + n}
+	}
+	c.written[rkey] = extent{lo: min(e.lo, addr), hi: max(e.hi, addr+n)}
+}
+
+// fence returns once the writes since the last fence are visible at the
+// target: a FLUSH of each region's written span where both ends do the
+// FLUSH verb, else a one-byte READ on the queue pair that carried them.
 func (c *rdmaConn) fence(ctx context.Context) error {
-	if len(c.regions) == 0 {
+	if len(c.written) == 0 {
 		return nil
 	}
-	return c.read(ctx, []verify.Range{{Addr: c.regions[0].Addr, Len: 1}}, make([]byte, 1), true)
+	if c.flush {
+		var fs []rdma.Op
+		for key, e := range c.written {
+			fs = append(fs, rdma.Op{RemoteAddr: e.lo, Len: e.hi - e.lo, RKey: key})
+		}
+		if err := c.qp.Flushes(fs, c.timeout); err != nil {
+			return rdmaErr(err)
+		}
+		clear(c.written)
+		return nil
+	}
+	for key, e := range c.written { // any byte the writes touched
+		if err := c.readOps([]rdma.Op{{Addr: c.mr.Addr, RemoteAddr: e.lo, Len: 1, RKey: key}}); err != nil {
+			return err
+		}
+		break
+	}
+	clear(c.written)
+	return nil
+}
+
+func (c *rdmaConn) readOps(ops []rdma.Op) error {
+	if err := c.qp.Reads(ops, c.timeout); err != nil {
+		return rdmaErr(err)
+	}
+	return nil
 }
 
 // read reads the ranges through the bounce buffer, as many at a time as it
 // holds (one round trip each), on the queue pair that carried the writes,
-// so every read is fenced by construction.
+// so every read is fenced by construction: it returns the target's bytes
+// as they are after every earlier write, which is what is checked.
 func (c *rdmaConn) read(_ context.Context, ranges []verify.Range, out []byte, _ bool) error {
+	clear(c.written)
 	var batch []rdma.Op
 	var used uint64
 	off := 0
@@ -204,8 +250,8 @@ func (c *rdmaConn) read(_ context.Context, ranges []verify.Range, out []byte, _ 
 		if len(batch) == 0 {
 			return nil
 		}
-		if err := c.qp.Reads(batch, c.timeout); err != nil {
-			return rdmaErr(err)
+		if err := c.readOps(batch); err != nil {
+			return err
 		}
 		off += copy(out[off:], c.bounce[:used])
 		batch, used = batch[:0], 0

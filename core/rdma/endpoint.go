@@ -56,6 +56,10 @@ func (e *Endpoint) Close() {
 	C.free(unsafe.Pointer(e.ep))
 }
 
+// Flush reports whether the device does the IBTA FLUSH verb with global
+// visibility; its memory regions and queue pairs then allow it.
+func (e *Endpoint) Flush() bool { return e.ep.flush != 0 }
+
 // GID is this endpoint's port GID.
 func (e *Endpoint) GID() [16]byte {
 	var g [16]byte
@@ -113,16 +117,21 @@ type QP struct {
 	psn    uint32
 	remote QPInfo
 	nextID uint64
+	flush  bool // an extended QP that can post FLUSH
 }
 
 // NewQP creates a queue pair of the given send depth.
 func (e *Endpoint) NewQP(depth int) (*QP, error) {
-	qp := C.mcg_qp_create(e.ep, C.int(depth))
+	var flush C.int
+	qp := C.mcg_qp_create(e.ep, C.int(depth), &flush)
 	if qp == nil {
 		return nil, fmt.Errorf("ibv_create_qp failed")
 	}
-	return &QP{e: e, qp: qp, depth: depth, psn: uint32(time.Now().UnixNano()) & 0xffffff}, nil
+	return &QP{e: e, qp: qp, depth: depth, psn: uint32(time.Now().UnixNano()) & 0xffffff, flush: flush != 0}, nil
 }
+
+// CanFlush reports whether this queue pair can post FLUSH.
+func (q *QP) CanFlush() bool { return q.flush }
 
 // Info describes the queue pair for its peer.
 func (q *QP) Info() QPInfo {
@@ -180,6 +189,34 @@ func (q *QP) Writes(ops []Op, timeout time.Duration) error {
 // peer: the fence.
 func (q *QP) Reads(ops []Op, timeout time.Duration) error {
 	return q.post(true, ops, q.depth, timeout)
+}
+
+// Flushes posts a FLUSH (global visibility, range) per op — RemoteAddr,
+// Len and RKey; Addr is unused — as chains of at most the queue depth,
+// each waited for with one completion: when it arrives, the QP's earlier
+// writes to those ranges are visible at the target. The target's regions
+// must have been registered for FLUSH (its endpoint's Flush).
+func (q *QP) Flushes(ops []Op, timeout time.Duration) error {
+	if !q.flush {
+		return fmt.Errorf("this queue pair cannot post FLUSH (the device or its provider lacks it)")
+	}
+	n := len(ops)
+	ra, rk, ln := make([]uint64, n), make([]uint32, n), make([]uint64, n)
+	for i, o := range ops {
+		ra[i], rk[i], ln[i] = o.RemoteAddr, o.RKey, o.Len
+	}
+	for start := 0; start < n; start += q.depth {
+		k := min(q.depth, n-start)
+		base := q.nextID
+		q.nextID += uint64(k)
+		if r := C.mcg_post_flush(q.e.ep, q.qp, C.int(k), (*C.uint64_t)(&ra[start]), (*C.uint32_t)(&rk[start]), (*C.uint64_t)(&ln[start]), C.uint64_t(base)); r != 0 {
+			return fmt.Errorf("%w: posting FLUSH: %v", ErrCompletion, syscall.Errno(r))
+		}
+		if err := q.wait(1, timeout); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Read reads n bytes of the peer's memory into local addr.

@@ -158,3 +158,45 @@ func TestInjectedErrorCompletion(t *testing.T) {
 	err = p.qa.Writes([]Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 4096, RKey: mr.RKey}}, 5*time.Second)
 	require.ErrorIs(t, err, ErrCompletion)
 }
+
+func TestFlushFencesWritesOnTheModel(t *testing.T) {
+	p := newPair(t, map[string]string{"MCG_NIC_LAG_US": "200000"})
+	require.True(t, p.a.Flush(), "the model's device does the FLUSH verb")
+	require.True(t, p.qa.CanFlush(), "and its provider gives an extended QP with it")
+	const size = 64 << 10
+	src, dst := alloc(t, size), alloc(t, size)
+	rand.Read(src)
+	_, err := p.a.Register(src.addr(0), size)
+	require.NoError(t, err)
+	mr, err := p.b.Register(dst.addr(0), size)
+	require.NoError(t, err)
+	for i := 0; i < 8; i++ {
+		ws := []Op{{Addr: src.addr(i * size / 8), RemoteAddr: dst.addr(i * size / 8), Len: size / 8, RKey: mr.RKey}}
+		require.NoError(t, p.qa.Writes(ws, 5*time.Second))
+	}
+	require.False(t, bytes.Equal(src, dst), "the writes completed, and their bytes are not all there yet")
+	require.NoError(t, p.qa.Flushes([]Op{{RemoteAddr: dst.addr(0), Len: size, RKey: mr.RKey}}, 5*time.Second))
+	require.True(t, bytes.Equal(src, dst), "a FLUSH on the same QP returns after its earlier writes are visible")
+
+	err = p.qa.Flushes([]Op{{RemoteAddr: dst.addr(0), Len: size + 1, RKey: mr.RKey}}, 5*time.Second)
+	require.ErrorIs(t, err, ErrCompletion, "a FLUSH past the region completes in error")
+	require.Contains(t, err.Error(), "remote access error")
+}
+
+func TestNoFlushVerbMeansAPlainQP(t *testing.T) {
+	p := newPair(t, map[string]string{"MCG_NIC_NO_FLUSH": "1"})
+	require.False(t, p.a.Flush())
+	require.False(t, p.qa.CanFlush())
+	err := p.qa.Flushes([]Op{{RemoteAddr: 0x1000, Len: 1, RKey: 1}}, time.Second)
+	require.ErrorContains(t, err, "cannot post FLUSH")
+	// The plain QP still carries WRITEs and READs.
+	src, dst := alloc(t, 4096), alloc(t, 4096)
+	rand.Read(src[:2048])
+	_, err = p.a.Register(src.addr(0), 4096)
+	require.NoError(t, err)
+	mr, err := p.b.Register(dst.addr(0), 4096)
+	require.NoError(t, err)
+	require.NoError(t, p.qa.Writes([]Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 2048, RKey: mr.RKey}}, 5*time.Second))
+	require.NoError(t, p.qa.Read(src.addr(2048), dst.addr(0), mr.RKey, 2048, 5*time.Second))
+	require.Equal(t, src[:2048], src[2048:])
+}

@@ -16,6 +16,20 @@ static int pick_gid(struct mcg_endpoint *ep) {
     return 0;
 }
 
+/* Whether the device reports FLUSH with global visibility. The extended
+ * device query is called through the context's ops, as verbs.h's inline
+ * ibv_query_device_ex does, without its legacy fallback (which would
+ * link ibv_query_device). */
+static int probe_flush(struct mcg_endpoint *ep) {
+    if (!ep->v->qp_to_qp_ex) return 0;
+    struct verbs_context *vctx = verbs_get_ctx_op(ep->ctx, query_device_ex);
+    if (!vctx) return 0;
+    struct ibv_device_attr_ex a;
+    memset(&a, 0, sizeof a);
+    if (vctx->query_device_ex(ep->ctx, NULL, &a, sizeof a) != 0) return 0;
+    return (a.device_cap_flags_ex & MCG_DEVICE_FLUSH_GLOBAL) != 0;
+}
+
 int mcg_ep_open(struct mcg_verbs *v, const char *device, int gid_index, struct mcg_endpoint *ep, char *err,
                 size_t errlen) {
     memset(ep, 0, sizeof *ep);
@@ -50,6 +64,7 @@ int mcg_ep_open(struct mcg_verbs *v, const char *device, int gid_index, struct m
         snprintf(err, errlen, device ? "device %s has no active port" : "no device with an active port", device);
         return -1;
     }
+    ep->flush = probe_flush(ep);
     ep->gid_index = gid_index >= 0 ? gid_index : pick_gid(ep);
     if (v->query_gid(ep->ctx, ep->port, ep->gid_index, &ep->gid) != 0 || !(ep->pd = v->alloc_pd(ep->ctx))) {
         snprintf(err, errlen, "setting up the device: %s", strerror(errno));
@@ -66,18 +81,24 @@ void mcg_ep_close(struct mcg_endpoint *ep) {
     ep->ctx = NULL;
 }
 
+static int access_flags(struct mcg_endpoint *ep) {
+    return IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+           (ep->flush ? MCG_ACCESS_FLUSH_GLOBAL : 0);
+}
+
 struct ibv_mr *mcg_ep_reg(struct mcg_endpoint *ep, void *addr, size_t len) {
-    return ep->v->reg_mr(ep->pd, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    return ep->v->reg_mr(ep->pd, addr, len, access_flags(ep));
 }
 
 int mcg_ep_dereg(struct mcg_endpoint *ep, struct ibv_mr *mr) { return ep->v->dereg_mr(mr); }
 uint32_t mcg_mr_lkey(struct ibv_mr *mr) { return mr->lkey; }
 uint32_t mcg_mr_rkey(struct ibv_mr *mr) { return mr->rkey; }
 
-struct ibv_qp *mcg_qp_create(struct mcg_endpoint *ep, int depth) {
+struct ibv_qp *mcg_qp_create(struct mcg_endpoint *ep, int depth, int *flush) {
+    *flush = 0;
     struct ibv_cq *cq = ep->v->create_cq(ep->ctx, 2 * depth + 16, NULL, NULL, 0);
     if (!cq) return NULL;
-    struct ibv_qp_init_attr a;
+    struct ibv_qp_init_attr_ex a;
     memset(&a, 0, sizeof a);
     a.send_cq = cq;
     a.recv_cq = cq;
@@ -86,7 +107,21 @@ struct ibv_qp *mcg_qp_create(struct mcg_endpoint *ep, int depth) {
     a.cap.max_recv_wr = 1;
     a.cap.max_send_sge = 1;
     a.cap.max_recv_sge = 1;
-    struct ibv_qp *qp = ep->v->create_qp(ep->pd, &a);
+    a.pd = ep->pd;
+    struct ibv_qp *qp = NULL;
+    struct verbs_context *vctx = ep->flush ? verbs_get_ctx_op(ep->ctx, create_qp_ex) : NULL;
+    if (vctx) {
+        a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        a.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ | MCG_QP_EX_WITH_FLUSH;
+        qp = vctx->create_qp_ex(ep->ctx, &a);
+        struct ibv_qp_ex *qpx = qp ? ep->v->qp_to_qp_ex(qp) : NULL;
+        *flush = qpx && mcg_qpx_wr_flush(qpx) && qpx->wr_start && qpx->wr_complete;
+    }
+    if (!qp) { /* the ibv_qp_init_attr prefix of the extended attributes */
+        a.comp_mask = 0;
+        a.send_ops_flags = 0;
+        qp = ep->v->create_qp(ep->pd, (struct ibv_qp_init_attr *)&a);
+    }
     if (!qp) ep->v->destroy_cq(cq);
     return qp;
 }
@@ -105,7 +140,7 @@ int mcg_qp_connect(struct mcg_endpoint *ep, struct ibv_qp *qp, uint32_t remote_q
     a.qp_state = IBV_QPS_INIT;
     a.pkey_index = 0;
     a.port_num = ep->port;
-    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE;
+    a.qp_access_flags = access_flags(ep);
     int r = ep->v->modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
     if (r) return r;
     memset(&a, 0, sizeof a);
@@ -169,6 +204,20 @@ int mcg_post_chain(struct ibv_qp *qp, int is_read, int n, const uint64_t *laddr,
     free(wrs);
     free(sges);
     return r;
+}
+
+int mcg_post_flush(struct mcg_endpoint *ep, struct ibv_qp *qp, int n, const uint64_t *raddr, const uint32_t *rkey,
+                   const uint64_t *len, uint64_t wr_base) {
+    struct ibv_qp_ex *qpx = ep->v->qp_to_qp_ex ? ep->v->qp_to_qp_ex(qp) : NULL;
+    mcg_wr_flush_fn wr_flush = qpx ? mcg_qpx_wr_flush(qpx) : NULL;
+    if (!wr_flush) return EOPNOTSUPP;
+    ibv_wr_start(qpx);
+    for (int i = 0; i < n; i++) {
+        qpx->wr_id = wr_base + (uint64_t)i;
+        qpx->wr_flags = i == n - 1 ? IBV_SEND_SIGNALED : 0;
+        wr_flush(qpx, rkey[i], raddr[i], (size_t)len[i], MCG_FLUSH_GLOBAL, MCG_FLUSH_RANGE);
+    }
+    return ibv_wr_complete(qpx);
 }
 
 int mcg_poll(struct ibv_qp *qp, int max, uint64_t *wr_ids, int *statuses) {

@@ -5,6 +5,7 @@
 #define MCGUARD_QP_SHIM_H
 #include <stdint.h>
 #include "verbs_shim.h"
+#include "flush_abi.h"
 
 struct mcg_endpoint {
     struct mcg_verbs *v;
@@ -14,6 +15,7 @@ struct mcg_endpoint {
     int gid_index;
     union ibv_gid gid;
     enum ibv_mtu mtu;
+    int flush; /* the device does the FLUSH verb (global visibility): MRs and QPs allow it */
 };
 
 /* Opens device (NULL: the first with an active port) and picks the GID:
@@ -29,8 +31,11 @@ uint32_t mcg_mr_lkey(struct ibv_mr *mr);
 uint32_t mcg_mr_rkey(struct ibv_mr *mr);
 
 /* A queue pair with a completion queue of its own, so that waits on two
- * queue pairs never take each other's completions. */
-struct ibv_qp *mcg_qp_create(struct mcg_endpoint *ep, int depth);
+ * queue pairs never take each other's completions. On a FLUSH-capable
+ * endpoint it is an extended QP that can post FLUSH, and *flush says
+ * whether the provider gave it that (an older provider refuses the
+ * send op, and the QP is made without it). */
+struct ibv_qp *mcg_qp_create(struct mcg_endpoint *ep, int depth, int *flush);
 void mcg_qp_destroy(struct mcg_endpoint *ep, struct ibv_qp *qp);
 uint32_t mcg_qp_num(struct ibv_qp *qp);
 /* RESET -> INIT -> RTR -> RTS towards (remote_qpn, remote_gid). 0 or errno. */
@@ -44,6 +49,12 @@ int mcg_qp_reset(struct mcg_endpoint *ep, struct ibv_qp *qp);
 int mcg_post_chain(struct ibv_qp *qp, int is_read, int n, const uint64_t *laddr, const uint32_t *lkey,
                    const uint64_t *raddr, const uint32_t *rkey, const uint32_t *len, uint64_t wr_base,
                    int signal_every);
+/* Posts n FLUSHes (placement type global, selectivity range) through the
+ * extended QP API, the last signaled, with wr_id = wr_base + index; each
+ * returns once the QP's earlier writes to its range are globally visible
+ * at the target. 0 or errno. */
+int mcg_post_flush(struct mcg_endpoint *ep, struct ibv_qp *qp, int n, const uint64_t *raddr, const uint32_t *rkey,
+                   const uint64_t *len, uint64_t wr_base);
 /* Polls up to max completions of qp: wr_ids and statuses (enum ibv_wc_status). */
 int mcg_poll(struct ibv_qp *qp, int max, uint64_t *wr_ids, int *statuses);
 const char *mcg_wc_status_str(int status);

@@ -11,7 +11,11 @@
  *    visible (a READ flushes them, as on PCIe);
  *  - accesses are checked against the remote MR (rkey and bounds): a bad
  *    one completes in error (IBV_WC_REM_ACCESS_ERR) and moves the QP to
- *    the error state; MCG_NIC_FAIL_WR=n fails the n-th WRITE the same way.
+ *    the error state; MCG_NIC_FAIL_WR=n fails the n-th WRITE the same way;
+ *  - the IBTA FLUSH verb, through the extended QP API: like a READ, it is
+ *    answered once the QP's earlier writes are visible, and it needs an MR
+ *    registered for it. MCG_NIC_NO_FLUSH=1 makes a device without it, and
+ *    then an extended QP asking for it is refused, as providers do.
  * The fabric between processes is a Unix socket per process (abstract
  * name "mcgnic-<pid>"); a GID carries the pid. One device, one port. */
 #define _GNU_SOURCE
@@ -28,12 +32,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../../core/rdma/flush_abi.h"
+
 /* verbs.h wraps these two in macros for its inline fast paths; the model
  * defines the exported functions themselves. */
 #undef ibv_query_port
 #undef ibv_reg_mr
 
-enum { M_WRITE = 1, M_READ = 2, M_ACK = 3, M_NAK = 4, M_READRESP = 5, M_HELLO = 6 };
+enum { M_WRITE = 1, M_READ = 2, M_ACK = 3, M_NAK = 4, M_READRESP = 5, M_HELLO = 6, M_FLUSH = 7, M_FLUSHRESP = 8 };
 
 struct msg {
     uint32_t op, rkey, len, qpn;
@@ -42,6 +48,7 @@ struct msg {
 
 struct mr_entry {
     struct ibv_mr mr;
+    int access;
     struct mr_entry *next;
 };
 
@@ -53,8 +60,21 @@ struct pending_read { /* a READ waiting for its response */
     struct pending_read *next;
 };
 
+struct flush_wr { /* a FLUSH between wr_start and wr_complete */
+    uint64_t wr_id, raddr, len;
+    uint32_t rkey;
+    int signaled;
+};
+
 struct mqp {
-    struct ibv_qp qp;
+    union { /* an extended QP begins with the plain one */
+        struct ibv_qp qp;
+        struct ibv_qp_ex qpx;
+        char qpx_with_flush[MCG_WR_FLUSH_OFFSET + sizeof(mcg_wr_flush_fn)];
+    };
+    int extended; /* made by create_qp_ex: ibv_qp_to_qp_ex answers */
+    struct flush_wr batch[256];
+    int nbatch, overflow;
     int fd; /* connection to the remote NIC, once RTR */
     pthread_t reader;
     int sq_sig_all;
@@ -76,7 +96,7 @@ struct mcq {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct mr_entry *g_mrs;
 static uint32_t g_next_key = 0x100, g_next_qpn = 0x10;
-static int g_listening, g_writes, g_fail_wr;
+static int g_listening, g_writes, g_fail_wr, g_no_flush;
 static long g_lag_us;
 static struct ibv_device g_dev;
 static struct ibv_device *g_list[2];
@@ -115,13 +135,14 @@ static void sock_name(struct sockaddr_un *a, socklen_t *len, int pid) {
     *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
 }
 
-/* The MR that holds [addr, addr+len) under rkey, or NULL. */
-static struct ibv_mr *find_mr(uint32_t rkey, uint64_t addr, uint64_t len) {
+/* The MR that holds [addr, addr+len) under rkey and allows access, or NULL. */
+static struct ibv_mr *find_mr(uint32_t rkey, uint64_t addr, uint64_t len, int access) {
     struct ibv_mr *found = NULL;
     pthread_mutex_lock(&g_mu);
     for (struct mr_entry *e = g_mrs; e; e = e->next) {
         uint64_t base = (uint64_t)(uintptr_t)e->mr.addr;
-        if (e->mr.rkey == rkey && addr >= base && addr + len <= base + e->mr.length && addr + len >= addr) {
+        if (e->mr.rkey == rkey && addr >= base && addr + len <= base + e->mr.length && addr + len >= addr &&
+            (e->access & access) == access) {
             found = &e->mr;
             break;
         }
@@ -184,7 +205,7 @@ static void *responder_main(void *arg) {
             int nth = ++g_writes;
             pthread_mutex_unlock(&g_mu);
             struct msg reply = {.op = M_ACK, .wr_id = m.wr_id};
-            if (!find_mr(m.rkey, m.raddr, m.len) || (g_fail_wr && nth == g_fail_wr)) {
+            if (!find_mr(m.rkey, m.raddr, m.len, IBV_ACCESS_REMOTE_WRITE) || (g_fail_wr && nth == g_fail_wr)) {
                 reply.op = M_NAK;
                 free(data);
             } else {
@@ -205,8 +226,16 @@ static void *responder_main(void *arg) {
             }
             /* Acknowledged before it is visible: completion before visibility. */
             if (write_full(r->fd, &reply, sizeof reply) != 0) break;
+        } else if (m.op == M_FLUSH) {
+            /* Answered once this QP's earlier writes are visible. */
+            struct ibv_mr *mr = find_mr(m.rkey, m.raddr, m.len, MCG_ACCESS_FLUSH_GLOBAL);
+            pthread_mutex_lock(&r->mu);
+            while (r->head) pthread_cond_wait(&r->cv, &r->mu);
+            pthread_mutex_unlock(&r->mu);
+            struct msg reply = {.op = mr ? M_FLUSHRESP : M_NAK, .wr_id = m.wr_id};
+            if (write_full(r->fd, &reply, sizeof reply) != 0) break;
         } else if (m.op == M_READ) {
-            struct ibv_mr *mr = find_mr(m.rkey, m.raddr, m.len);
+            struct ibv_mr *mr = find_mr(m.rkey, m.raddr, m.len, IBV_ACCESS_REMOTE_READ);
             /* A READ on this QP waits until its earlier writes are visible. */
             pthread_mutex_lock(&r->mu);
             while (r->head) pthread_cond_wait(&r->cv, &r->mu);
@@ -297,6 +326,8 @@ static void *reader_main(void *arg) {
             } else if (signaled) {
                 push_wc(q->qp.send_cq, id, IBV_WC_SUCCESS, IBV_WC_RDMA_WRITE, q->qp.qp_num, 0);
             }
+        } else if (m.op == M_FLUSHRESP) {
+            if (m.wr_id & 1) push_wc(q->qp.send_cq, m.wr_id >> 1, IBV_WC_SUCCESS, (enum ibv_wc_opcode)MCG_WC_FLUSH, q->qp.qp_num, 0);
         } else if (m.op == M_READRESP) {
             pthread_mutex_lock(&q->mu);
             struct pending_read **pp = &q->reads, *p = NULL;
@@ -386,12 +417,97 @@ static int model_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv
     (void)qp; *bad = wr; return EOPNOTSUPP; /* mcguard posts no receives */
 }
 
+/* ---- the extended QP API: FLUSH only (the one op mcguard posts through it) ---- */
+
+static void model_wr_start(struct ibv_qp_ex *qpx) {
+    struct mqp *q = (struct mqp *)qpx;
+    q->nbatch = q->overflow = 0;
+}
+
+static void model_wr_flush(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t raddr, size_t len, uint8_t type, uint8_t level) {
+    struct mqp *q = (struct mqp *)qpx;
+    if (q->nbatch == (int)(sizeof q->batch / sizeof q->batch[0]) || type != MCG_FLUSH_GLOBAL || level != MCG_FLUSH_RANGE) {
+        q->overflow = 1;
+        return;
+    }
+    q->batch[q->nbatch++] = (struct flush_wr){.wr_id = qpx->wr_id, .raddr = raddr, .len = len, .rkey = rkey,
+                                              .signaled = q->sq_sig_all || (qpx->wr_flags & IBV_SEND_SIGNALED)};
+}
+
+static int model_wr_complete(struct ibv_qp_ex *qpx) {
+    struct mqp *q = (struct mqp *)qpx;
+    if (q->overflow) return EINVAL;
+    enum ibv_qp_state state = __atomic_load_n(&q->qp.state, __ATOMIC_ACQUIRE);
+    if (state != IBV_QPS_RTS && state != IBV_QPS_ERR) return EINVAL;
+    for (int i = 0; i < q->nbatch; i++) {
+        struct flush_wr *f = &q->batch[i];
+        if (state == IBV_QPS_ERR) {
+            push_wc(q->qp.send_cq, f->wr_id, IBV_WC_WR_FLUSH_ERR, (enum ibv_wc_opcode)MCG_WC_FLUSH, q->qp.qp_num, 0);
+            continue;
+        }
+        struct msg m = {.op = M_FLUSH, .rkey = f->rkey, .raddr = f->raddr, .len = (uint32_t)f->len, .qpn = q->qp.qp_num,
+                        .wr_id = (f->wr_id << 1) | (uint64_t)f->signaled};
+        if (f->len > UINT32_MAX || write_full(q->fd, &m, sizeof m)) return EIO;
+    }
+    q->nbatch = 0;
+    return 0;
+}
+
+static void model_wr_abort(struct ibv_qp_ex *qpx) { ((struct mqp *)qpx)->nbatch = 0; }
+
+struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp) {
+    struct mqp *q = (struct mqp *)qp;
+    return q->extended ? &q->qpx : NULL;
+}
+
+static void fill_device_attr(struct ibv_device_attr *a) {
+    memset(a, 0, sizeof *a);
+    a->phys_port_cnt = 1;
+    a->max_qp_wr = 4096;
+    a->max_sge = 4;
+    a->max_qp_rd_atom = 16;
+}
+
+static int model_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_ex_input *in,
+                                 struct ibv_device_attr_ex *a, size_t size) {
+    (void)ctx; (void)in;
+    if (size < sizeof *a) return EINVAL;
+    memset(a, 0, size);
+    fill_device_attr(&a->orig_attr);
+    a->device_cap_flags_ex = g_no_flush ? 0 : MCG_DEVICE_FLUSH_GLOBAL;
+    return 0;
+}
+
+static struct ibv_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
+
+static struct ibv_qp *model_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *attr) {
+    (void)ctx;
+    uint64_t known = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ | (g_no_flush ? 0 : MCG_QP_EX_WITH_FLUSH);
+    if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || (attr->send_ops_flags & ~known)) {
+        errno = EOPNOTSUPP; /* as a provider answers a send op it lacks */
+        return NULL;
+    }
+    struct ibv_qp *qp = create_qp(attr->pd, (struct ibv_qp_init_attr *)attr);
+    if (!qp) return NULL;
+    struct mqp *q = (struct mqp *)qp;
+    q->extended = 1;
+    q->qpx.wr_start = model_wr_start;
+    q->qpx.wr_complete = model_wr_complete;
+    q->qpx.wr_abort = model_wr_abort;
+    if (attr->send_ops_flags & MCG_QP_EX_WITH_FLUSH) {
+        mcg_wr_flush_fn fn = model_wr_flush;
+        memcpy(q->qpx_with_flush + MCG_WR_FLUSH_OFFSET, &fn, sizeof fn);
+    }
+    return qp;
+}
+
 /* ---- the verbs entry points ---- */
 
 struct ibv_device **ibv_get_device_list(int *n) {
     g_lag_us = env_long("MCG_NIC_LAG_US");
     pthread_mutex_lock(&g_mu);
     g_fail_wr = (int)env_long("MCG_NIC_FAIL_WR");
+    g_no_flush = env_long("MCG_NIC_NO_FLUSH") != 0;
     g_writes = 0; /* MCG_NIC_FAIL_WR counts from the latest device listing */
     pthread_mutex_unlock(&g_mu);
     snprintf(g_dev.name, sizeof g_dev.name, "mcgnic0");
@@ -406,7 +522,14 @@ const char *ibv_get_device_name(struct ibv_device *d) { return d->name; }
 
 struct ibv_context *ibv_open_device(struct ibv_device *d) {
     if (ensure_listening() != 0) { errno = EIO; return NULL; }
-    struct ibv_context *ctx = calloc(1, sizeof *ctx);
+    /* An extended context, so verbs.h's inline helpers find the
+     * extended ops (query_device_ex, create_qp_ex) before it. */
+    struct verbs_context *vctx = calloc(1, sizeof *vctx);
+    vctx->sz = sizeof *vctx;
+    vctx->query_device_ex = model_query_device_ex;
+    vctx->create_qp_ex = model_create_qp_ex;
+    struct ibv_context *ctx = &vctx->context;
+    ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
     ctx->device = d;
     ctx->ops.post_send = model_post_send;
     ctx->ops.poll_cq = model_poll_cq;
@@ -414,15 +537,14 @@ struct ibv_context *ibv_open_device(struct ibv_device *d) {
     return ctx;
 }
 
-int ibv_close_device(struct ibv_context *ctx) { free(ctx); return 0; }
+int ibv_close_device(struct ibv_context *ctx) {
+    free((char *)ctx - offsetof(struct verbs_context, context));
+    return 0;
+}
 
 int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *a) {
     (void)ctx;
-    memset(a, 0, sizeof *a);
-    a->phys_port_cnt = 1;
-    a->max_qp_wr = 4096;
-    a->max_sge = 4;
-    a->max_qp_rd_atom = 16;
+    fill_device_attr(a);
     return 0;
 }
 
@@ -458,9 +580,10 @@ struct ibv_pd *ibv_alloc_pd(struct ibv_context *ctx) {
 int ibv_dealloc_pd(struct ibv_pd *pd) { free(pd); return 0; }
 
 struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
-    (void)access;
     if (!addr || !len) { errno = EINVAL; return NULL; }
+    if ((access & MCG_ACCESS_FLUSH_GLOBAL) && g_no_flush) { errno = EINVAL; return NULL; }
     struct mr_entry *e = calloc(1, sizeof *e);
+    e->access = access;
     e->mr.context = pd->context;
     e->mr.pd = pd;
     e->mr.addr = addr;
@@ -499,7 +622,9 @@ struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
 
 int ibv_destroy_cq(struct ibv_cq *cq) { free(cq); return 0; }
 
-struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr) {
+struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr) { return create_qp(pd, attr); }
+
+static struct ibv_qp *create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr) {
     if (attr->qp_type != IBV_QPT_RC) { errno = EINVAL; return NULL; }
     struct mqp *q = calloc(1, sizeof *q);
     q->qp.context = pd->context;
