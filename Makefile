@@ -47,8 +47,8 @@ deps-python:
 ## and the software models of the CUDA driver and of an RDMA NIC the tests use
 build: $(LIB) $(CUDA_MODEL) $(NIC_MODEL)
 
-$(NIC_MODEL): tests/nicmodel/nicmodel.c | deps-system
-	cc -shared -fPIC -O2 -Wall -o $@ $< -lpthread
+$(NIC_MODEL): tests/nicmodel/nicmodel.c core/rdma/flush_abi.h | deps-system
+	cc -shared -fPIC -O2 -Wall -o $@ $< -lpthread -ldl
 
 $(CUDA_MODEL): tests/cudamodel/cudamodel.c
 	cc -shared -fPIC -O2 -Wall -o $@ $< -lpthread

@@ -217,8 +217,8 @@ func (g *Guard) Register(addr, n uint64) error {
 		}
 		mem = first
 	}
-	if g.rdma != nil && !mem.Device {
-		if err := g.rdma.register(addr, n); err != nil {
+	if g.rdma != nil {
+		if err := g.rdma.register(addr, n, mem, g.regions.gpu); err != nil {
 			return err
 		}
 		if err := g.regions.add(addr, n, mem); err != nil {

@@ -121,3 +121,72 @@ func TestRDMAFenceIsAFlushWhereBothEndsHaveIt(t *testing.T) {
 		})
 	}
 }
+
+// gpuOverRDMA opens a prefill and a decode guard on the NIC model and the
+// CUDA model, with a GPU buffer registered on each; every transfer sends a
+// notice, so the decode side can sync by transfer id.
+func gpuOverRDMA(t *testing.T, sendJS string, size int) (send, recv *Guard, src, dst uint64, srcView, dstView []byte) {
+	rkey := rdmaKey(t)
+	ckey, m := cudaModel(t)
+	send = openGuard(t, "{"+rkey+", "+ckey+`, "notify": "always"`+sendJS+"}")
+	recv = openGuard(t, "{"+rkey+", "+ckey+"}")
+	src, srcView = devAlloc(t, m, size)
+	dst, dstView = devAlloc(t, m, size)
+	require.NoError(t, send.Register(src, uint64(size)))
+	require.NoError(t, recv.Register(dst, uint64(size)))
+	return
+}
+
+func gpuBlocks(src, dst uint64, n, size int) []verify.Desc {
+	d := make([]verify.Desc, n)
+	for i := range d {
+		d[i] = verify.Desc{Src: src + uint64(i*size), Dst: dst + uint64(i*size), Len: uint64(size)}
+	}
+	return d
+}
+
+func TestRDMAGPUToGPUInEveryMode(t *testing.T) {
+	const n, size = 16, 64 << 10
+	send, recv, src, dst, srcView, dstView := gpuOverRDMA(t, "", n*size)
+	for _, mode := range verify.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			fill(srcView)
+			descs := gpuBlocks(src, dst, n, size)
+			res, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{Verify: &mode})
+			require.NoError(t, err)
+			require.NoError(t, recv.SyncTransfers([]uint64{res.ID}, 0))
+			require.True(t, bytes.Equal(srcView, dstView), "what the decode GPU's kernels see equals the source")
+		})
+	}
+}
+
+func TestRDMAGPUWritesAreVisibleToKernelsOnlyAfterTheReceiversSync(t *testing.T) {
+	const size = 256 << 10
+	send, recv, src, dst, srcView, dstView := gpuOverRDMA(t, `, "verify": "off"`, size)
+	fill(srcView)
+	_, err := send.Transfer(recv.Endpoint(), gpuBlocks(src, dst, 4, size/4), TransferOptions{})
+	require.NoError(t, err)
+	require.False(t, bytes.Equal(srcView, dstView), "GPUDirect writes have landed, and kernels may not see them yet")
+	require.NoError(t, recv.Sync([]SyncRange{{dst, size}}, nil, 0))
+	require.True(t, bytes.Equal(srcView, dstView), "mc_guard_sync's flush made them visible")
+}
+
+func TestRDMAGPUMemoryWithoutDmabuf(t *testing.T) {
+	rkey := rdmaKey(t)
+	ckey, m := cudaModel(t)
+	t.Setenv("MCG_MODEL_NO_DMABUF", "1") // a device that reports DMA_BUF_SUPPORTED = 0
+	g := openGuard(t, "{"+rkey+", "+ckey+"}")
+	buf, _ := devAlloc(t, m, 8192)
+	err := g.Register(buf, 8192)
+	require.ErrorIs(t, err, ErrDevice, "no dmabuf and no nvidia-peermem: GPU memory cannot be registered")
+	require.Contains(t, err.Error(), "DMA_BUF_SUPPORTED = 0")
+	require.Contains(t, err.Error(), "nvidia-peermem")
+
+	t.Setenv("MCG_NIC_PEERMEM", "1") // the model reads it when a guard opens its device
+	send, recv, src, dst, srcView, dstView := gpuOverRDMA(t, `, "verify": "tail"`, 8192)
+	fill(srcView)
+	res, err := send.Transfer(recv.Endpoint(), gpuBlocks(src, dst, 2, 4096), TransferOptions{})
+	require.NoError(t, err, "with nvidia-peermem the device pointer registers as it is")
+	require.NoError(t, recv.SyncTransfers([]uint64{res.ID}, 0))
+	require.True(t, bytes.Equal(srcView, dstView))
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/mcguard/mcguard/core/cuda"
 	"github.com/mcguard/mcguard/core/rdma"
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
@@ -36,15 +37,44 @@ func openRDMA(path, device string, gidIndex int) (*rdmaSide, error) {
 	return &rdmaSide{ep: ep, mrs: map[uint64]*rdma.MR{}, peers: map[string]*rdma.QP{}}, nil
 }
 
-func (r *rdmaSide) register(addr, n uint64) error {
-	mr, err := r.ep.Register(addr, n)
-	if err != nil {
+// register makes [addr, addr+n) a memory region. GPU memory goes as a
+// dmabuf where the verbs library, the CUDA driver and the device all do
+// it, else as a plain registration of the device pointer, which the
+// kernel accepts where nvidia-peermem is loaded; neither is an
+// MC_ERR_DEVICE that says what each lacked.
+func (r *rdmaSide) register(addr, n uint64, mem cuda.Memory, gpu *cuda.Driver) error {
+	var mr *rdma.MR
+	var err error
+	if mem.Device {
+		mr, err = r.registerDevice(addr, n, mem, gpu)
+		if err != nil {
+			return err
+		}
+	} else if mr, err = r.ep.Register(addr, n); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidArg, err)
 	}
 	r.mu.Lock()
 	r.mrs[addr] = mr
 	r.mu.Unlock()
 	return nil
+}
+
+func (r *rdmaSide) registerDevice(addr, n uint64, mem cuda.Memory, gpu *cuda.Driver) (*rdma.MR, error) {
+	fd, offset, err := gpu.Dmabuf(addr, n, mem)
+	if err == nil {
+		mr, rerr := r.ep.RegisterDmabuf(fd, offset, n, addr)
+		syscall.Close(fd) // the registration holds the dmabuf now
+		if rerr == nil {
+			return mr, nil
+		}
+		err = rerr
+	}
+	mr, perr := r.ep.Register(addr, n)
+	if perr == nil {
+		return mr, nil
+	}
+	return nil, fmt.Errorf("%w: GPU memory [%#x, +%d) cannot be registered for RDMA: as a dmabuf: %v; as a plain registration (needs nvidia-peermem): %v",
+		ErrDevice, addr, n, err, perr)
 }
 
 func (r *rdmaSide) unregister(addr uint64) {
@@ -175,9 +205,6 @@ func rdmaErr(err error) error { return fmt.Errorf("%w: %v", ErrPeer, err) }
 func (c *rdmaConn) write(_ context.Context, descs []verify.Desc, base int, local *Regions) error {
 	var ws []rdma.Op
 	for i, d := range descs {
-		if m, err := local.Memory(d.Src, d.Len); err != nil || m.Device {
-			return fmt.Errorf("%w: descriptor %d: GPU memory over RDMA needs dmabuf registration, not in this build", ErrDevice, base+i)
-		}
 		for off := uint64(0); off < d.Len; off += wire.WriteSlice {
 			n := min(wire.WriteSlice, d.Len-off)
 			key, err := c.rkey(d.Dst+off, n)

@@ -1,6 +1,7 @@
 // Loading libcuda: dlopen, cuInit, cuDriverGetVersion, then every other
 // entry point through cuGetProcAddress, all or nothing (NCCL's cudawrap
-// does the same). Only cuFlushGPUDirectRDMAWrites is optional.
+// does the same). cuFlushGPUDirectRDMAWrites and the dmabuf export
+// entry points are optional.
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
@@ -37,16 +38,17 @@ int mcg_cuda_load(const char *path, struct mcg_cuda *c, char *err, size_t errlen
                  c->driver_version, MCG_CUDA_MIN_DRIVER);
         goto fail;
     }
-#define GET(name, required)                                                                  \
+#define GET_AT(name, version, required)                                                      \
     do {                                                                                     \
         void *p = NULL;                                                                      \
-        r = c->cuGetProcAddress(#name, &p, CUDA_API_VERSION, 0);                             \
+        r = c->cuGetProcAddress(#name, &p, version, 0);                                      \
         if ((r != MCG_CUDA_SUCCESS || !p) && required) {                                     \
             snprintf(err, errlen, "cuGetProcAddress(%s) failed with CUresult %d", #name, r); \
             goto fail;                                                                       \
         }                                                                                    \
         memcpy(&c->name, &p, sizeof p);                                                      \
     } while (0)
+#define GET(name, required) GET_AT(name, CUDA_API_VERSION, required)
     GET(cuGetErrorName, 1);
     GET(cuPointerGetAttribute, 1);
     GET(cuDeviceGet, 1);
@@ -60,7 +62,11 @@ int mcg_cuda_load(const char *path, struct mcg_cuda *c, char *err, size_t errlen
     GET(cuMemcpyDtoHAsync, 1);
     GET(cuMemcpyHtoDAsync, 1);
     GET(cuFlushGPUDirectRDMAWrites, 0);
+    GET(cuDeviceGetAttribute, 0);
+    GET(cuMemGetAddressRange, 0);
+    if (c->driver_version >= MCG_CUDA_DMABUF_DRIVER) GET_AT(cuMemGetHandleForAddressRange, MCG_CUDA_DMABUF_DRIVER, 0);
 #undef GET
+#undef GET_AT
     return 0;
 fail_code:
     dlclose(c->lib);
@@ -101,6 +107,25 @@ CUresult mcg_cu_htod_async(struct mcg_cuda *c, CUdeviceptr dst, const void *src,
 CUresult mcg_cu_flush_gpudirect(struct mcg_cuda *c) {
     if (!c->cuFlushGPUDirectRDMAWrites) return MCG_CUDA_SUCCESS;
     return c->cuFlushGPUDirectRDMAWrites(MCG_CU_FLUSH_TARGET_CURRENT_CTX, MCG_CU_FLUSH_TO_OWNER);
+}
+
+CUresult mcg_cu_dmabuf_supported(struct mcg_cuda *c, int ordinal, int *supported) {
+    *supported = 0;
+    if (!c->cuDeviceGetAttribute || !c->cuMemGetHandleForAddressRange) return MCG_CUDA_MISSING;
+    CUdevice dev;
+    CUresult r = c->cuDeviceGet(&dev, ordinal);
+    if (r != MCG_CUDA_SUCCESS) return r;
+    return c->cuDeviceGetAttribute(supported, MCG_CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev);
+}
+
+CUresult mcg_cu_mem_get_address_range(struct mcg_cuda *c, CUdeviceptr p, CUdeviceptr *base, size_t *size) {
+    if (!c->cuMemGetAddressRange) return MCG_CUDA_MISSING;
+    return c->cuMemGetAddressRange(base, size, p);
+}
+
+CUresult mcg_cu_mem_get_dmabuf_fd(struct mcg_cuda *c, CUdeviceptr base, size_t size, int *fd) {
+    if (!c->cuMemGetHandleForAddressRange) return MCG_CUDA_MISSING;
+    return c->cuMemGetHandleForAddressRange(fd, base, size, MCG_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
 }
 
 const char *mcg_cu_error_name(struct mcg_cuda *c, CUresult r) {

@@ -26,6 +26,11 @@ typedef unsigned long long CUdeviceptr;
 #define MCG_CU_FLUSH_TO_OWNER 100
 /* cuGetProcAddress and cuFlushGPUDirectRDMAWrites arrived in CUDA 11.3. */
 #define MCG_CUDA_MIN_DRIVER 11030
+/* dmabuf export of device memory (CUDA 11.7), for RDMA registration. */
+#define MCG_CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED 124
+#define MCG_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD 1
+#define MCG_CUDA_DMABUF_DRIVER 11070
+#define MCG_CUDA_MISSING (-2) /* an optional entry point this driver lacks */
 
 struct mcg_cuda {
     void *lib;
@@ -46,6 +51,10 @@ struct mcg_cuda {
     CUresult (*cuMemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
     CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
     CUresult (*cuFlushGPUDirectRDMAWrites)(int, int); /* NULL when the driver lacks it */
+    /* optional, for dmabuf export: NULL when the driver lacks them */
+    CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
+    CUresult (*cuMemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
+    CUresult (*cuMemGetHandleForAddressRange)(void *, CUdeviceptr, size_t, int, unsigned long long);
 };
 
 /* Loads the table from path; on failure returns a CUresult-like code (or
@@ -64,5 +73,9 @@ CUresult mcg_cu_mem_free_host(struct mcg_cuda *c, void *p);
 CUresult mcg_cu_dtoh_async(struct mcg_cuda *c, void *dst, CUdeviceptr src, size_t n, CUstream s);
 CUresult mcg_cu_htod_async(struct mcg_cuda *c, CUdeviceptr dst, const void *src, size_t n, CUstream s);
 CUresult mcg_cu_flush_gpudirect(struct mcg_cuda *c);
+/* dmabuf export: MCG_CUDA_MISSING when the driver lacks the entry point. */
+CUresult mcg_cu_dmabuf_supported(struct mcg_cuda *c, int ordinal, int *supported);
+CUresult mcg_cu_mem_get_address_range(struct mcg_cuda *c, CUdeviceptr p, CUdeviceptr *base, size_t *size);
+CUresult mcg_cu_mem_get_dmabuf_fd(struct mcg_cuda *c, CUdeviceptr base, size_t size, int *fd);
 const char *mcg_cu_error_name(struct mcg_cuda *c, CUresult r);
 #endif

@@ -14,6 +14,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"unsafe"
@@ -227,4 +228,52 @@ func (d *Driver) Settle(ordinal int, stream uint64) error {
 		}
 		return d.check(C.mcg_cu_ctx_synchronize(d.c), "cuCtxSynchronize")
 	})
+}
+
+// ErrNoDmabuf: this driver or device cannot export device memory as a
+// dmabuf (a driver before CUDA 11.7, or a device that reports
+// CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0).
+var ErrNoDmabuf = errors.New("no dmabuf export")
+
+// Dmabuf exports the device allocation that holds [addr, addr+n) as a
+// dmabuf file descriptor, for an RDMA registration of that memory
+// (ibv_reg_dmabuf_mr). The whole allocation is exported, as NCCL does,
+// because the export wants page-aligned bounds; offset is addr's offset
+// in it. The caller closes fd once the registration holds its own
+// reference.
+func (d *Driver) Dmabuf(addr, n uint64, m Memory) (fd int, offset uint64, err error) {
+	err = d.on(m.Ordinal, func(*device) error {
+		var supported C.int
+		switch r := C.mcg_cu_dmabuf_supported(d.c, C.int(m.Ordinal), &supported); {
+		case r == C.MCG_CUDA_MISSING:
+			return fmt.Errorf("%w: the driver (%d) lacks cuMemGetHandleForAddressRange (CUDA 11.7)", ErrNoDmabuf, d.Version)
+		case r != C.MCG_CUDA_SUCCESS:
+			return d.check(r, "cuDeviceGetAttribute(DMA_BUF_SUPPORTED)")
+		case supported == 0:
+			return fmt.Errorf("%w: device %d reports DMA_BUF_SUPPORTED = 0", ErrNoDmabuf, m.Ordinal)
+		}
+		var base C.CUdeviceptr
+		var size C.size_t
+		r := C.mcg_cu_mem_get_address_range(d.c, C.CUdeviceptr(addr), &base, &size)
+		if r == C.MCG_CUDA_MISSING {
+			return fmt.Errorf("%w: the driver lacks cuMemGetAddressRange", ErrNoDmabuf)
+		}
+		if err := d.check(r, "cuMemGetAddressRange"); err != nil {
+			return err
+		}
+		if addr+n > uint64(base)+uint64(size) {
+			return fmt.Errorf("%w: [%#x, +%d) is not inside one device allocation", ErrDevice, addr, n)
+		}
+		// The export wants host-page bounds; an allocation is backed in
+		// whole pages (of its granularity, 2 MiB), so rounding stays inside.
+		pg := uint64(os.Getpagesize())
+		lo, hi := uint64(base)&^(pg-1), (uint64(base)+uint64(size)+pg-1)&^(pg-1)
+		var cfd C.int
+		if err := d.check(C.mcg_cu_mem_get_dmabuf_fd(d.c, C.CUdeviceptr(lo), C.size_t(hi-lo), &cfd), "cuMemGetHandleForAddressRange(DMA_BUF_FD)"); err != nil {
+			return err
+		}
+		fd, offset = int(cfd), addr-lo
+		return nil
+	})
+	return fd, offset, err
 }

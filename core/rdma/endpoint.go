@@ -67,17 +67,35 @@ func (e *Endpoint) GID() [16]byte {
 	return g
 }
 
-// Register registers [addr, addr+n) for local and remote access.
+// Register registers [addr, addr+n) for local and remote access. For GPU
+// memory this works only where the kernel can pin it (nvidia-peermem).
 func (e *Endpoint) Register(addr, n uint64) (*MR, error) {
-	mr := C.mcg_ep_reg(e.ep, unsafe.Pointer(uintptr(addr)), C.size_t(n))
+	mr, errno := C.mcg_ep_reg(e.ep, unsafe.Pointer(uintptr(addr)), C.size_t(n))
 	if mr == nil {
-		return nil, fmt.Errorf("ibv_reg_mr(%#x, %d) failed", addr, n)
+		return nil, fmt.Errorf("ibv_reg_mr(%#x, %d): %v", addr, n, errno)
 	}
+	return e.keep(addr, n, mr), nil
+}
+
+// RegisterDmabuf registers GPU memory exported as a dmabuf: n bytes at
+// offset of fd, which peers address from iova (the device pointer).
+func (e *Endpoint) RegisterDmabuf(fd int, offset, n, iova uint64) (*MR, error) {
+	mr, errno := C.mcg_ep_reg_dmabuf(e.ep, C.uint64_t(offset), C.size_t(n), C.uint64_t(iova), C.int(fd))
+	if mr == nil {
+		if errno == syscall.ENOSYS {
+			return nil, fmt.Errorf("this libibverbs lacks ibv_reg_dmabuf_mr (rdma-core 34 or newer has it)")
+		}
+		return nil, fmt.Errorf("ibv_reg_dmabuf_mr(fd %d, %#x, %d): %v", fd, iova, n, errno)
+	}
+	return e.keep(iova, n, mr), nil
+}
+
+func (e *Endpoint) keep(addr, n uint64, mr *C.struct_ibv_mr) *MR {
 	m := &MR{Addr: addr, Len: n, LKey: uint32(C.mcg_mr_lkey(mr)), RKey: uint32(C.mcg_mr_rkey(mr)), mr: mr}
 	e.mu.Lock()
 	e.mrs[addr] = m
 	e.mu.Unlock()
-	return m, nil
+	return m
 }
 
 // Deregister releases mr.

@@ -90,6 +90,15 @@ struct ibv_mr *mcg_ep_reg(struct mcg_endpoint *ep, void *addr, size_t len) {
     return ep->v->reg_mr(ep->pd, addr, len, access_flags(ep));
 }
 
+struct ibv_mr *mcg_ep_reg_dmabuf(struct mcg_endpoint *ep, uint64_t offset, size_t len, uint64_t iova, int fd) {
+    if (!ep->v->reg_dmabuf_mr) {
+        errno = ENOSYS;
+        return NULL;
+    }
+    errno = 0;
+    return ep->v->reg_dmabuf_mr(ep->pd, offset, len, iova, fd, access_flags(ep));
+}
+
 int mcg_ep_dereg(struct mcg_endpoint *ep, struct ibv_mr *mr) { return ep->v->dereg_mr(mr); }
 uint32_t mcg_mr_lkey(struct ibv_mr *mr) { return mr->lkey; }
 uint32_t mcg_mr_rkey(struct ibv_mr *mr) { return mr->rkey; }

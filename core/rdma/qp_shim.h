@@ -26,6 +26,10 @@ int mcg_ep_open(struct mcg_verbs *v, const char *device, int gid_index, struct m
                 size_t errlen);
 void mcg_ep_close(struct mcg_endpoint *ep);
 struct ibv_mr *mcg_ep_reg(struct mcg_endpoint *ep, void *addr, size_t len);
+/* GPU memory exported as a dmabuf: [offset, offset+len) of fd, seen by
+ * peers at iova. NULL with errno (ENOSYS: the library lacks
+ * ibv_reg_dmabuf_mr). */
+struct ibv_mr *mcg_ep_reg_dmabuf(struct mcg_endpoint *ep, uint64_t offset, size_t len, uint64_t iova, int fd);
 int mcg_ep_dereg(struct mcg_endpoint *ep, struct ibv_mr *mr);
 uint32_t mcg_mr_lkey(struct ibv_mr *mr);
 uint32_t mcg_mr_rkey(struct ibv_mr *mr);

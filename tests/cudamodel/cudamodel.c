@@ -8,9 +8,17 @@
  *
  * Knobs (environment, read at cuInit): MCG_MODEL_NO_DEVICE=1 makes cuInit
  * fail with CUDA_ERROR_NO_DEVICE; MCG_MODEL_DRIVER_VERSION sets the version
- * cuDriverGetVersion reports. mcgModelFailCopies(n) makes the next n copy
- * calls fail with CUDA_ERROR_ILLEGAL_ADDRESS. */
+ * cuDriverGetVersion reports; MCG_MODEL_NO_DMABUF=1 (read when asked) makes the device report
+ * CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0. mcgModelFailCopies(n) makes
+ * the next n copy calls fail with CUDA_ERROR_ILLEGAL_ADDRESS.
+ *
+ * dmabuf export (cuMemGetHandleForAddressRange) hands out a memfd standing
+ * for the dmabuf; the NIC model, given it, writes the device memory through
+ * mcgModelDeferredWrite, so RDMA writes into "GPU" memory become visible to
+ * kernels only at a flush, as GPUDirect writes do. */
+#define _GNU_SOURCE
 #include <pthread.h>
+#include <sys/mman.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +52,12 @@ typedef struct region {
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int initialized, version = 12040, fail_copies;
+
+/* Read on each use, so that one test process can have both devices. */
+static int no_dmabuf(void) {
+    const char *nd = getenv("MCG_MODEL_NO_DMABUF");
+    return nd && *nd == '1';
+}
 static region *regions;
 static stream *streams;
 static op *deferred_head, *deferred_tail; /* GPUDirect-style writes not yet visible */
@@ -245,6 +259,40 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
     return copy_async(1, dst, (const void *)(uintptr_t)src, n, s);
 }
 
+enum { NOT_SUPPORTED = 801 };
+
+CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
+    if (dev != 0) return INVALID_DEVICE;
+    if (attr != 124) return INVALID_VALUE; /* the model answers DMA_BUF_SUPPORTED only */
+    *v = !no_dmabuf();
+    return SUCCESS;
+}
+
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
+    pthread_mutex_lock(&mu);
+    region *r = find((void *)(uintptr_t)p, 1);
+    if (r) {
+        if (base) *base = (CUdeviceptr)(uintptr_t)r->p;
+        if (size) *size = r->n;
+    }
+    pthread_mutex_unlock(&mu);
+    return r ? SUCCESS : INVALID_VALUE;
+}
+
+CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr p, size_t n, int type, unsigned long long flags) {
+    if (type != 1 || flags != 0 || (p | n) % 4096 != 0) return INVALID_VALUE; /* DMA_BUF_FD, page-aligned */
+    if (no_dmabuf()) return NOT_SUPPORTED;
+    pthread_mutex_lock(&mu);
+    region *r = find((void *)(uintptr_t)p, 1);
+    pthread_mutex_unlock(&mu);
+    /* an allocation is backed in whole pages */
+    if (!r || r->pinned || p + n > (CUdeviceptr)(uintptr_t)r->p + (r->n + 4095) / 4096 * 4096) return INVALID_VALUE;
+    int fd = memfd_create("mcgmodel-dmabuf", MFD_CLOEXEC);
+    if (fd < 0) return INVALID_VALUE;
+    *(int *)handle = fd;
+    return SUCCESS;
+}
+
 /* Model only: a write into device memory by a "NIC", visible after a flush. */
 int mcgModelDeferredWrite(CUdeviceptr dst, const void *src, size_t n) {
     pthread_mutex_lock(&mu);
@@ -293,6 +341,9 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, unsig
         {"cuMemcpyDtoHAsync", (void *)cuMemcpyDtoHAsync_v2},
         {"cuMemcpyHtoDAsync", (void *)cuMemcpyHtoDAsync_v2},
         {"cuFlushGPUDirectRDMAWrites", (void *)cuFlushGPUDirectRDMAWrites},
+        {"cuDeviceGetAttribute", (void *)cuDeviceGetAttribute},
+        {"cuMemGetAddressRange", (void *)cuMemGetAddressRange_v2},
+        {"cuMemGetHandleForAddressRange", (void *)cuMemGetHandleForAddressRange},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
         if (strcmp(table[i].name, symbol) == 0) {

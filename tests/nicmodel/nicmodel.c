@@ -15,12 +15,22 @@
  *  - the IBTA FLUSH verb, through the extended QP API: like a READ, it is
  *    answered once the QP's earlier writes are visible, and it needs an MR
  *    registered for it. MCG_NIC_NO_FLUSH=1 makes a device without it, and
- *    then an extended QP asking for it is refused, as providers do.
+ *    then an extended QP asking for it is refused, as providers do;
+ *  - GPU memory, with the CUDA model (tests/cudamodel) loaded in the same
+ *    process: ibv_reg_dmabuf_mr takes its dmabuf export, and a plain
+ *    ibv_reg_mr of device memory fails with EFAULT unless MCG_NIC_PEERMEM=1
+ *    (nvidia-peermem loaded). WRITEs into GPU memory land as GPUDirect
+ *    writes (visible to kernels after a flush); a READ or FLUSH of GPU
+ *    memory first flushes them (a read orders earlier posted writes: the
+ *    NCCL GDR flush), so read-backs see the bytes.
  * The fabric between processes is a Unix socket per process (abstract
  * name "mcgnic-<pid>"); a GID carries the pid. One device, one port. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
+#include <link.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -49,6 +59,7 @@ struct msg {
 struct mr_entry {
     struct ibv_mr mr;
     int access;
+    int device; /* GPU memory of the CUDA model */
     struct mr_entry *next;
 };
 
@@ -96,7 +107,7 @@ struct mcq {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct mr_entry *g_mrs;
 static uint32_t g_next_key = 0x100, g_next_qpn = 0x10;
-static int g_listening, g_writes, g_fail_wr, g_no_flush;
+static int g_listening, g_writes, g_fail_wr, g_no_flush, g_peermem;
 static long g_lag_us;
 static struct ibv_device g_dev;
 static struct ibv_device *g_list[2];
@@ -135,6 +146,58 @@ static void sock_name(struct sockaddr_un *a, socklen_t *len, int pid) {
     *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
 }
 
+/* ---- GPU memory: the CUDA model, found among the loaded libraries ---- */
+
+struct gpu_model {
+    int (*deferred_write)(unsigned long long dst, const void *src, size_t n);
+    int (*flush)(int target, int scope);
+    int (*pointer_attr)(void *data, int attr, unsigned long long p);
+    int (*retain)(void **ctx, int dev);
+    int (*set_current)(void *ctx);
+};
+
+static struct gpu_model g_gpu;
+static pthread_mutex_t g_gpu_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int find_gpu_model(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)size; (void)arg;
+    if (!info->dlpi_name || !*info->dlpi_name) return 0;
+    void *h = dlopen(info->dlpi_name, RTLD_NOW | RTLD_NOLOAD);
+    if (!h) return 0;
+    void *w = dlsym(h, "mcgModelDeferredWrite");
+    if (!w) { dlclose(h); return 0; }
+    /* Kept open: the model stays loaded as long as this one uses it. */
+    *(void **)&g_gpu.deferred_write = w;
+    *(void **)&g_gpu.flush = dlsym(h, "cuFlushGPUDirectRDMAWrites");
+    *(void **)&g_gpu.pointer_attr = dlsym(h, "cuPointerGetAttribute");
+    *(void **)&g_gpu.retain = dlsym(h, "cuDevicePrimaryCtxRetain");
+    *(void **)&g_gpu.set_current = dlsym(h, "cuCtxSetCurrent");
+    return 1;
+}
+
+/* The CUDA model, once it is loaded (looked for again until it is). */
+static struct gpu_model *gpu(void) {
+    pthread_mutex_lock(&g_gpu_mu);
+    if (!g_gpu.deferred_write) dl_iterate_phdr(find_gpu_model, NULL);
+    int ok = g_gpu.deferred_write && g_gpu.flush && g_gpu.pointer_attr && g_gpu.retain && g_gpu.set_current;
+    pthread_mutex_unlock(&g_gpu_mu);
+    return ok ? &g_gpu : NULL;
+}
+
+static int is_device_memory(const void *p) {
+    struct gpu_model *m = gpu();
+    unsigned int kind = 0;
+    return m && m->pointer_attr(&kind, 2 /* MEMORY_TYPE */, (unsigned long long)(uintptr_t)p) == 0 && kind == 2;
+}
+
+/* Makes the GPUDirect writes so far visible, as a read through the GPU's
+ * BAR does; on this thread, with the device's primary context current. */
+static void gpu_flush(void) {
+    struct gpu_model *m = gpu();
+    void *ctx = NULL;
+    if (m && m->retain(&ctx, 0) == 0 && m->set_current(ctx) == 0) m->flush(0, 100);
+}
+
 /* The MR that holds [addr, addr+len) under rkey and allows access, or NULL. */
 static struct ibv_mr *find_mr(uint32_t rkey, uint64_t addr, uint64_t len, int access) {
     struct ibv_mr *found = NULL;
@@ -155,6 +218,7 @@ static struct ibv_mr *find_mr(uint32_t rkey, uint64_t addr, uint64_t len, int ac
 
 struct posted { /* a write accepted but not yet visible */
     uint64_t raddr;
+    int device;
     char *data;
     uint32_t len;
     struct timespec due;
@@ -180,7 +244,10 @@ static void *applier(void *arg) {
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
         if (now.tv_sec < p->due.tv_sec || (now.tv_sec == p->due.tv_sec && now.tv_nsec < p->due.tv_nsec)) continue;
-        memcpy((void *)(uintptr_t)p->raddr, p->data, p->len); /* now visible */
+        if (p->device) /* into GPU memory: a GPUDirect write, for kernels after a flush */
+            gpu()->deferred_write(p->raddr, p->data, p->len);
+        else
+            memcpy((void *)(uintptr_t)p->raddr, p->data, p->len); /* now visible */
         r->head = p->next;
         if (!r->head) r->tail = NULL;
         free(p->data);
@@ -205,12 +272,14 @@ static void *responder_main(void *arg) {
             int nth = ++g_writes;
             pthread_mutex_unlock(&g_mu);
             struct msg reply = {.op = M_ACK, .wr_id = m.wr_id};
-            if (!find_mr(m.rkey, m.raddr, m.len, IBV_ACCESS_REMOTE_WRITE) || (g_fail_wr && nth == g_fail_wr)) {
+            struct ibv_mr *mr = find_mr(m.rkey, m.raddr, m.len, IBV_ACCESS_REMOTE_WRITE);
+            if (!mr || (g_fail_wr && nth == g_fail_wr)) {
                 reply.op = M_NAK;
                 free(data);
             } else {
                 struct posted *p = calloc(1, sizeof *p);
                 p->raddr = m.raddr;
+                p->device = ((struct mr_entry *)mr)->device;
                 p->data = data;
                 p->len = m.len;
                 clock_gettime(CLOCK_REALTIME, &p->due);
@@ -232,6 +301,7 @@ static void *responder_main(void *arg) {
             pthread_mutex_lock(&r->mu);
             while (r->head) pthread_cond_wait(&r->cv, &r->mu);
             pthread_mutex_unlock(&r->mu);
+            if (mr && ((struct mr_entry *)mr)->device) gpu_flush();
             struct msg reply = {.op = mr ? M_FLUSHRESP : M_NAK, .wr_id = m.wr_id};
             if (write_full(r->fd, &reply, sizeof reply) != 0) break;
         } else if (m.op == M_READ) {
@@ -240,6 +310,7 @@ static void *responder_main(void *arg) {
             pthread_mutex_lock(&r->mu);
             while (r->head) pthread_cond_wait(&r->cv, &r->mu);
             pthread_mutex_unlock(&r->mu);
+            if (mr && ((struct mr_entry *)mr)->device) gpu_flush();
             struct msg reply = {.op = mr ? M_READRESP : M_NAK, .wr_id = m.wr_id, .len = mr ? m.len : 0};
             if (write_full(r->fd, &reply, sizeof reply) != 0) break;
             if (mr && write_full(r->fd, (void *)(uintptr_t)m.raddr, m.len) != 0) break;
@@ -508,6 +579,7 @@ struct ibv_device **ibv_get_device_list(int *n) {
     pthread_mutex_lock(&g_mu);
     g_fail_wr = (int)env_long("MCG_NIC_FAIL_WR");
     g_no_flush = env_long("MCG_NIC_NO_FLUSH") != 0;
+    g_peermem = env_long("MCG_NIC_PEERMEM") != 0;
     g_writes = 0; /* MCG_NIC_FAIL_WR counts from the latest device listing */
     pthread_mutex_unlock(&g_mu);
     snprintf(g_dev.name, sizeof g_dev.name, "mcgnic0");
@@ -579,11 +651,12 @@ struct ibv_pd *ibv_alloc_pd(struct ibv_context *ctx) {
 
 int ibv_dealloc_pd(struct ibv_pd *pd) { free(pd); return 0; }
 
-struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
+static struct ibv_mr *add_mr(struct ibv_pd *pd, void *addr, size_t len, int access, int device) {
     if (!addr || !len) { errno = EINVAL; return NULL; }
     if ((access & MCG_ACCESS_FLUSH_GLOBAL) && g_no_flush) { errno = EINVAL; return NULL; }
     struct mr_entry *e = calloc(1, sizeof *e);
     e->access = access;
+    e->device = device;
     e->mr.context = pd->context;
     e->mr.pd = pd;
     e->mr.addr = addr;
@@ -594,6 +667,23 @@ struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
     g_mrs = e;
     pthread_mutex_unlock(&g_mu);
     return &e->mr;
+}
+
+struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
+    int device = is_device_memory(addr);
+    if (device && !g_peermem) { errno = EFAULT; return NULL; } /* the kernel cannot pin GPU pages without peermem */
+    return add_mr(pd, addr, len, access, device);
+}
+
+struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova, int fd, int access) {
+    (void)offset;
+    /* The model's dmabuf stands for GPU memory that peers address at iova. */
+    if (fcntl(fd, F_GETFD) < 0) { errno = EBADF; return NULL; }
+    if (!is_device_memory((void *)(uintptr_t)iova) || !is_device_memory((void *)(uintptr_t)(iova + len - 1))) {
+        errno = EINVAL;
+        return NULL;
+    }
+    return add_mr(pd, (void *)(uintptr_t)iova, len, access, 1);
 }
 
 int ibv_dereg_mr(struct ibv_mr *mr) {

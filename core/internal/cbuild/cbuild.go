@@ -41,7 +41,7 @@ func Library(source string) (string, error) {
 		if cc == "" {
 			cc = "cc"
 		}
-		if out, cerr := exec.Command(cc, "-shared", "-fPIC", "-O2", "-o", r.path, abs, "-lpthread").CombinedOutput(); cerr != nil {
+		if out, cerr := exec.Command(cc, "-shared", "-fPIC", "-O2", "-o", r.path, abs, "-lpthread", "-ldl").CombinedOutput(); cerr != nil {
 			err = fmt.Errorf("building %s: %v: %s", source, cerr, out)
 		}
 	}
