@@ -46,6 +46,7 @@ type Config struct {
 	VerbsLibrary string
 	RDMADevice   string // empty: the first device with an active port
 	RDMAGIDIndex int    // -1: the first RoCE v2 GID
+	RDMAQPs      int    // queue pairs per session that a batch's writes are striped over
 	Verify       verify.Config
 	Inject       FaultConfig
 }
@@ -69,6 +70,7 @@ func DefaultConfig() Config {
 		CUDA:           "auto",
 		Transport:      "auto",
 		RDMAGIDIndex:   -1,
+		RDMAQPs:        1,
 		SyncTimeout:    5 * time.Second,
 		Verify:         verify.Defaults(),
 		Inject:         FaultConfig{Mode: FaultNone, Rate: 0.1, LagMax: 20 * time.Millisecond},
@@ -99,6 +101,7 @@ func LoadConfig(getenv verify.Getenv, configJSON string) (Config, error) {
 	l.String("verbs_library", []string{"MC_GUARD_VERBS_LIBRARY"}, &c.VerbsLibrary)
 	l.String("rdma_device", []string{"MC_GUARD_RDMA_DEVICE"}, &c.RDMADevice)
 	l.Int("rdma_gid_index", []string{"MC_GUARD_RDMA_GID_INDEX"}, &c.RDMAGIDIndex, -1, 255)
+	l.Int("rdma_qps", []string{"MC_GUARD_RDMA_QPS"}, &c.RDMAQPs, 1, MaxRDMAQPs)
 	c.Verify = verify.Load(l)
 	l.Choice("inject", []string{"MC_GUARD_INJECT"}, &c.Inject.Mode, FaultModes, map[string]string{"": "none", "off": "none"})
 	l.Float("inject_rate", []string{"MC_GUARD_INJECT_RATE"}, &c.Inject.Rate, 0, 1)

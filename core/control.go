@@ -19,7 +19,7 @@ import (
 
 // ProtocolVersion is spoken in the handshake; a peer with another is refused.
 // Version 2 added authentication and tokens in notices.
-const ProtocolVersion = 2
+const ProtocolVersion = 3
 
 // maxControlMessage bounds what a control socket accepts from a peer.
 const maxControlMessage = 2 << 20
@@ -35,8 +35,9 @@ type helloRequest struct {
 	// Sender names the sending session across reconnects, so the target
 	// can drop its older data connections (and their late bytes).
 	Sender []byte `json:"sender,omitempty"`
-	// RDMA is the sender's queue pair, when its transport is RDMA.
-	RDMA *rdma.QPInfo `json:"rdma,omitempty"`
+	// RDMA is the sender's queue pairs (one per stripe), when its
+	// transport is RDMA.
+	RDMA []rdma.QPInfo `json:"rdma,omitempty"`
 }
 
 // helloReply tells a sender where to send data and what it may write to,
@@ -49,10 +50,10 @@ type helloReply struct {
 	Token     []byte   `json:"token,omitempty"`     // unauthenticated guards: binds data connections to this handshake
 	MAC       []byte   `json:"mac,omitempty"`       // authenticated guards: their proof
 	Regions   []Region `json:"regions,omitempty"`
-	// RDMA answers a request's queue pair: the target's queue pair, and an
-	// rkey per region (0: not reachable over RDMA).
-	RDMA  *rdma.QPInfo `json:"rdma,omitempty"`
-	RKeys []uint32     `json:"rkeys,omitempty"`
+	// RDMA answers a request's queue pairs: the target's, one for each of
+	// the sender's, and an rkey per region (0: not reachable over RDMA).
+	RDMA  []rdma.QPInfo `json:"rdma,omitempty"`
+	RKeys []uint32      `json:"rkeys,omitempty"`
 	// RDMAFlush: the target's regions accept the FLUSH verb.
 	RDMAFlush bool `json:"rdma_flush,omitempty"`
 }
@@ -188,14 +189,14 @@ func request(ctx context.Context, sock *zmq.Socket, session, what string, body [
 // handshake asks the guard at session for its data endpoint, region table
 // and token, authenticating both ways when secret is set. The REQ socket
 // lives only for this call and this goroutine.
-func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration, secret, sender []byte, qp *rdma.QPInfo) (helloReply, error) {
+func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration, secret, sender []byte, qps []rdma.QPInfo) (helloReply, error) {
 	sock, err := newReqSocket(zctx, session)
 	if err != nil {
 		return helloReply{}, err
 	}
 	defer sock.Close()
 	nonce := randomBytes(nonceSize)
-	rep, err := handshakeStep(ctx, sock, session, timeout, helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: nonce, Sender: sender, RDMA: qp})
+	rep, err := handshakeStep(ctx, sock, session, timeout, helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: nonce, Sender: sender, RDMA: qps})
 	if err != nil {
 		return helloReply{}, err
 	}
@@ -206,7 +207,7 @@ func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout t
 		return helloReply{}, fmt.Errorf("%w: session %q did not authenticate itself (it has no secret); refusing an unauthenticated peer", ErrSession, session)
 	case rep.Challenge != nil:
 		challenge := rep.Challenge
-		auth := helloRequest{Proto: ProtocolVersion, Op: "auth", Nonce: nonce, Challenge: challenge, MAC: mac(secret, labelClient, challenge, nonce), Sender: sender, RDMA: qp}
+		auth := helloRequest{Proto: ProtocolVersion, Op: "auth", Nonce: nonce, Challenge: challenge, MAC: mac(secret, labelClient, challenge, nonce), Sender: sender, RDMA: qps}
 		if rep, err = handshakeStep(ctx, sock, session, timeout, auth); err != nil {
 			return helloReply{}, err
 		}

@@ -547,16 +547,19 @@ func (g *Guard) answerHandshake(body []byte) helloReply {
 	}
 	rep.Regions = g.regions.Snapshot()
 	if g.rdma != nil {
-		if req.RDMA != nil {
-			info, err := g.rdma.accept(string(req.Sender), *req.RDMA)
+		if len(req.RDMA) > MaxRDMAQPs {
+			return refuse("%d queue pairs asked for, at most %d", len(req.RDMA), MaxRDMAQPs)
+		}
+		if len(req.RDMA) > 0 {
+			infos, err := g.rdma.accept(string(req.Sender), req.RDMA)
 			if err != nil {
-				return refuse("cannot connect a queue pair to the peer's: %v", err)
+				return refuse("cannot connect queue pairs to the peer's: %v", err)
 			}
-			rep.RDMA = &info
+			rep.RDMA = infos
 		}
 		rep.RKeys = g.rdma.rkeys(rep.Regions)
 		rep.RDMAFlush = g.rdma.ep.Flush()
-	} else if req.RDMA != nil {
+	} else if len(req.RDMA) > 0 {
 		return refuse("this guard's transport is tcp, not rdma")
 	}
 	return rep
@@ -834,6 +837,7 @@ func (g *Guard) Stats() ([]byte, error) {
 		"notify":           g.cfg.Notify,
 		"cuda":             g.cudaState,
 		"rdma":             g.rdmaState,
+		"rdma_qps":         g.cfg.RDMAQPs,
 		"verify_failures":  g.stats.verifyFailures.Load(),
 		"probed_bytes":     g.stats.probed.Load(),
 	})

@@ -174,7 +174,7 @@ func TestMalformedNoticesAreRefused(t *testing.T) {
 	require.EqualValues(t, 0, stats(t, g)["notices_received"], "nothing was recorded")
 	require.ErrorIs(t, g.SyncTransfers([]uint64{7}, 0), ErrTimeout)
 	// The well-formed one is taken, and its wrong digest shows at sync.
-	require.Contains(t, sendRaw(t, g.Endpoint(), wire.EncodeNotice(nil, good)), `"proto":2}`)
+	require.Contains(t, sendRaw(t, g.Endpoint(), wire.EncodeNotice(nil, good)), fmt.Sprintf(`"proto":%d}`, ProtocolVersion))
 	err = g.SyncTransfers([]uint64{7}, 0)
 	require.True(t, errors.Is(err, ErrVerify), "%v", err)
 }

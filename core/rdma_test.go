@@ -190,3 +190,48 @@ func TestRDMAGPUMemoryWithoutDmabuf(t *testing.T) {
 	require.NoError(t, recv.SyncTransfers([]uint64{res.ID}, 0))
 	require.True(t, bytes.Equal(srcView, dstView))
 }
+
+// Striped over four queue pairs, each with its own lag and no order
+// between them: every queue pair that carried writes must be fenced
+// before a read-back or a digest-mode return means anything.
+func TestRDMAStripedOverQueuePairs(t *testing.T) {
+	key := rdmaKey(t)
+	t.Setenv("MCG_NIC_LAG_US", "50000")
+	const n, size = 64, 64 << 10
+	for _, flush := range []string{"0", "1"} {
+		t.Run("no_flush="+flush, func(t *testing.T) {
+			t.Setenv("MCG_NIC_NO_FLUSH", flush)
+			p := newPair(t, "{"+key+`, "rdma_qps": 4, "verify": "off"}`, "{"+key+"}", n*size)
+			require.EqualValues(t, 4, stats(t, p.send)["rdma_qps"])
+			fill(p.src.b)
+			_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{})
+			require.NoError(t, err)
+			require.False(t, bytes.Equal(p.src.b, p.dst.b), "off: completed writes on four QPs, not yet visible")
+			s := p.send.session(p.recv.Endpoint())
+			s.mu.Lock()
+			for i, st := range s.conn.(*rdmaConn).stripes {
+				require.NotEmpty(t, st.written, "queue pair %d carried a share of the batch", i)
+			}
+			s.mu.Unlock()
+			for _, mode := range []verify.Mode{verify.Tail, verify.Sample, verify.Digest} {
+				fill(p.src.b)
+				res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{Verify: &mode})
+				require.NoError(t, err, mode)
+				require.True(t, bytes.Equal(p.src.b, p.dst.b), "%s: every stripe was fenced before the transfer returned", mode)
+				require.Zero(t, res.Retries+res.Resends, "%s: no read-back ran ahead of a stripe's writes (none retried, none re-sent)", mode)
+			}
+			// One descriptor of 16 MiB: four slices, one per queue pair.
+			big := newPair(t, "{"+key+`, "rdma_qps": 4, "verify": "tail"}`, "{"+key+"}", 16<<20)
+			fill(big.src.b)
+			_, err = big.send.Transfer(big.recv.Endpoint(), big.blocks(1, 16<<20), TransferOptions{})
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(big.src.b, big.dst.b))
+		})
+	}
+}
+
+func TestRDMATooManyQueuePairsIsAConfigError(t *testing.T) {
+	_, err := LoadConfig(nil, `{"rdma_qps": 17}`)
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorContains(t, err, "rdma_qps")
+}

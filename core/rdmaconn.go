@@ -15,13 +15,13 @@ import (
 )
 
 // rdmaSide is a guard's RDMA state, when its transport is RDMA: the
-// endpoint, a memory region per registered host region, and on the target
-// side one queue pair per sender.
+// endpoint, a memory region per registered region (host or GPU), and on
+// the target side the queue pairs of each sender.
 type rdmaSide struct {
 	ep    *rdma.Endpoint
 	mu    sync.Mutex
-	mrs   map[uint64]*rdma.MR // by region start
-	peers map[string]*rdma.QP // by sender id
+	mrs   map[uint64]*rdma.MR   // by region start
+	peers map[string][]*rdma.QP // by sender id
 }
 
 func openRDMA(path, device string, gidIndex int) (*rdmaSide, error) {
@@ -34,7 +34,7 @@ func openRDMA(path, device string, gidIndex int) (*rdmaSide, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &rdmaSide{ep: ep, mrs: map[uint64]*rdma.MR{}, peers: map[string]*rdma.QP{}}, nil
+	return &rdmaSide{ep: ep, mrs: map[uint64]*rdma.MR{}, peers: map[string][]*rdma.QP{}}, nil
 }
 
 // register makes [addr, addr+n) a memory region. GPU memory goes as a
@@ -100,30 +100,46 @@ func (r *rdmaSide) rkeys(regions []Region) []uint32 {
 	return out
 }
 
-// accept connects a queue pair of ours to a sender's, replacing the one
-// an earlier handshake of the same sender made.
-func (r *rdmaSide) accept(sender string, remote rdma.QPInfo) (rdma.QPInfo, error) {
-	qp, err := r.ep.NewQP(qpDepth)
-	if err != nil {
-		return rdma.QPInfo{}, err
+// MaxRDMAQPs bounds the queue pairs of one session (rdma_qps).
+const MaxRDMAQPs = 16
+
+// accept connects a queue pair of ours to each of a sender's, replacing
+// those an earlier handshake of the same sender made.
+func (r *rdmaSide) accept(sender string, remotes []rdma.QPInfo) ([]rdma.QPInfo, error) {
+	qps := make([]*rdma.QP, 0, len(remotes))
+	fail := func(err error) ([]rdma.QPInfo, error) {
+		destroyQPs(qps)
+		return nil, err
 	}
-	if err := qp.Connect(remote); err != nil {
-		qp.Destroy()
-		return rdma.QPInfo{}, err
+	infos := make([]rdma.QPInfo, len(remotes))
+	for i, remote := range remotes {
+		qp, err := r.ep.NewQP(qpDepth)
+		if err != nil {
+			return fail(err)
+		}
+		qps = append(qps, qp)
+		if err := qp.Connect(remote); err != nil {
+			return fail(err)
+		}
+		infos[i] = qp.Info()
 	}
 	r.mu.Lock()
-	if old := r.peers[sender]; old != nil {
-		old.Destroy()
-	}
-	r.peers[sender] = qp
+	destroyQPs(r.peers[sender])
+	r.peers[sender] = qps
 	r.mu.Unlock()
-	return qp.Info(), nil
+	return infos, nil
+}
+
+func destroyQPs(qps []*rdma.QP) {
+	for _, qp := range qps {
+		qp.Destroy()
+	}
 }
 
 func (r *rdmaSide) close() {
 	r.mu.Lock()
-	for id, qp := range r.peers {
-		qp.Destroy()
+	for id, qps := range r.peers {
+		destroyQPs(qps)
 		delete(r.peers, id)
 	}
 	for addr, mr := range r.mrs {
@@ -137,56 +153,96 @@ func (r *rdmaSide) close() {
 // bounceSize is the registered buffer read-backs land in.
 const bounceSize = wire.WriteSlice
 
-// rdmaConn is a session's data path over one RC queue pair: WRITEs for
-// the data, and READs on the same queue pair for the read-backs (a READ
-// returns only after the QP's earlier writes are visible at the target).
-// The fence is a FLUSH of what was written where both ends do the FLUSH
-// verb, else a READ.
+// qpDepth is the send depth of each queue pair.
+const qpDepth = 256
+
+// rdmaConn is a session's data path over RC queue pairs (rdma_qps of
+// them): a batch's WRITEs are striped over them, and each queue pair that
+// carried writes is fenced on its own, because queue pairs have no order
+// between them. The fence is a FLUSH of what was written where both ends
+// do the FLUSH verb, else a READ. Read-backs are READs on the first queue
+// pair, after the others are fenced (a READ returns only after the earlier
+// writes of its own queue pair are visible at the target).
 type rdmaConn struct {
 	side    *rdmaSide
-	qp      *rdma.QP
+	stripes []*stripe
 	regions []Region
 	rkeys   []uint32
 	bounce  []byte
 	mr      *rdma.MR
 	timeout time.Duration
-	flush   bool              // FLUSH fences: our QP can post them, the target's regions take them
-	written map[uint32]extent // by rkey: what the writes since the last fence touched
+	flush   bool // FLUSH fences: our QPs can post them, the target's regions take them
+}
+
+// stripe is one queue pair of a session and what its writes since its
+// last fence touched, by rkey.
+type stripe struct {
+	qp      *rdma.QP
+	written map[uint32]extent
 }
 
 // extent is the span [lo, hi) of a region's writes since the last fence.
 type extent struct{ lo, hi uint64 }
 
-// qpDepth is the send depth of a session's queue pair.
-const qpDepth = 256
-
-// connectRDMA finishes a session's queue pair with the target's answer.
-func connectRDMA(side *rdmaSide, qp *rdma.QP, rep helloReply, timeout time.Duration) (*rdmaConn, error) {
-	if rep.RDMA == nil || len(rep.RKeys) != len(rep.Regions) {
-		qp.Destroy()
-		return nil, fmt.Errorf("%w: the session answered without RDMA parameters (its transport is not RDMA)", ErrSession)
+func (s *stripe) touch(rkey uint32, addr, n uint64) {
+	e, ok := s.written[rkey]
+	if !ok {
+		e = extent{lo: addr, hi: addr + n}
 	}
-	if err := qp.Connect(*rep.RDMA); err != nil {
-		qp.Destroy()
-		return nil, fmt.Errorf("%w: %v", ErrPeer, err)
+	s.written[rkey] = extent{lo: min(e.lo, addr), hi: max(e.hi, addr+n)}
+}
+
+// newSessionQPs makes the queue pairs a session asks the target to connect to.
+func newSessionQPs(side *rdmaSide, n int) ([]*rdma.QP, []rdma.QPInfo, error) {
+	qps := make([]*rdma.QP, 0, n)
+	infos := make([]rdma.QPInfo, n)
+	for i := range infos {
+		qp, err := side.ep.NewQP(qpDepth)
+		if err != nil {
+			destroyQPs(qps)
+			return nil, nil, fmt.Errorf("%w: %v", ErrPeer, err)
+		}
+		qps = append(qps, qp)
+		infos[i] = qp.Info()
+	}
+	return qps, infos, nil
+}
+
+// connectRDMA finishes a session's queue pairs with the target's answer;
+// it owns qps from here on.
+func connectRDMA(side *rdmaSide, qps []*rdma.QP, rep helloReply, timeout time.Duration) (*rdmaConn, error) {
+	fail := func(err error) (*rdmaConn, error) {
+		destroyQPs(qps)
+		return nil, err
+	}
+	if len(rep.RDMA) != len(qps) || len(rep.RKeys) != len(rep.Regions) {
+		return fail(fmt.Errorf("%w: the session answered %d of %d queue pairs (is its transport RDMA?)", ErrSession, len(rep.RDMA), len(qps)))
+	}
+	c := &rdmaConn{side: side, regions: rep.Regions, rkeys: rep.RKeys, timeout: timeout, flush: rep.RDMAFlush}
+	for i, qp := range qps {
+		if err := qp.Connect(rep.RDMA[i]); err != nil {
+			return fail(fmt.Errorf("%w: %v", ErrPeer, err))
+		}
+		c.flush = c.flush && qp.CanFlush()
+		c.stripes = append(c.stripes, &stripe{qp: qp, written: map[uint32]extent{}})
 	}
 	b, err := syscall.Mmap(-1, 0, bounceSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 	if err != nil {
-		qp.Destroy()
-		return nil, fmt.Errorf("%w: bounce buffer: %v", ErrPeer, err)
+		return fail(fmt.Errorf("%w: bounce buffer: %v", ErrPeer, err))
 	}
 	mr, err := side.ep.Register(uint64(uintptr(unsafe.Pointer(&b[0]))), bounceSize)
 	if err != nil {
 		syscall.Munmap(b)
-		qp.Destroy()
-		return nil, fmt.Errorf("%w: %v", ErrPeer, err)
+		return fail(fmt.Errorf("%w: %v", ErrPeer, err))
 	}
-	return &rdmaConn{side: side, qp: qp, regions: rep.Regions, rkeys: rep.RKeys, bounce: b, mr: mr, timeout: timeout,
-		flush: qp.CanFlush() && rep.RDMAFlush, written: map[uint32]extent{}}, nil
+	c.bounce, c.mr = b, mr
+	return c, nil
 }
 
 func (c *rdmaConn) close() {
-	c.qp.Destroy()
+	for _, s := range c.stripes {
+		s.qp.Destroy()
+	}
 	c.side.ep.Deregister(c.mr)
 	syscall.Munmap(c.bounce)
 }
@@ -202,8 +258,36 @@ func (c *rdmaConn) rkey(addr, n uint64) (uint32, error) {
 
 func rdmaErr(err error) error { return fmt.Errorf("%w: %v", ErrPeer, err) }
 
-func (c *rdmaConn) write(_ context.Context, descs []verify.Desc, base int, local *Regions) error {
+// eachStripe runs fn on the stripes that want (all of them when want is
+// nil) at once, one goroutine each, and returns the first error.
+func (c *rdmaConn) eachStripe(want func(i int, s *stripe) bool, fn func(i int, s *stripe) error) error {
+	errs := make([]error, len(c.stripes))
+	var wg sync.WaitGroup
+	for i, s := range c.stripes {
+		if want != nil && !want(i, s) {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = fn(i, s)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// write slices the descriptors into WRITEs of at most wire.WriteSlice and
+// stripes them in order over the queue pairs, each stripe a contiguous run
+// of about the same number of bytes, posted at once.
+func (c *rdmaConn) write(_ context.Context, descs []verify.Desc, base int, _ *Regions) error {
 	var ws []rdma.Op
+	var total uint64
 	for i, d := range descs {
 		for off := uint64(0); off < d.Len; off += wire.WriteSlice {
 			n := min(wire.WriteSlice, d.Len-off)
@@ -212,64 +296,71 @@ func (c *rdmaConn) write(_ context.Context, descs []verify.Desc, base int, local
 				return fmt.Errorf("descriptor %d: %w", base+i, err)
 			}
 			ws = append(ws, rdma.Op{Addr: d.Src + off, RemoteAddr: d.Dst + off, Len: n, RKey: key})
-			c.touch(key, d.Dst+off, n)
+			total += n
 		}
 	}
-	if err := c.qp.Writes(ws, c.timeout); err != nil {
-		return rdmaErr(err)
+	runs := make([][]rdma.Op, len(c.stripes))
+	share := (total + uint64(len(c.stripes)) - 1) / uint64(len(c.stripes))
+	k, filled := 0, uint64(0)
+	for _, w := range ws {
+		if filled >= share && k < len(runs)-1 {
+			k, filled = k+1, 0
+		}
+		runs[k] = append(runs[k], w)
+		filled += w.Len
+		c.stripes[k].touch(w.RKey, w.RemoteAddr, w.Len)
 	}
-	return nil
-}
-
-func (c *rdmaConn) touch(rkey uint32, addr, n uint64) {
-	e, ok := c.written[rkey]
-	if !ok {
-		e = extent{lo: addr, hi: addr + n}
-	}
-	c.written[rkey] = extent{lo: min(e.lo, addr), hi: max(e.hi, addr+n)}
+	return c.eachStripe(func(i int, _ *stripe) bool { return len(runs[i]) > 0 }, func(i int, s *stripe) error {
+		if err := s.qp.Writes(runs[i], c.timeout); err != nil {
+			return rdmaErr(err)
+		}
+		return nil
+	})
 }
 
 // fence returns once the writes since the last fence are visible at the
-// target: a FLUSH of each region's written span where both ends do the
-// FLUSH verb, else a one-byte READ on the queue pair that carried them.
-func (c *rdmaConn) fence(ctx context.Context) error {
-	if len(c.written) == 0 {
-		return nil
-	}
-	if c.flush {
-		var fs []rdma.Op
-		for key, e := range c.written {
-			fs = append(fs, rdma.Op{RemoteAddr: e.lo, Len: e.hi - e.lo, RKey: key})
-		}
-		if err := c.qp.Flushes(fs, c.timeout); err != nil {
-			return rdmaErr(err)
-		}
-		clear(c.written)
-		return nil
-	}
-	for key, e := range c.written { // any byte the writes touched
-		if err := c.readOps([]rdma.Op{{Addr: c.mr.Addr, RemoteAddr: e.lo, Len: 1, RKey: key}}); err != nil {
-			return err
-		}
-		break
-	}
-	clear(c.written)
-	return nil
+// target: on each queue pair that carried some, at once.
+func (c *rdmaConn) fence(context.Context) error {
+	return c.fenceStripes(func(int, *stripe) bool { return true })
 }
 
-func (c *rdmaConn) readOps(ops []rdma.Op) error {
-	if err := c.qp.Reads(ops, c.timeout); err != nil {
+func (c *rdmaConn) fenceStripes(want func(i int, s *stripe) bool) error {
+	return c.eachStripe(func(i int, s *stripe) bool { return len(s.written) > 0 && want(i, s) }, c.fenceStripe)
+}
+
+// fenceStripe is a FLUSH of each region's written span where both ends do
+// the FLUSH verb, else a one-byte READ of something the writes touched.
+func (c *rdmaConn) fenceStripe(_ int, s *stripe) error {
+	var ops []rdma.Op
+	for key, e := range s.written {
+		ops = append(ops, rdma.Op{RemoteAddr: e.lo, Len: e.hi - e.lo, RKey: key})
+	}
+	var err error
+	if c.flush {
+		err = s.qp.Flushes(ops, c.timeout)
+	} else {
+		// One byte into the bounce buffer: the READ is the fence, not the
+		// data (a concurrent fence of another stripe may land on it too).
+		err = s.qp.Reads([]rdma.Op{{Addr: c.mr.Addr, RemoteAddr: ops[0].RemoteAddr, Len: 1, RKey: ops[0].RKey}}, c.timeout)
+	}
+	if err != nil {
 		return rdmaErr(err)
 	}
+	clear(s.written)
 	return nil
 }
 
 // read reads the ranges through the bounce buffer, as many at a time as it
-// holds (one round trip each), on the queue pair that carried the writes,
-// so every read is fenced by construction: it returns the target's bytes
-// as they are after every earlier write, which is what is checked.
+// holds (one round trip each), on the first queue pair, after fencing the
+// others that carried writes: so every read is fenced, and returns the
+// target's bytes as they are after every earlier write, which is what is
+// checked.
 func (c *rdmaConn) read(_ context.Context, ranges []verify.Range, out []byte, _ bool) error {
-	clear(c.written)
+	if err := c.fenceStripes(func(i int, _ *stripe) bool { return i > 0 }); err != nil {
+		return err
+	}
+	qp := c.stripes[0].qp
+	clear(c.stripes[0].written)
 	var batch []rdma.Op
 	var used uint64
 	off := 0
@@ -277,8 +368,8 @@ func (c *rdmaConn) read(_ context.Context, ranges []verify.Range, out []byte, _ 
 		if len(batch) == 0 {
 			return nil
 		}
-		if err := c.readOps(batch); err != nil {
-			return err
+		if err := qp.Reads(batch, c.timeout); err != nil {
+			return rdmaErr(err)
 		}
 		off += copy(out[off:], c.bounce[:used])
 		batch, used = batch[:0], 0

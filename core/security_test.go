@@ -15,6 +15,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/rdma"
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -98,8 +99,9 @@ func TestListenPolicy(t *testing.T) {
 
 func TestProtocolMismatchIsAClearError(t *testing.T) {
 	g := openGuard(t, "")
-	body, _ := json.Marshal(helloRequest{Proto: 1, Op: "hello", Nonce: randomBytes(nonceSize)})
-	require.Contains(t, sendRaw(t, g.Endpoint(), body), "protocol version 1, this guard speaks 2")
+	body, _ := json.Marshal(helloRequest{Proto: 2, Op: "hello", Nonce: randomBytes(nonceSize)})
+	require.Contains(t, sendRaw(t, g.Endpoint(), body), "protocol version 2, this guard speaks 3",
+		"version 2 sent one queue pair where 3 sends a list")
 }
 
 // canaryMem is registered memory with unregistered canary bytes on both
@@ -373,4 +375,10 @@ func TestReconnectDropsTheOlderConnection(t *testing.T) {
 	_, err = io.ReadFull(fresh, make([]byte, wire.HeaderSize))
 	require.NoError(t, err)
 	require.Equal(t, []byte("NEWBYTES"), m.b[:8])
+}
+
+func TestHandshakeAskingForTooManyQueuePairsIsRefused(t *testing.T) {
+	g := openGuard(t, "{"+rdmaKey(t)+"}")
+	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: randomBytes(nonceSize), RDMA: make([]rdma.QPInfo, MaxRDMAQPs+1)})
+	require.Contains(t, sendRaw(t, g.Endpoint(), body), "17 queue pairs asked for, at most 16")
 }

@@ -39,18 +39,17 @@ func (s *session) connect(ctx context.Context, zctx *zmq.Context, cfg *Config, s
 	if s.conn != nil {
 		return nil
 	}
-	if side != nil { // RDMA: our queue pair goes in the handshake, the target's comes back
-		qp, err := side.ep.NewQP(qpDepth)
+	if side != nil { // RDMA: our queue pairs go in the handshake, the target's come back
+		qps, infos, err := newSessionQPs(side, cfg.RDMAQPs)
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrPeer, err)
-		}
-		info := qp.Info()
-		rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout, cfg.Secret, s.sender, &info)
-		if err != nil {
-			qp.Destroy()
 			return err
 		}
-		conn, err := connectRDMA(side, qp, rep, cfg.Timeout)
+		rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout, cfg.Secret, s.sender, infos)
+		if err != nil {
+			destroyQPs(qps)
+			return err
+		}
+		conn, err := connectRDMA(side, qps, rep, cfg.Timeout)
 		if err != nil {
 			return err
 		}
