@@ -61,6 +61,8 @@ def parse_args(argv=None):
                    help="rdma fails with the reason where there is no usable RDMA device; rdma-model runs "
                         "the RDMA transport on the software NIC (tests/nicmodel), where --inject lag "
                         "delays the visibility of completed WRITEs")
+    p.add_argument("--rdma-qps", type=int, default=1,
+                   help="RDMA: queue pairs per session that each batch's writes are striped over (1 to 16)")
     p.add_argument("--sessions", type=int, default=2, help="decode processes, one session each")
     p.add_argument("--threads", type=int, default=4, help="prefill threads")
     p.add_argument("--blocks", type=int, default=256, help="KV blocks per session")
@@ -78,6 +80,8 @@ def parse_args(argv=None):
     if a.blocks < a.threads * a.batch:
         p.error("--blocks (%d) must be at least --threads x --batch (%d) so threads own disjoint blocks"
                 % (a.blocks, a.threads * a.batch))
+    if not 1 <= a.rdma_qps <= 16:
+        p.error("--rdma-qps must be 1 to 16")
     if a.transport == "rdma-model" and a.inject not in ("none", "lag"):
         p.error("--transport rdma-model injects only lag (the NIC model's delayed visibility)")
     if a.seconds is None:
@@ -110,15 +114,17 @@ def nic_model_path():
         import tempfile
         path = os.path.join(tempfile.mkdtemp(), "libnicmodel.so")
         subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", path, os.path.join(REPO, "tests", "nicmodel", "nicmodel.c"),
-                        "-lpthread"], check=True)
+                        "-lpthread", "-ldl"], check=True)
     return os.path.abspath(path)
 
 
 def transport_config(args):
     """The guard settings that select args.transport."""
     if args.transport == "rdma-model":
-        return {"transport": "rdma", "verbs_library": args.nic_model}
-    return {"transport": args.transport}
+        return {"transport": "rdma", "verbs_library": args.nic_model, "rdma_qps": args.rdma_qps}
+    if args.transport == "tcp":
+        return {"transport": "tcp"}
+    return {"transport": args.transport, "rdma_qps": args.rdma_qps}
 
 
 def block_hash(view):
@@ -363,7 +369,7 @@ def run(args):
                 p.terminate()
     seconds = result["seconds"] or 1e-9
     out = {
-        "verify": args.verify, "inject": args.inject, "transport": args.transport,
+        "verify": args.verify, "inject": args.inject, "transport": args.transport, "rdma_qps": args.rdma_qps,
         "transfers": result["transfers"], "descriptors": result["descriptors"], "bytes": result["bytes"],
         "ok": result["ok"], "failed": result["failed"], "mismatches": result["mismatches"],
         "retries": result["retries"], "resends": result["resends"], "seconds": seconds,

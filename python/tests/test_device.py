@@ -57,9 +57,9 @@ class FakeCudaTensor:
         return 1
 
 
-def receiver_main(conn, path, size):
+def receiver_main(conn, path, size, transport):
     model = Model(path)
-    g = mcguard.Guard(cuda="required", cuda_library=path)
+    g = mcguard.Guard(cuda="required", cuda_library=path, **transport)
     dev = model.alloc(size)
     g.register(FakeCudaTensor(dev, size))
     conn.send((g.endpoint, dev))
@@ -75,23 +75,33 @@ def receiver_main(conn, path, size):
     g.close()
 
 
-@pytest.mark.parametrize("mode", ["tail", "digest"])
-def test_gpu_to_gpu_across_processes(mode):
+def transport_settings(name):
+    if name == "rdma-model":  # GPU memory registered as dmabufs on the software NIC
+        from mcguard.stress import nic_model_path
+        return {"transport": "rdma", "verbs_library": nic_model_path()}
+    return {"transport": "tcp"}
+
+
+@pytest.mark.parametrize("transport", ["tcp", "rdma-model"])
+@pytest.mark.parametrize("mode", ["off", "tail", "digest"])
+def test_gpu_to_gpu_across_processes(mode, transport):
     path, size = model_path(), 1 << 20
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
-    p = ctx.Process(target=receiver_main, args=(there, path, size), daemon=True)
+    p = ctx.Process(target=receiver_main, args=(there, path, size, transport_settings(transport)), daemon=True)
     p.start()
     try:
         assert here.poll(30)
         endpoint, remote = here.recv()
         model = Model(path)
-        with mcguard.Guard(cuda="required", cuda_library=path, verify=mode, notify="always") as g:
+        with mcguard.Guard(cuda="required", cuda_library=path, verify=mode, notify="always",
+                           **transport_settings(transport)) as g:
             src = model.alloc(size)
             data = os.urandom(size)
             ctypes.memmove(src, data, size)  # model GPU memory is host memory underneath
             g.register(FakeCudaTensor(src, size))
             assert g.stats()["cuda"].startswith("driver ")
+            assert g.stats()["transport"] == transport_settings(transport)["transport"]
             n = 64
             res = g.transfer(endpoint, [src + i * (size // n) for i in range(n)],
                              [remote + i * (size // n) for i in range(n)], [size // n] * n)

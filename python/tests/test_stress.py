@@ -72,3 +72,12 @@ def test_rdma_model_off_under_lag_shows_mismatches_and_tail_none():
     assert off["transport"] == "rdma-model" and off["mismatches"] > 0 and rc == 1
     rc, tail, _ = stress("--transport", "rdma-model", "--verify", "tail", "--inject", "lag")
     assert rc == 0 and tail["ok"] == 24 and tail["failed"] == 0 and tail["mismatches"] == 0
+
+
+def test_rdma_model_striped_over_four_queue_pairs():
+    """Four queue pairs per session, each lagging on its own: off shows
+    mismatches, tail (every stripe fenced before the read-backs) none."""
+    rc, off, _ = stress("--transport", "rdma-model", "--rdma-qps", "4", "--verify", "off", "--inject", "lag")
+    assert off["rdma_qps"] == 4 and off["mismatches"] > 0 and rc == 1
+    rc, tail, _ = stress("--transport", "rdma-model", "--rdma-qps", "4", "--verify", "tail", "--inject", "lag")
+    assert rc == 0 and tail["ok"] == 24 and tail["failed"] == 0 and tail["mismatches"] == 0 and tail["retries"] == 0
