@@ -113,7 +113,7 @@ typedef struct mc_sync_opts {
  *   "tear"|"reorder"|"stale", inject_rate, inject_lag_max_ms, inject_seed,
  *   secret, secret_file, allow_insecure, cuda "auto"|"required"|"off",
  *   cuda_library, transport "tcp"|"rdma"|"auto", require_rdma,
- *   verbs_library, rdma_device, rdma_gid_index.
+ *   verbs_library, rdma_device, rdma_gid_index, rdma_qps (1 to 16).
  * The vLLM variables VLLM_MOONCAKE_TRANSFER_VERIFY[_TAIL_BYTES|
  * _MAX_RETRIES|_RETRY_SLEEP_S] are honoured too. On success *out is the
  * new handle. MC_ERR_CONFIG names every bad key or value. */
@@ -129,7 +129,10 @@ mc_status mc_guard_close(mc_guard_t g);
  * overlap. The memory must stay valid until unregistered or closed. With
  * libcuda loaded (cuda "auto"), the driver classifies the memory once,
  * here: device memory is then copied through pinned staging buffers, so
- * host and device regions can be mixed in one batch. */
+ * host and device regions can be mixed in one batch. With the RDMA
+ * transport the region also becomes a memory region of the NIC: device
+ * memory as a dmabuf (CUDA 11.7+, ibv_reg_dmabuf_mr), else as a device
+ * pointer (nvidia-peermem), else MC_ERR_DEVICE saying what is missing. */
 mc_status mc_guard_register(mc_guard_t g, void *addr, size_t len);
 
 /* Register [addr, addr+len) that the caller knows is GPU memory (a CUDA
