@@ -116,3 +116,33 @@ func TestCopyFailureIsAnError(t *testing.T) {
 	require.Contains(t, err.Error(), "CUDA_ERROR_ILLEGAL_ADDRESS")
 	require.NoError(t, d.CopyToDevice(dev, make([]byte, 4096), cuda.Memory{Device: true}), "the next copy works")
 }
+
+func TestDmabufExportsTheWholeAllocation(t *testing.T) {
+	d, m := model(t)
+	const n = 3*4096 + 100 // not a whole number of pages
+	dev, err := m.Alloc(n)
+	require.NoError(t, err)
+	mem := cuda.Memory{Device: true}
+	fd, offset, err := d.Dmabuf(dev+4096+8, 2000, mem)
+	require.NoError(t, err)
+	defer syscall.Close(fd)
+	require.EqualValues(t, 4096+8, offset, "the offset of the range in the exported allocation")
+	_, err = fdFlags(fd)
+	require.NoError(t, err, "a file descriptor the caller owns")
+
+	_, _, err = d.Dmabuf(dev+n-10, 4096, mem)
+	require.ErrorIs(t, err, cuda.ErrDevice, "a range past its allocation")
+
+	t.Setenv("MCG_MODEL_NO_DMABUF", "1")
+	_, _, err = d.Dmabuf(dev, 4096, mem)
+	require.ErrorIs(t, err, cuda.ErrNoDmabuf)
+	require.Contains(t, err.Error(), "DMA_BUF_SUPPORTED = 0")
+}
+
+func fdFlags(fd int) (int, error) {
+	r, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_GETFD, 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(r), nil
+}
