@@ -81,9 +81,10 @@ test-python: $(LIB) $(CUDA_MODEL) $(NIC_MODEL) deps-python
 demo: build
 	$(PYTHON) -m mcguard.demo
 
-## bench: guarded vs unguarded vs a raw socket pair (Go), and the stress's off vs tail (Python)
+## bench: guarded vs unguarded vs a raw socket pair (Go), one vs four queue pairs on the NIC model, and the stress's off vs tail (Python)
 bench: build
 	$(GO) test -run '^$$' -bench Modes -benchtime 3s -count 5 ./core/
+	$(GO) test -run '^$$' -bench RDMAModelStripes -benchtime 20x -count 5 ./core/
 	$(PYTHON) -m mcguard.bench --rounds 5 --seconds 4
 
 ## device-check: the GPU check (an NVIDIA machine with PyTorch; see scripts/device-check.sh)
