@@ -258,6 +258,18 @@ static void *applier(void *arg) {
     return NULL;
 }
 
+/* A READ or FLUSH on this QP: answered once the QP's earlier writes are
+ * visible (and, into GPU memory, flushed for kernels). Returns the MR
+ * the request may access, or NULL. */
+static struct ibv_mr *settle(struct responder *r, const struct msg *m, int access) {
+    struct ibv_mr *mr = find_mr(m->rkey, m->raddr, m->len, access);
+    pthread_mutex_lock(&r->mu);
+    while (r->head) pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+    if (mr && ((struct mr_entry *)mr)->device) gpu_flush();
+    return mr;
+}
+
 static void *responder_main(void *arg) {
     struct responder *r = arg;
     pthread_t ap;
@@ -296,21 +308,11 @@ static void *responder_main(void *arg) {
             /* Acknowledged before it is visible: completion before visibility. */
             if (write_full(r->fd, &reply, sizeof reply) != 0) break;
         } else if (m.op == M_FLUSH) {
-            /* Answered once this QP's earlier writes are visible. */
-            struct ibv_mr *mr = find_mr(m.rkey, m.raddr, m.len, MCG_ACCESS_FLUSH_GLOBAL);
-            pthread_mutex_lock(&r->mu);
-            while (r->head) pthread_cond_wait(&r->cv, &r->mu);
-            pthread_mutex_unlock(&r->mu);
-            if (mr && ((struct mr_entry *)mr)->device) gpu_flush();
+            struct ibv_mr *mr = settle(r, &m, MCG_ACCESS_FLUSH_GLOBAL);
             struct msg reply = {.op = mr ? M_FLUSHRESP : M_NAK, .wr_id = m.wr_id};
             if (write_full(r->fd, &reply, sizeof reply) != 0) break;
         } else if (m.op == M_READ) {
-            struct ibv_mr *mr = find_mr(m.rkey, m.raddr, m.len, IBV_ACCESS_REMOTE_READ);
-            /* A READ on this QP waits until its earlier writes are visible. */
-            pthread_mutex_lock(&r->mu);
-            while (r->head) pthread_cond_wait(&r->cv, &r->mu);
-            pthread_mutex_unlock(&r->mu);
-            if (mr && ((struct mr_entry *)mr)->device) gpu_flush();
+            struct ibv_mr *mr = settle(r, &m, IBV_ACCESS_REMOTE_READ);
             struct msg reply = {.op = mr ? M_READRESP : M_NAK, .wr_id = m.wr_id, .len = mr ? m.len : 0};
             if (write_full(r->fd, &reply, sizeof reply) != 0) break;
             if (mr && write_full(r->fd, (void *)(uintptr_t)m.raddr, m.len) != 0) break;
