@@ -328,12 +328,17 @@ func (c *rdmaConn) fenceStripes(want func(i int, s *stripe) bool) error {
 	return c.eachStripe(func(i int, s *stripe) bool { return len(s.written) > 0 && want(i, s) }, c.fenceStripe)
 }
 
+// maxFlushLen bounds the range of one FLUSH.
+const maxFlushLen = 1 << 30
+
 // fenceStripe is a FLUSH of each region's written span where both ends do
 // the FLUSH verb, else a one-byte READ of something the writes touched.
 func (c *rdmaConn) fenceStripe(_ int, s *stripe) error {
 	var ops []rdma.Op
 	for key, e := range s.written {
-		ops = append(ops, rdma.Op{RemoteAddr: e.lo, Len: e.hi - e.lo, RKey: key})
+		for lo := e.lo; lo < e.hi; lo += maxFlushLen { // a FLUSH's length is 32 bits on the wire
+			ops = append(ops, rdma.Op{RemoteAddr: lo, Len: min(maxFlushLen, e.hi-lo), RKey: key})
+		}
 	}
 	var err error
 	if c.flush {
