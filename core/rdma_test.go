@@ -148,7 +148,10 @@ func gpuBlocks(src, dst uint64, n, size int) []verify.Desc {
 func TestRDMAGPUToGPUInEveryMode(t *testing.T) {
 	const n, size = 16, 64 << 10
 	send, recv, src, dst, srcView, dstView := gpuOverRDMA(t, "", n*size)
-	for _, mode := range verify.Modes {
+	// Not off: a WRITE's completion is not its arrival, so over RDMA not
+	// even the receiver's flush makes off safe (the next test shows the
+	// flush is still needed when the bytes have arrived).
+	for _, mode := range verify.Modes[1:] {
 		t.Run(string(mode), func(t *testing.T) {
 			fill(srcView)
 			descs := gpuBlocks(src, dst, n, size)
@@ -163,8 +166,16 @@ func TestRDMAGPUToGPUInEveryMode(t *testing.T) {
 func TestRDMAGPUWritesAreVisibleToKernelsOnlyAfterTheReceiversSync(t *testing.T) {
 	const size = 256 << 10
 	send, recv, src, dst, srcView, dstView := gpuOverRDMA(t, `, "verify": "off"`, size)
+	hostSrc, hostDst := newMem(t, 64), newMem(t, 64)
+	require.NoError(t, send.Register(hostSrc.addr(0), 64))
+	require.NoError(t, recv.Register(hostDst.addr(0), 64))
 	fill(srcView)
 	_, err := send.Transfer(recv.Endpoint(), gpuBlocks(src, dst, 4, size/4), TransferOptions{})
+	require.NoError(t, err)
+	// A read-back of host memory on the same queue pair: once it returns,
+	// the GPU writes before it have landed (a READ does not pass them) and
+	// were not flushed (it read no GPU memory).
+	_, err = send.Transfer(recv.Endpoint(), []verify.Desc{{Src: hostSrc.addr(0), Dst: hostDst.addr(0), Len: 64}}, TransferOptions{Verify: ptr(verify.Tail)})
 	require.NoError(t, err)
 	require.False(t, bytes.Equal(srcView, dstView), "GPUDirect writes have landed, and kernels may not see them yet")
 	require.NoError(t, recv.Sync([]SyncRange{{dst, size}}, nil, 0))
