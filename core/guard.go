@@ -120,7 +120,7 @@ func (g *Guard) chooseTransport() error {
 		g.rdmaState = "not probed (transport tcp)"
 		return nil
 	}
-	ports, err := rdma.Probe(g.cfg.VerbsLibrary)
+	_, err := rdma.Probe(g.cfg.VerbsLibrary)
 	if err == nil {
 		side, oerr := openRDMA(g.cfg.VerbsLibrary, g.cfg.RDMADevice, g.cfg.RDMAGIDIndex)
 		if oerr == nil {
@@ -129,7 +129,7 @@ func (g *Guard) chooseTransport() error {
 			if side.ep.Flush() {
 				fence = "FLUSH verb"
 			}
-			g.rdmaState = fmt.Sprintf("rdma on %s port %d, fence %s", ports[0].Device, ports[0].Port, fence)
+			g.rdmaState = fmt.Sprintf("rdma on %s port %d, fence %s", side.ep.Device(), side.ep.Port(), fence)
 			return nil
 		}
 		err = oerr

@@ -56,6 +56,12 @@ func (e *Endpoint) Close() {
 	C.free(unsafe.Pointer(e.ep))
 }
 
+// Device and Port name the port this endpoint opened.
+func (e *Endpoint) Device() string { return C.GoString(&e.ep.ctx.device.name[0]) }
+
+// Port is the port number on Device.
+func (e *Endpoint) Port() int { return int(e.ep.port) }
+
 // Flush reports whether the device does the IBTA FLUSH verb with global
 // visibility; its memory regions and queue pairs then allow it.
 func (e *Endpoint) Flush() bool { return e.ep.flush != 0 }
