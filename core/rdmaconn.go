@@ -103,6 +103,11 @@ func (r *rdmaSide) rkeys(regions []Region) []uint32 {
 // MaxRDMAQPs bounds the queue pairs of one session (rdma_qps).
 const MaxRDMAQPs = 16
 
+// maxTargetQPs bounds the queue pairs a target keeps for all its senders
+// together: a flood of handshakes is refused, not served until the NIC
+// runs out. A variable, for tests.
+var maxTargetQPs = 1024
+
 // accept connects a queue pair of ours to each of a sender's, replacing
 // those an earlier handshake of the same sender made.
 func (r *rdmaSide) accept(sender string, remotes []rdma.QPInfo) ([]rdma.QPInfo, error) {
@@ -110,6 +115,17 @@ func (r *rdmaSide) accept(sender string, remotes []rdma.QPInfo) ([]rdma.QPInfo, 
 	fail := func(err error) ([]rdma.QPInfo, error) {
 		destroyQPs(qps)
 		return nil, err
+	}
+	r.mu.Lock()
+	held := 0
+	for id, old := range r.peers {
+		if id != sender { // a sender's own are replaced
+			held += len(old)
+		}
+	}
+	r.mu.Unlock()
+	if held+len(remotes) > maxTargetQPs {
+		return nil, fmt.Errorf("this guard holds %d queue pairs for other senders; %d more would pass its limit of %d", held, len(remotes), maxTargetQPs)
 	}
 	infos := make([]rdma.QPInfo, len(remotes))
 	for i, remote := range remotes {

@@ -382,3 +382,36 @@ func TestHandshakeAskingForTooManyQueuePairsIsRefused(t *testing.T) {
 	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: randomBytes(nonceSize), RDMA: make([]rdma.QPInfo, MaxRDMAQPs+1)})
 	require.Contains(t, sendRaw(t, g.Endpoint(), body), "17 queue pairs asked for, at most 16")
 }
+
+func TestHandshakeWithBogusQueuePairsIsRefusedAndTheGuardServesOn(t *testing.T) {
+	key := rdmaKey(t)
+	p := newPair(t, "{"+key+"}", "{"+key+"}", 4096)
+	bogus := rdma.QPInfo{QPN: 7}
+	copy(bogus.GID[:], "not a NIC's GID!")
+	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: randomBytes(nonceSize), RDMA: []rdma.QPInfo{bogus}})
+	require.Contains(t, sendRaw(t, p.recv.Endpoint(), body), "cannot connect queue pairs to the peer's")
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(1, 4096), TransferOptions{})
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(p.src.b, p.dst.b))
+}
+
+func TestTargetQueuePairsAreBounded(t *testing.T) {
+	old := maxTargetQPs
+	maxTargetQPs = 8
+	t.Cleanup(func() { maxTargetQPs = old })
+	g := openGuard(t, "{"+rdmaKey(t)+"}")
+	qp := rdma.QPInfo{QPN: 7, GID: g.rdma.ep.GID()} // a GID the model answers to
+	hello := func(sender string, n int) string {
+		qps := make([]rdma.QPInfo, n)
+		for i := range qps {
+			qps[i] = qp
+		}
+		body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: randomBytes(nonceSize), Sender: []byte(sender), RDMA: qps})
+		return sendRaw(t, g.Endpoint(), body)
+	}
+	require.NotContains(t, hello("a", 4), "error")
+	require.NotContains(t, hello("b", 4), "error")
+	require.NotContains(t, hello("a", 4), "error", "a sender's own queue pairs are replaced, not added")
+	require.Contains(t, hello("c", 1), "would pass its limit of 8")
+}
