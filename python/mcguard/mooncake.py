@@ -32,13 +32,29 @@ class GuardedTransferEngine:
         return self._guard
 
     def initialize(self, local_hostname, metadata_server="P2PHANDSHAKE", protocol="tcp", device_name=""):
-        """Start the guard listening on local_hostname; returns 0 or -1."""
+        """Start the guard listening on local_hostname; returns 0 or -1.
+
+        protocol "rdma" is the RDMA transport, required: where no device is
+        usable this returns -1 and logs why, never falling back to TCP (the
+        silent fallback is what hid Mooncake users' corruption). Of a
+        device_name list ("mlx5_0,mlx5_1") the first is used. A transport or
+        rdma_device given in the engine's own settings wins."""
         if metadata_server not in ("P2PHANDSHAKE", "", None):
             log.warning("mcguard: metadata server %r ignored: sessions handshake peer to peer", metadata_server)
-        if protocol not in ("tcp", ""):
-            log.warning("mcguard: protocol %r requested, but this mcguard moves bytes over its TCP "
-                        "transport (every transfer is still verified at the target)", protocol)
         cfg = dict(self._config)
+        if protocol in ("tcp", "", None):
+            cfg.setdefault("transport", "tcp")
+        elif protocol == "rdma":
+            cfg.setdefault("transport", "rdma")
+            devices = [d for d in (device_name or "").split(",") if d.strip()]
+            if devices:
+                cfg.setdefault("rdma_device", devices[0].strip())
+                if len(devices) > 1:
+                    log.warning("mcguard: device_name %r: using %s only (one device per guard)", device_name,
+                                devices[0].strip())
+        else:
+            log.error("mcguard: protocol %r is not one mcguard has (tcp, rdma)", protocol)
+            return -1
         host = local_hostname.rsplit(":", 1)[0] if local_hostname.count(":") == 1 else local_hostname
         cfg.setdefault("listen", "%s:0" % (host or "127.0.0.1"))
         try:

@@ -11,7 +11,7 @@ def test_drop_in_engine_round_trip():
     send, recv = GuardedTransferEngine(), GuardedTransferEngine()
     try:
         assert send.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
-        assert recv.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_0") == 0
+        assert recv.initialize("127.0.0.1", "P2PHANDSHAKE", "", "") == 0
         port = recv.get_rpc_port()
         assert isinstance(port, int) and port > 0
         session = "127.0.0.1:%d" % port
@@ -35,6 +35,31 @@ def test_drop_in_engine_round_trip():
         assert send.unregister_memory(back.addr) == 0
         assert send.batch_unregister_memory([b.addr for b in src]) == 0
         assert send.batch_transfer_sync_write(session, [src[0].addr], [kv[0].addr], [8]) < 0
+    finally:
+        send.close()
+        recv.close()
+
+
+def test_protocol_rdma_is_the_rdma_transport_and_never_falls_back(caplog):
+    e = GuardedTransferEngine()
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_0") == -1, "no RDMA device here"
+    assert "transport rdma was required, and it is not usable" in caplog.text
+    assert GuardedTransferEngine().initialize("127.0.0.1", "P2PHANDSHAKE", "nvlink", "") == -1
+    assert "not one mcguard has" in caplog.text
+    from mcguard.stress import nic_model_path
+    send = GuardedTransferEngine(verbs_library=nic_model_path())
+    recv = GuardedTransferEngine(verbs_library=nic_model_path())
+    try:
+        assert send.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mcgnic0,mcgnic1") == 0
+        assert recv.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mcgnic0") == 0
+        assert send.guard.stats()["transport"] == "rdma"
+        assert "rdma on mcgnic0 port 1" in send.guard.stats()["rdma"]
+        src, kv = Buf(1 << 16, os.urandom(1 << 16)), Buf(1 << 16)
+        assert send.register_memory(src.addr, src.size) == 0
+        assert recv.register_memory(kv.addr, kv.size) == 0
+        session = "127.0.0.1:%d" % recv.get_rpc_port()
+        assert send.batch_transfer_sync_write(session, [src.addr], [kv.addr], [src.size]) == 0
+        assert hashlib.sha1(kv.bytes()).digest() == hashlib.sha1(src.bytes()).digest()
     finally:
         send.close()
         recv.close()
