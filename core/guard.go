@@ -112,9 +112,10 @@ func (g *Guard) loadCUDA() error {
 	return nil
 }
 
-// chooseTransport settles cfg.Transport, and says which and why. The data
-// path of this build is TCP; RDMA is probed (libibverbs, an active port) so
-// that asking for it fails with the reason rather than falling back.
+// chooseTransport settles cfg.Transport, and says which and why: RDMA is
+// probed (libibverbs, an active port) and opened, and where that fails,
+// auto falls back to TCP with a log line, while rdma and require_rdma fail
+// with the reason.
 func (g *Guard) chooseTransport() error {
 	if g.cfg.Transport == "tcp" && !g.cfg.RequireRDMA {
 		g.rdmaState = "not probed (transport tcp)"

@@ -1,8 +1,9 @@
 // Package rdma is mcguard's view of rdma-core's libibverbs, loaded at run
 // time: the symbol table, the device probe that transport selection uses,
-// and the queue-pair layer (endpoint.go: RC queue pairs through INIT, RTR
-// and RTS, chained WRITEs and READs built in C memory, completions). The
-// guard does not use the queue-pair layer yet: its data path is TCP.
+// and the queue-pair layer (endpoint.go: memory regions, host and dmabuf;
+// RC queue pairs through INIT, RTR and RTS; chained WRITEs, READs and
+// FLUSHes built in C memory; completions). core/rdmaconn.go is the guard's
+// RDMA data path on top of it.
 package rdma
 
 /*
