@@ -66,6 +66,18 @@ func newPair(t *testing.T, env map[string]string) *pair {
 	return p
 }
 
+// buffers allocates a source registered at the sender and a destination
+// registered at the target (its MR returned), the source filled at random.
+func (p *pair) buffers(t *testing.T, srcLen, dstLen int) (src, dst mmapMem, mr *MR) {
+	src, dst = alloc(t, srcLen), alloc(t, dstLen)
+	rand.Read(src)
+	_, err := p.a.Register(src.addr(0), uint64(srcLen))
+	require.NoError(t, err)
+	mr, err = p.b.Register(dst.addr(0), uint64(dstLen))
+	require.NoError(t, err)
+	return src, dst, mr
+}
+
 func TestModelRunsTheRealLoader(t *testing.T) {
 	ports, err := probe(nicModel(t))
 	require.NoError(t, err)
@@ -138,14 +150,9 @@ func TestCompletionComesBeforeVisibilityAndTheFenceMakesItVisible(t *testing.T) 
 
 func TestErrorsCompleteInErrorAndTheQPReconnects(t *testing.T) {
 	p := newPair(t, nil)
-	src, dst := alloc(t, 8192), alloc(t, 4096)
-	rand.Read(src)
-	_, err := p.a.Register(src.addr(0), 8192)
-	require.NoError(t, err)
-	mr, err := p.b.Register(dst.addr(0), 4096)
-	require.NoError(t, err)
+	src, dst, mr := p.buffers(t, 8192, 4096)
 
-	err = p.qa.Writes([]Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 8192, RKey: mr.RKey}}, 5*time.Second)
+	err := p.qa.Writes([]Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 8192, RKey: mr.RKey}}, 5*time.Second)
 	require.ErrorIs(t, err, ErrCompletion)
 	require.Contains(t, err.Error(), "remote access error")
 	require.Equal(t, make([]byte, 4096), []byte(dst), "nothing landed")
@@ -164,12 +171,8 @@ func TestErrorsCompleteInErrorAndTheQPReconnects(t *testing.T) {
 
 func TestInjectedErrorCompletion(t *testing.T) {
 	p := newPair(t, map[string]string{"MCG_NIC_FAIL_WR": "1"})
-	src, dst := alloc(t, 4096), alloc(t, 4096)
-	_, err := p.a.Register(src.addr(0), 4096)
-	require.NoError(t, err)
-	mr, err := p.b.Register(dst.addr(0), 4096)
-	require.NoError(t, err)
-	err = p.qa.Writes([]Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 4096, RKey: mr.RKey}}, 5*time.Second)
+	src, dst, mr := p.buffers(t, 4096, 4096)
+	err := p.qa.Writes([]Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 4096, RKey: mr.RKey}}, 5*time.Second)
 	require.ErrorIs(t, err, ErrCompletion)
 }
 
@@ -193,12 +196,7 @@ func TestNoFlushVerbMeansAPlainQP(t *testing.T) {
 	err := p.qa.Flushes([]Op{{RemoteAddr: 0x1000, Len: 1, RKey: 1}}, time.Second)
 	require.ErrorContains(t, err, "cannot post FLUSH")
 	// The plain QP still carries WRITEs and READs.
-	src, dst := alloc(t, 4096), alloc(t, 4096)
-	rand.Read(src[:2048])
-	_, err = p.a.Register(src.addr(0), 4096)
-	require.NoError(t, err)
-	mr, err := p.b.Register(dst.addr(0), 4096)
-	require.NoError(t, err)
+	src, dst, mr := p.buffers(t, 4096, 4096)
 	require.NoError(t, p.qa.Writes([]Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 2048, RKey: mr.RKey}}, 5*time.Second))
 	require.NoError(t, p.qa.Read(src.addr(2048), dst.addr(0), mr.RKey, 2048, 5*time.Second))
 	require.Equal(t, src[:2048], src[2048:])
