@@ -18,7 +18,8 @@ import (
 )
 
 // ProtocolVersion is spoken in the handshake; a peer with another is refused.
-// Version 2 added authentication and tokens in notices.
+// Version 2 added authentication and tokens in notices; 3, a list of queue
+// pairs (one per RDMA stripe) where 2 had one.
 const ProtocolVersion = 3
 
 // maxControlMessage bounds what a control socket accepts from a peer.

@@ -274,15 +274,22 @@ func (c *rdmaConn) rkey(addr, n uint64) (uint32, error) {
 
 func rdmaErr(err error) error { return fmt.Errorf("%w: %v", ErrPeer, err) }
 
-// eachStripe runs fn on the stripes that want (all of them when want is
-// nil) at once, one goroutine each, and returns the first error.
+// eachStripe runs fn on the stripes that want at once, one goroutine each, and returns the first error. A lone
+// stripe (rdma_qps 1, the default) runs on the caller's goroutine.
 func (c *rdmaConn) eachStripe(want func(i int, s *stripe) bool, fn func(i int, s *stripe) error) error {
+	var chosen []int
+	for i, s := range c.stripes {
+		if want(i, s) {
+			chosen = append(chosen, i)
+		}
+	}
+	if len(chosen) == 1 {
+		return fn(chosen[0], c.stripes[chosen[0]])
+	}
 	errs := make([]error, len(c.stripes))
 	var wg sync.WaitGroup
-	for i, s := range c.stripes {
-		if want != nil && !want(i, s) {
-			continue
-		}
+	for _, i := range chosen {
+		s := c.stripes[i]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

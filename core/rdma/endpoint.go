@@ -229,14 +229,24 @@ func (q *QP) Flushes(ops []Op, timeout time.Duration) error {
 	for i, o := range ops {
 		ra[i], rk[i], ln[i] = o.RemoteAddr, o.RKey, o.Len
 	}
+	return q.inChains(n, n, "posting FLUSH", timeout, func(start, k int, base uint64) C.int {
+		return C.mcg_post_flush(q.e.ep, q.qp, C.int(k), (*C.uint64_t)(&ra[start]), (*C.uint32_t)(&rk[start]), (*C.uint64_t)(&ln[start]), C.uint64_t(base))
+	})
+}
+
+// inChains posts n work requests as chains of at most the queue depth —
+// post(start, k, base) posts k of them from start, with wr_ids from base,
+// every signalEvery-th and the last of a chain signaled — and waits for
+// each chain's completions before the next.
+func (q *QP) inChains(n, signalEvery int, what string, timeout time.Duration, post func(start, k int, base uint64) C.int) error {
 	for start := 0; start < n; start += q.depth {
 		k := min(q.depth, n-start)
 		base := q.nextID
 		q.nextID += uint64(k)
-		if r := C.mcg_post_flush(q.e.ep, q.qp, C.int(k), (*C.uint64_t)(&ra[start]), (*C.uint32_t)(&rk[start]), (*C.uint64_t)(&ln[start]), C.uint64_t(base)); r != 0 {
-			return fmt.Errorf("%w: posting FLUSH: %v", ErrCompletion, syscall.Errno(r))
+		if r := post(start, k, base); r != 0 {
+			return fmt.Errorf("%w: %s: %v", ErrCompletion, what, syscall.Errno(r))
 		}
-		if err := q.wait(1, timeout); err != nil {
+		if err := q.wait((k+signalEvery-1)/signalEvery, timeout); err != nil {
 			return err
 		}
 	}
@@ -269,20 +279,10 @@ func (q *QP) post(read bool, ops []Op, signalEvery int, timeout time.Duration) e
 	if read {
 		isRead = 1
 	}
-	for start := 0; start < n; start += q.depth {
-		k := min(q.depth, n-start)
-		base := q.nextID
-		q.nextID += uint64(k)
-		if r := C.mcg_post_chain(q.qp, isRead, C.int(k), (*C.uint64_t)(&la[start]), (*C.uint32_t)(&lk[start]), (*C.uint64_t)(&ra[start]),
-			(*C.uint32_t)(&rk[start]), (*C.uint32_t)(&ln[start]), C.uint64_t(base), C.int(signalEvery)); r != 0 {
-			return fmt.Errorf("%w: ibv_post_send: %v", ErrCompletion, syscall.Errno(r))
-		}
-		// every signalEvery-th and the last of the chain
-		if err := q.wait((k+signalEvery-1)/signalEvery, timeout); err != nil {
-			return err
-		}
-	}
-	return nil
+	return q.inChains(n, signalEvery, "ibv_post_send", timeout, func(start, k int, base uint64) C.int {
+		return C.mcg_post_chain(q.qp, isRead, C.int(k), (*C.uint64_t)(&la[start]), (*C.uint32_t)(&lk[start]), (*C.uint64_t)(&ra[start]),
+			(*C.uint32_t)(&rk[start]), (*C.uint32_t)(&ln[start]), C.uint64_t(base), C.int(signalEvery))
+	})
 }
 
 // wait polls the queue pair's completion queue until n completions
