@@ -13,6 +13,10 @@ GO_SRC   := $(shell find core verify export -name '*.go' -o -name '*.c' -o -name
 CTEST_DIR := build/cmake
 
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
+# The software models the tests run the real loaders on: built once by
+# `make build`, found by Go and Python through these two variables.
+export MCGUARD_CUDA_MODEL := $(CURDIR)/$(CUDA_MODEL)
+export MCGUARD_NIC_MODEL  := $(CURDIR)/$(NIC_MODEL)
 
 .PHONY: device-check all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench fuzz soak install clean
 
@@ -47,7 +51,7 @@ deps-python:
 ## and the software models of the CUDA driver and of an RDMA NIC the tests use
 build: $(LIB) $(CUDA_MODEL) $(NIC_MODEL)
 
-$(NIC_MODEL): tests/nicmodel/nicmodel.c core/rdma/flush_abi.h | deps-system
+$(NIC_MODEL): tests/nicmodel/nicmodel.c core/transport/rdma/verbs/flush_abi.h | deps-system
 	cc -shared -fPIC -O2 -Wall -o $@ $< -lpthread -ldl
 
 $(CUDA_MODEL): tests/cudamodel/cudamodel.c
@@ -60,13 +64,13 @@ $(LIB): $(GO_SRC) | deps-system deps-go
 ## test: Go (race detector), C/C++ (ctest), Python (pytest)
 test: deps build test-go test-c test-python
 
-test-go:
+test-go: $(CUDA_MODEL) $(NIC_MODEL)
 	$(GO) vet -unsafeptr=false ./...
 	$(GO) test -race -count=1 ./...
 	$(GO) test -count=1 -run '^TestSoak$$' -v ./core/
 
 ## soak: the leak soak alone (10^4 cycles; MCGUARD_SOAK_CYCLES to change)
-soak: deps-system deps-go
+soak: deps-system deps-go $(CUDA_MODEL) $(NIC_MODEL)
 	$(GO) test -count=1 -run '^TestSoak$$' -v ./core/
 
 test-c: $(LIB)
@@ -75,7 +79,7 @@ test-c: $(LIB)
 	cd $(CTEST_DIR) && ctest --output-on-failure
 
 test-python: $(LIB) $(CUDA_MODEL) $(NIC_MODEL) deps-python
-	MCGUARD_CUDA_MODEL=$(CURDIR)/$(CUDA_MODEL) $(PYTHON) -m pytest -q -rs python/tests
+	$(PYTHON) -m pytest -q -rs python/tests
 
 ## demo: the PD stress on loopback with injected lag, verify=off beside verify=tail
 demo: build
@@ -92,7 +96,7 @@ device-check: build
 	scripts/device-check.sh
 
 ## fuzz: each decoder's fuzz target for FUZZTIME (the seed corpora run in every `go test`)
-fuzz: deps-system deps-go
+fuzz: deps-system deps-go $(CUDA_MODEL) $(NIC_MODEL)
 	@for t in $(FUZZ_WIRE); do echo "== $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) ./core/wire || exit 1; done
 	@for t in $(FUZZ_CORE); do echo "== $$t"; $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) ./core || exit 1; done
 
@@ -101,5 +105,5 @@ install: build
 	cmake --install build/install-tree
 
 clean:
-	rm -rf build/libmcguard.so build/libmcguard.h build/cmake build/install-tree
+	rm -rf $(LIB) build/libmcguard.h $(CUDA_MODEL) $(NIC_MODEL) $(CTEST_DIR) build/install-tree
 	find python -name __pycache__ -type d -exec rm -rf {} +

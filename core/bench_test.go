@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mcguard/mcguard/core/internal/cbuild"
+	"github.com/mcguard/mcguard/core/internal/models"
 	"github.com/mcguard/mcguard/verify"
 )
 
@@ -146,7 +146,7 @@ func (p *rawPair) close() {
 // a NIC. It reports GB/s for one queue pair in off, and each
 // configuration against one queue pair in the same mode.
 func BenchmarkRDMAModelStripes(b *testing.B) {
-	nic, err := cbuild.Library("../tests/nicmodel/nicmodel.c")
+	nic, err := models.NIC()
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -8,6 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mcguard/mcguard/core/config"
+	"github.com/mcguard/mcguard/core/fault"
+	"github.com/mcguard/mcguard/core/transport/rdma"
 	"github.com/mcguard/mcguard/verify"
 )
 
@@ -23,9 +26,6 @@ type Config struct {
 	Timeout time.Duration
 	// ConnectTimeout bounds the handshake with a new session.
 	ConnectTimeout time.Duration
-	// Notify says when a transfer sends a completion notice to the
-	// receiving guard: "auto" (digest mode only), "always" or "never".
-	Notify string
 	// SyncTimeout bounds how long mc_guard_sync waits for notices and for
 	// writes still in flight.
 	SyncTimeout time.Duration
@@ -44,19 +44,11 @@ type Config struct {
 	Transport    string
 	RequireRDMA  bool
 	VerbsLibrary string
-	RDMADevice   string // empty: the first device with an active port
-	RDMAGIDIndex int    // -1: the first RoCE v2 GID
-	RDMAQPs      int    // queue pairs per session that a batch's writes are striped over
-	Verify       verify.Config
-	Inject       FaultConfig
-}
-
-// FaultConfig turns on target-side fault injection, for tests and demos.
-type FaultConfig struct {
-	Mode   string        // one of FaultModes
-	Rate   float64       // drop, tear, stale: the fraction of writes hit
-	LagMax time.Duration // lag, reorder: the longest delay before a write lands
-	Seed   int
+	RDMADevice   string        // empty: the first device with an active port
+	RDMAGIDIndex int           // -1: the first RoCE v2 GID
+	RDMAQPs      int           // queue pairs per session that a batch's writes are striped over
+	Verify       verify.Config // the verification policy, and when notices are sent
+	Inject       fault.Config  // target-side fault injection, for tests and demos
 }
 
 // DefaultConfig returns the settings used when nothing is configured.
@@ -66,20 +58,19 @@ func DefaultConfig() Config {
 		MaxBatch:       512,
 		Timeout:        5 * time.Second,
 		ConnectTimeout: 2 * time.Second,
-		Notify:         "auto",
 		CUDA:           "auto",
 		Transport:      "auto",
 		RDMAGIDIndex:   -1,
 		RDMAQPs:        1,
 		SyncTimeout:    5 * time.Second,
 		Verify:         verify.Defaults(),
-		Inject:         FaultConfig{Mode: FaultNone, Rate: 0.1, LagMax: 20 * time.Millisecond},
+		Inject:         fault.Config{Mode: fault.None, Rate: 0.1, LagMax: 20 * time.Millisecond},
 	}
 }
 
 // LoadConfig builds a Config from the environment and the open() JSON.
-func LoadConfig(getenv verify.Getenv, configJSON string) (Config, error) {
-	l, err := verify.NewLoader(getenv, configJSON)
+func LoadConfig(getenv config.Getenv, configJSON string) (Config, error) {
+	l, err := config.NewLoader(getenv, configJSON)
 	if err != nil {
 		return Config{}, err
 	}
@@ -88,7 +79,6 @@ func LoadConfig(getenv verify.Getenv, configJSON string) (Config, error) {
 	l.Int("max_batch", []string{"MC_GUARD_MAX_BATCH"}, &c.MaxBatch, 1, 1<<16)
 	l.Millis("timeout_ms", []string{"MC_GUARD_TIMEOUT_MS"}, &c.Timeout, time.Hour)
 	l.Millis("connect_timeout_ms", []string{"MC_GUARD_CONNECT_TIMEOUT_MS"}, &c.ConnectTimeout, time.Hour)
-	l.Choice("notify", []string{"MC_GUARD_NOTIFY"}, &c.Notify, []string{"auto", "always", "never"}, nil)
 	l.Millis("sync_timeout_ms", []string{"MC_GUARD_SYNC_TIMEOUT_MS"}, &c.SyncTimeout, time.Hour)
 	var secret, secretFile string
 	l.String("secret", []string{"MC_GUARD_SECRET"}, &secret)
@@ -101,9 +91,9 @@ func LoadConfig(getenv verify.Getenv, configJSON string) (Config, error) {
 	l.String("verbs_library", []string{"MC_GUARD_VERBS_LIBRARY"}, &c.VerbsLibrary)
 	l.String("rdma_device", []string{"MC_GUARD_RDMA_DEVICE"}, &c.RDMADevice)
 	l.Int("rdma_gid_index", []string{"MC_GUARD_RDMA_GID_INDEX"}, &c.RDMAGIDIndex, -1, 255)
-	l.Int("rdma_qps", []string{"MC_GUARD_RDMA_QPS"}, &c.RDMAQPs, 1, MaxRDMAQPs)
+	l.Int("rdma_qps", []string{"MC_GUARD_RDMA_QPS"}, &c.RDMAQPs, 1, rdma.MaxQPs)
 	c.Verify = verify.Load(l)
-	l.Choice("inject", []string{"MC_GUARD_INJECT"}, &c.Inject.Mode, FaultModes, map[string]string{"": "none", "off": "none"})
+	l.Choice("inject", []string{"MC_GUARD_INJECT"}, &c.Inject.Mode, fault.Modes, map[string]string{"": "none", "off": "none"})
 	l.Float("inject_rate", []string{"MC_GUARD_INJECT_RATE"}, &c.Inject.Rate, 0, 1)
 	l.Millis("inject_lag_max_ms", []string{"MC_GUARD_INJECT_LAG_MAX_MS"}, &c.Inject.LagMax, time.Minute)
 	l.Int("inject_seed", []string{"MC_GUARD_INJECT_SEED"}, &c.Inject.Seed, 0, 1<<31-1)
@@ -135,6 +125,12 @@ func LoadConfig(getenv verify.Getenv, configJSON string) (Config, error) {
 			return Config{}, fmt.Errorf("%w: listen %q reaches beyond this machine, and the guard has no secret: any peer could write into registered memory. Set secret (or secret_file, MC_GUARD_SECRET), or allow_insecure: true to accept that", ErrConfig, c.Listen)
 		}
 		log.Printf("mcguard: WARNING: listening on %s without a secret (allow_insecure): any peer that reaches it can read and write registered memory", c.Listen)
+	}
+	if c.RequireRDMA {
+		if c.Transport == "tcp" {
+			return Config{}, fmt.Errorf("%w: transport \"tcp\" and require_rdma true contradict each other: choose transport rdma (or auto with require_rdma), or drop require_rdma", ErrConfig)
+		}
+		c.Transport = "rdma" // auto that must not fall back is rdma
 	}
 	if c.Timeout <= 0 || c.ConnectTimeout <= 0 || c.SyncTimeout <= 0 {
 		return Config{}, fmt.Errorf("%w: timeout_ms, connect_timeout_ms and sync_timeout_ms must be positive", ErrConfig)

@@ -3,7 +3,6 @@ package core
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
 	"encoding/json"
 	"fmt"
 	"log"
@@ -12,58 +11,7 @@ import (
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
-
-	"github.com/mcguard/mcguard/core/rdma"
-	"github.com/mcguard/mcguard/core/wire"
 )
-
-// ProtocolVersion is spoken in the handshake; a peer with another is refused.
-// Version 2 added authentication and tokens in notices; 3, a list of queue
-// pairs (one per RDMA stripe) where 2 had one.
-const ProtocolVersion = 3
-
-// maxControlMessage bounds what a control socket accepts from a peer.
-const maxControlMessage = 2 << 20
-
-// helloRequest is a handshake step: "hello", then "auth" if the guard
-// asked for it.
-type helloRequest struct {
-	Proto     int    `json:"proto"`
-	Op        string `json:"op"`
-	Nonce     []byte `json:"nonce,omitempty"`     // the peer's fresh nonce
-	Challenge []byte `json:"challenge,omitempty"` // auth: the guard's challenge it answers
-	MAC       []byte `json:"mac,omitempty"`       // auth: its proof
-	// Sender names the sending session across reconnects, so the target
-	// can drop its older data connections (and their late bytes).
-	Sender []byte `json:"sender,omitempty"`
-	// RDMA is the sender's queue pairs (one per stripe), when its
-	// transport is RDMA.
-	RDMA []rdma.QPInfo `json:"rdma,omitempty"`
-}
-
-// helloReply tells a sender where to send data and what it may write to,
-// or, from a guard with a secret, the challenge to answer first.
-type helloReply struct {
-	Proto     int      `json:"proto"`
-	Error     string   `json:"error,omitempty"`
-	Challenge []byte   `json:"challenge,omitempty"` // authenticate first
-	Data      string   `json:"data,omitempty"`      // the target's TCP "host:port"
-	Token     []byte   `json:"token,omitempty"`     // unauthenticated guards: binds data connections to this handshake
-	MAC       []byte   `json:"mac,omitempty"`       // authenticated guards: their proof
-	Regions   []Region `json:"regions,omitempty"`
-	// RDMA answers a request's queue pairs: the target's, one for each of
-	// the sender's, and an rkey per region (0: not reachable over RDMA).
-	RDMA  []rdma.QPInfo `json:"rdma,omitempty"`
-	RKeys []uint32      `json:"rkeys,omitempty"`
-	// RDMAFlush: the target's regions accept the FLUSH verb.
-	RDMAFlush bool `json:"rdma_flush,omitempty"`
-}
-
-// controlReply is the answer to a notice, or to a request that failed.
-type controlReply struct {
-	Proto int    `json:"proto"`
-	Error string `json:"error,omitempty"`
-}
 
 // controlServer answers handshakes and notices on a ZMQ ROUTER socket. The
 // socket has one owner, the serve goroutine; it stops when the context is
@@ -185,61 +133,6 @@ func request(ctx context.Context, sock *zmq.Socket, session, what string, body [
 		return nil, fmt.Errorf("%w: session %q: %s receive: %v", ErrSession, session, what, err)
 	}
 	return raw, nil
-}
-
-// handshake asks the guard at session for its data endpoint, region table
-// and token, authenticating both ways when secret is set. The REQ socket
-// lives only for this call and this goroutine.
-func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration, secret, sender []byte, qps []rdma.QPInfo) (helloReply, error) {
-	sock, err := newReqSocket(zctx, session)
-	if err != nil {
-		return helloReply{}, err
-	}
-	defer sock.Close()
-	nonce := randomBytes(nonceSize)
-	rep, err := handshakeStep(ctx, sock, session, timeout, helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: nonce, Sender: sender, RDMA: qps})
-	if err != nil {
-		return helloReply{}, err
-	}
-	switch {
-	case rep.Challenge != nil && secret == nil:
-		return helloReply{}, fmt.Errorf("%w: session %q requires authentication: configure the shared secret (secret, secret_file or MC_GUARD_SECRET)", ErrSession, session)
-	case rep.Challenge == nil && secret != nil:
-		return helloReply{}, fmt.Errorf("%w: session %q did not authenticate itself (it has no secret); refusing an unauthenticated peer", ErrSession, session)
-	case rep.Challenge != nil:
-		challenge := rep.Challenge
-		auth := helloRequest{Proto: ProtocolVersion, Op: "auth", Nonce: nonce, Challenge: challenge, MAC: mac(secret, labelClient, challenge, nonce), Sender: sender, RDMA: qps}
-		if rep, err = handshakeStep(ctx, sock, session, timeout, auth); err != nil {
-			return helloReply{}, err
-		}
-		if !hmac.Equal(rep.MAC, mac(secret, labelServer, nonce, challenge)) {
-			return helloReply{}, fmt.Errorf("%w: session %q failed to prove it knows the shared secret", ErrSession, session)
-		}
-		rep.Token = deriveToken(secret, challenge, nonce)
-	}
-	if rep.Data == "" || len(rep.Token) != wire.TokenSize {
-		return helloReply{}, fmt.Errorf("%w: session %q sent an incomplete handshake reply", ErrSession, session)
-	}
-	return rep, nil
-}
-
-func handshakeStep(ctx context.Context, sock *zmq.Socket, session string, timeout time.Duration, req helloRequest) (helloReply, error) {
-	body, _ := json.Marshal(req)
-	raw, err := request(ctx, sock, session, "handshake", body, timeout)
-	if err != nil {
-		return helloReply{}, err
-	}
-	var rep helloReply
-	if err := decodeStrict(raw, &rep); err != nil {
-		return helloReply{}, fmt.Errorf("%w: session %q sent a malformed handshake reply: %v", ErrSession, session, err)
-	}
-	if rep.Error != "" {
-		return helloReply{}, fmt.Errorf("%w: session %q refused the handshake: %s", ErrSession, session, rep.Error)
-	}
-	if rep.Proto != ProtocolVersion {
-		return helloReply{}, fmt.Errorf("%w: session %q speaks protocol version %d, this guard %d", ErrSession, session, rep.Proto, ProtocolVersion)
-	}
-	return rep, nil
 }
 
 // decodeStrict decodes one JSON object, refusing unknown fields and

@@ -15,7 +15,7 @@ import (
 // key that makes a guard load it, and a handle to allocate "GPU" memory.
 func cudaModel(t *testing.T) (string, *cudamodel.Model) {
 	t.Helper()
-	cudaModelPath, err := cudamodel.Build("..")
+	cudaModelPath, err := cudamodel.Path()
 	require.NoError(t, err)
 	m, err := cudamodel.Open(cudaModelPath)
 	require.NoError(t, err)

@@ -1,26 +1,21 @@
-// Package core is the guard: sessions with one lock each, registered
-// memory, chunking, the TCP transport and its target server, the ZMQ
-// control channel and fault injection.
+// Package core is the guard: lifecycle and registration (guard.go,
+// register.go), the sender (send.go, read.go), the receiver (receive.go),
+// the handshake (handshake.go) over the ZeroMQ control channel
+// (control.go), sessions, notices and authentication. The data planes live
+// behind one interface in core/transport.
 package core
 
-import (
-	"errors"
+import "github.com/mcguard/mcguard/core/errs"
 
-	"github.com/mcguard/mcguard/verify"
-)
-
-// Sentinel errors; every error a Guard returns wraps exactly one of them,
-// and the C layer maps each to a status code with errors.Is.
+// The sentinel errors of core/errs, under the names callers of core use.
 var (
-	ErrInvalidArg    = errors.New("invalid argument")
-	ErrConfig        = verify.ErrConfig
-	ErrNotRegistered = errors.New("address range not in registered memory")
-	ErrSession       = errors.New("session unusable")
-	ErrTimeout       = errors.New("deadline exceeded")
-	ErrPeer          = errors.New("peer error")
-	ErrVerify        = verify.ErrMismatch
-	ErrClosed        = errors.New("guard closed")
-	// ErrDevice: a GPU copy or synchronisation failed, or device memory
-	// was asked for where there is no usable CUDA driver.
-	ErrDevice = errors.New("device memory error")
+	ErrInvalidArg    = errs.InvalidArg
+	ErrConfig        = errs.Config
+	ErrNotRegistered = errs.NotRegistered
+	ErrSession       = errs.Session
+	ErrTimeout       = errs.Timeout
+	ErrPeer          = errs.Peer
+	ErrVerify        = errs.Verify
+	ErrClosed        = errs.Closed
+	ErrDevice        = errs.Device
 )

@@ -17,6 +17,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/transport/tcp"
 	"github.com/mcguard/mcguard/verify"
 )
 
@@ -111,6 +113,9 @@ func TestTransferChunksAboveMaxBatch(t *testing.T) {
 	require.EqualValues(t, n*64, st["probed_bytes"], "every descriptor's tail was read back once")
 }
 
+// dataAddr is the "host:port" of g's TCP target.
+func dataAddr(g *Guard) string { return g.plane(tcp.Name).(*tcp.Transport).Addr() }
+
 func stats(t *testing.T, g *Guard) map[string]any {
 	b, err := g.Stats()
 	require.NoError(t, err)
@@ -154,7 +159,7 @@ func TestFenceWaitsForEarlierWrites(t *testing.T) {
 	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{})
 	require.NoError(t, err)
 	s.mu.Lock()
-	err = s.conn.fence(context.Background())
+	err = s.conn.Fence(context.Background())
 	s.mu.Unlock()
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(p.src.b, p.dst.b), "after the fence's reply every earlier write is in place")
@@ -415,7 +420,7 @@ func TestSyncChecksRanges(t *testing.T) {
 }
 
 func TestRegions(t *testing.T) {
-	var r Regions
+	var r memory.Regions
 	require.NoError(t, r.Add(1000, 100))
 	require.NoError(t, r.Add(2000, 100))
 	require.NoError(t, r.Add(1100, 900), "adjacent is fine")

@@ -11,22 +11,23 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
 )
 
-// matrixCell runs a few transfers under one fault and one mode, with the
+// matrixCell runs a few transfers under one injected fault and one mode, with the
 // receiver settling each as the stress tool does (no sync for off, the
 // baseline), and counts successes whose destination differs from the
 // source.
-func matrixCell(t *testing.T, fault string, mode verify.Mode) (ok, failed, mismatches int) {
+func matrixCell(t *testing.T, injected string, mode verify.Mode) (ok, failed, mismatches int) {
 	const n, size, rounds = 16, 4096, 6
 	sendJS := fmt.Sprintf(`{"verify": %q, "max_retries": 15, "retry_sleep_s": 0.001}`, mode)
-	recvJS := fmt.Sprintf(`{"inject": %q, "inject_rate": 0.3, "inject_lag_max_ms": 5, "inject_seed": 11}`, fault)
+	recvJS := fmt.Sprintf(`{"inject": %q, "inject_rate": 0.3, "inject_lag_max_ms": 5, "inject_seed": 11}`, injected)
 	p := newPair(t, sendJS, recvJS, n*size)
 	for r := 0; r < rounds; r++ {
 		rand.Read(p.src.b)
-		if fault == FaultStale { // the fault's precondition: tails that repeat (zero padding)
+		if injected == fault.Stale { // the fault's precondition: tails that repeat (zero padding)
 			for i := 0; i < n; i++ {
 				clear(p.src.b[i*size+size-1024 : (i+1)*size])
 			}
@@ -47,7 +48,7 @@ func matrixCell(t *testing.T, fault string, mode verify.Mode) (ok, failed, misma
 			}
 		}
 		if err != nil {
-			require.ErrorIs(t, err, ErrVerify, "%s/%s: a fault shows as a verification failure", fault, mode)
+			require.ErrorIs(t, err, ErrVerify, "%s/%s: a fault shows as a verification failure", injected, mode)
 			failed++
 			time.Sleep(10 * time.Millisecond) // let held writes of the failed round land
 			continue
@@ -64,16 +65,16 @@ func matrixCell(t *testing.T, fault string, mode verify.Mode) (ok, failed, misma
 }
 
 func TestDetectionMatrix(t *testing.T) {
-	for _, fault := range FaultModes[1:] {
+	for _, injected := range fault.Modes[1:] {
 		for _, mode := range verify.Modes {
-			t.Run(fault+"/"+string(mode), func(t *testing.T) {
+			t.Run(injected+"/"+string(mode), func(t *testing.T) {
 				t.Parallel()
-				ok, failed, mismatches := matrixCell(t, fault, mode)
+				ok, failed, mismatches := matrixCell(t, injected, mode)
 				t.Logf("ok %d failed %d mismatches %d", ok, failed, mismatches)
 				switch {
 				case mode == verify.Off:
 					require.Positive(t, mismatches, "off must show the fault")
-				case mode == verify.Tail && fault == FaultStale:
+				case mode == verify.Tail && injected == fault.Stale:
 					require.Positive(t, mismatches, "tail's blind spot: a lost write whose tail already matched")
 				default:
 					require.Zero(t, mismatches, "no success may hold wrong bytes")
@@ -151,7 +152,7 @@ func TestMalformedNoticesAreRefused(t *testing.T) {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	hello, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, nil, nil)
+	hello, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, helloRequest{Transport: "tcp"})
 	require.NoError(t, err)
 	good := wire.Notice{Token: hello.Token, ID: 7, Mode: 4, Total: 1, Descs: []wire.NoticeDesc{{Dst: m.addr(0), Len: 64, Digest: 1}}}
 	forged := good

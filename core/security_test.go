@@ -15,7 +15,8 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 
-	"github.com/mcguard/mcguard/core/rdma"
+	"github.com/mcguard/mcguard/core/transport/rdma"
+	"github.com/mcguard/mcguard/core/transport/rdma/verbs"
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -65,14 +66,14 @@ func TestChallengesAreSingleUse(t *testing.T) {
 	require.NoError(t, err)
 	defer sock.Close()
 	nonce := randomBytes(nonceSize)
-	rep, err := handshakeStep(t.Context(), sock, g.Endpoint(), time.Second, helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: nonce})
+	rep, err := handshakeStep(t.Context(), sock, g.Endpoint(), time.Second, helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: nonce, Transport: "tcp"})
 	require.NoError(t, err)
 	require.Len(t, rep.Challenge, nonceSize)
-	require.Empty(t, rep.Data, "no endpoint before authentication")
-	auth := helloRequest{Proto: ProtocolVersion, Op: "auth", Nonce: nonce, Challenge: rep.Challenge, MAC: mac(secret, labelClient, rep.Challenge, nonce)}
+	require.Empty(t, rep.Answer, "no endpoint before authentication")
+	auth := helloRequest{Proto: ProtocolVersion, Op: "auth", Nonce: nonce, Challenge: rep.Challenge, MAC: mac(secret, labelClient, rep.Challenge, nonce), Transport: "tcp"}
 	rep, err = handshakeStep(t.Context(), sock, g.Endpoint(), time.Second, auth)
 	require.NoError(t, err)
-	require.NotEmpty(t, rep.Data)
+	require.NotEmpty(t, rep.Answer)
 	require.Empty(t, rep.Token, "an authenticated token never crosses the wire")
 	_, err = handshakeStep(t.Context(), sock, g.Endpoint(), time.Second, auth)
 	require.ErrorContains(t, err, "unknown or expired challenge", "a replayed answer is refused")
@@ -99,9 +100,9 @@ func TestListenPolicy(t *testing.T) {
 
 func TestProtocolMismatchIsAClearError(t *testing.T) {
 	g := openGuard(t, "")
-	body, _ := json.Marshal(helloRequest{Proto: 2, Op: "hello", Nonce: randomBytes(nonceSize)})
-	require.Contains(t, sendRaw(t, g.Endpoint(), body), "protocol version 2, this guard speaks 3",
-		"version 2 sent one queue pair where 3 sends a list")
+	body, _ := json.Marshal(helloRequest{Proto: 3, Op: "hello", Nonce: randomBytes(nonceSize), Transport: "tcp"})
+	require.Contains(t, sendRaw(t, g.Endpoint(), body), "protocol version 3, this guard speaks 4",
+		"version 3 spelled out RDMA's fields where 4 carries each data plane's offer")
 }
 
 // canaryMem is registered memory with unregistered canary bytes on both
@@ -150,7 +151,7 @@ func TestHostilePeers(t *testing.T) {
 	require.NoError(t, recv.Register(recvMem.addr(), size))
 	require.NoError(t, recv.Register(hostileMem.addr(), size))
 	require.NoError(t, send.Register(srcMem.addr(0), size))
-	dataAddr := recv.target.addr()
+	dataAddr := dataAddr(recv)
 
 	// An honest peer, in parallel all along.
 	stop := make(chan struct{})
@@ -180,7 +181,7 @@ func TestHostilePeers(t *testing.T) {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, nil, nil)
+	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, helloRequest{Transport: "tcp"})
 	require.NoError(t, err)
 	helloFrame := frame(wire.Header{Op: wire.OpHello, ID: 1, Len: wire.TokenSize}, hello.Token)
 	base := hostileMem.addr()
@@ -300,14 +301,14 @@ func TestSlowlorisIsCutAtTheDeadline(t *testing.T) {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, nil, nil)
+	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, helloRequest{Transport: "tcp"})
 	require.NoError(t, err)
 	for name, stall := range map[string][]byte{
 		"before hello":     nil,
 		"half a header":    frame(wire.Header{Op: wire.OpWrite, Len: 64}, nil)[:20],
 		"half the payload": frame(wire.Header{Op: wire.OpRead, Len: 32}, make([]byte, 16)),
 	} {
-		c, err := net.Dial("tcp", recv.target.addr())
+		c, err := net.Dial("tcp", dataAddr(recv))
 		require.NoError(t, err)
 		if stall != nil {
 			c.Write(frame(wire.Header{Op: wire.OpHello, ID: 1, Len: wire.TokenSize}, hello.Token))
@@ -352,9 +353,9 @@ func TestReconnectDropsTheOlderConnection(t *testing.T) {
 	defer zctx.Term()
 	sender := randomBytes(nonceSize)
 	dial := func() net.Conn {
-		hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, sender, nil)
+		hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, helloRequest{Sender: sender, Transport: "tcp"})
 		require.NoError(t, err)
-		c, err := net.Dial("tcp", recv.target.addr())
+		c, err := net.Dial("tcp", dataAddr(recv))
 		require.NoError(t, err)
 		c.Write(frame(wire.Header{Op: wire.OpHello, ID: 1, Len: wire.TokenSize}, hello.Token))
 		reply := make([]byte, wire.HeaderSize)
@@ -379,16 +380,16 @@ func TestReconnectDropsTheOlderConnection(t *testing.T) {
 
 func TestHandshakeAskingForTooManyQueuePairsIsRefused(t *testing.T) {
 	g := openGuard(t, "{"+rdmaKey(t)+"}")
-	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: randomBytes(nonceSize), RDMA: make([]rdma.QPInfo, MaxRDMAQPs+1)})
+	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: randomBytes(nonceSize), Transport: "rdma", Offer: qpOffer(make([]verbs.QPInfo, rdma.MaxQPs+1))})
 	require.Contains(t, sendRaw(t, g.Endpoint(), body), "17 queue pairs asked for, at most 16")
 }
 
 func TestHandshakeWithBogusQueuePairsIsRefusedAndTheGuardServesOn(t *testing.T) {
 	key := rdmaKey(t)
 	p := newPair(t, "{"+key+"}", "{"+key+"}", 4096)
-	bogus := rdma.QPInfo{QPN: 7}
+	bogus := verbs.QPInfo{QPN: 7}
 	copy(bogus.GID[:], "not a NIC's GID!")
-	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: randomBytes(nonceSize), RDMA: []rdma.QPInfo{bogus}})
+	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: randomBytes(nonceSize), Transport: "rdma", Offer: qpOffer([]verbs.QPInfo{bogus})})
 	require.Contains(t, sendRaw(t, p.recv.Endpoint(), body), "cannot connect queue pairs to the peer's")
 	fill(p.src.b)
 	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(1, 4096), TransferOptions{})
@@ -396,22 +397,8 @@ func TestHandshakeWithBogusQueuePairsIsRefusedAndTheGuardServesOn(t *testing.T) 
 	require.True(t, bytes.Equal(p.src.b, p.dst.b))
 }
 
-func TestTargetQueuePairsAreBounded(t *testing.T) {
-	old := maxTargetQPs
-	maxTargetQPs = 8
-	t.Cleanup(func() { maxTargetQPs = old })
-	g := openGuard(t, "{"+rdmaKey(t)+"}")
-	qp := rdma.QPInfo{QPN: 7, GID: g.rdma.ep.GID()} // a GID the model answers to
-	hello := func(sender string, n int) string {
-		qps := make([]rdma.QPInfo, n)
-		for i := range qps {
-			qps[i] = qp
-		}
-		body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: randomBytes(nonceSize), Sender: []byte(sender), RDMA: qps})
-		return sendRaw(t, g.Endpoint(), body)
-	}
-	require.NotContains(t, hello("a", 4), "error")
-	require.NotContains(t, hello("b", 4), "error")
-	require.NotContains(t, hello("a", 4), "error", "a sender's own queue pairs are replaced, not added")
-	require.Contains(t, hello("c", 1), "would pass its limit of 8")
+// qpOffer is an RDMA sender's part of a handshake request.
+func qpOffer(qps []verbs.QPInfo) []byte {
+	b, _ := json.Marshal(map[string]any{"qps": qps})
+	return b
 }

@@ -8,6 +8,8 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/verify"
 )
 
@@ -21,8 +23,8 @@ type session struct {
 
 	// Under mu:
 	hello   helloReply
-	conn    transport   // nil until connected, and again after an I/O error
-	notices *zmq.Socket // REQ to the peer's control endpoint, for notices
+	conn    transport.Conn // nil until connected, and again after an I/O error
+	notices *zmq.Socket    // REQ to the peer's control endpoint, for notices
 	scratch verify.Scratch
 }
 
@@ -34,33 +36,22 @@ func validSessionName(name string) error {
 	return nil
 }
 
-// connect makes sure the session has a handshake and a data connection.
-func (s *session) connect(ctx context.Context, zctx *zmq.Context, cfg *Config, side *rdmaSide) error {
+// connect makes sure the session has a handshake and a data connection
+// over the guard's data plane.
+func (s *session) connect(ctx context.Context, g *Guard) error {
 	if s.conn != nil {
 		return nil
 	}
-	if side != nil { // RDMA: our queue pairs go in the handshake, the target's come back
-		qps, infos, err := newSessionQPs(side, cfg.RDMAQPs)
-		if err != nil {
-			return err
-		}
-		rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout, cfg.Secret, s.sender, infos)
-		if err != nil {
-			destroyQPs(qps)
-			return err
-		}
-		conn, err := connectRDMA(side, qps, rep, cfg.Timeout)
-		if err != nil {
-			return err
-		}
-		s.hello, s.conn = rep, conn
-		return nil
-	}
-	rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout, cfg.Secret, s.sender, nil)
+	d, err := g.data.Dial()
 	if err != nil {
 		return err
 	}
-	conn, err := dialTCP(ctx, rep.Data, rep.Token, cfg.Timeout)
+	rep, err := handshake(ctx, g.zctx, s.name, g.cfg.ConnectTimeout, g.cfg.Secret, helloRequest{Sender: s.sender, Transport: g.data.Name(), Offer: d.Offer()})
+	if err != nil {
+		d.Abandon()
+		return err
+	}
+	conn, err := d.Connect(ctx, transport.Peer{Sender: string(s.sender), Token: rep.Token}, rep.Answer, rep.Regions)
 	if err != nil {
 		return err
 	}
@@ -70,15 +61,15 @@ func (s *session) connect(ctx context.Context, zctx *zmq.Context, cfg *Config, s
 
 // refresh fetches the region table again, for a destination that the last
 // handshake did not list (the receiver may have registered more since).
-func (s *session) refresh(ctx context.Context, zctx *zmq.Context, cfg *Config) error {
-	rep, err := handshake(ctx, zctx, s.name, cfg.ConnectTimeout, cfg.Secret, s.sender, nil)
+func (s *session) refresh(ctx context.Context, g *Guard) error {
+	rep, err := handshake(ctx, g.zctx, s.name, g.cfg.ConnectTimeout, g.cfg.Secret, helloRequest{Sender: s.sender, Transport: g.data.Name()})
 	if err != nil {
 		return err
 	}
-	s.hello.Regions = rep.Regions
-	if c, ok := s.conn.(*rdmaConn); ok {
-		c.regions, c.rkeys = rep.Regions, rep.RKeys
+	if err := s.conn.Refresh(rep.Answer, rep.Regions); err != nil {
+		return err
 	}
+	s.hello.Regions = rep.Regions
 	return nil
 }
 
@@ -86,7 +77,7 @@ func (s *session) refresh(ctx context.Context, zctx *zmq.Context, cfg *Config) e
 // batch reconnects.
 func (s *session) disconnect() {
 	if s.conn != nil {
-		s.conn.close()
+		s.conn.Close()
 		s.conn = nil
 	}
 	if s.notices != nil {
@@ -127,7 +118,7 @@ func (s *session) notify(ctx context.Context, zctx *zmq.Context, cfg *Config, bo
 // is outside the session's registered regions, or -1.
 func (s *session) checkDst(descs []verify.Desc) int {
 	for i, d := range descs {
-		if !containsAll(s.hello.Regions, d.Dst, d.Len) {
+		if !memory.Covers(s.hello.Regions, d.Dst, d.Len) {
 			return i
 		}
 	}

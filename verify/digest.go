@@ -1,6 +1,14 @@
 package verify
 
-import "github.com/zeebo/xxh3"
+import (
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/zeebo/xxh3"
+)
 
 // DigestOf is the end-to-end checksum of digest mode: xxh3-64. It was
 // measured against CRC32C (hash/crc32 with the Castagnoli table, SSE4.2)
@@ -14,3 +22,52 @@ type Digester = *xxh3.Hasher
 // NewDigester returns a Digester; its Sum64 equals DigestOf of all it was
 // written.
 func NewDigester() Digester { return xxh3.New() }
+
+// CompareDigests is the receiver's half of digest mode: it digests each
+// range with digest and compares it with want[i] (the sender's digest of
+// its source), and returns an ErrMismatch error naming the ranges that
+// differ, each called "what i". Large work is spread over the CPUs: the
+// bytes just arrived from the network and are read from memory, not
+// cache, so one core alone is bound by memory latency.
+func CompareDigests(ranges []Range, want []uint64, digest func(Range) (uint64, error), what string) error {
+	ok := make([]bool, len(ranges))
+	check := func(i int) {
+		d, err := digest(ranges[i])
+		ok[i] = err == nil && d == want[i]
+	}
+	var total uint64
+	for _, r := range ranges {
+		total += r.Len
+	}
+	workers := min(runtime.GOMAXPROCS(0), len(ranges))
+	if total < 4<<20 || workers < 2 {
+		for i := range ranges {
+			check(i)
+		}
+	} else {
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for w := 0; w < workers; w++ {
+			wg.Go(func() {
+				for i := int(next.Add(1)) - 1; i < len(ranges); i = int(next.Add(1)) - 1 {
+					check(i)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	var bad []string
+	for i, r := range ranges {
+		if !ok[i] {
+			if len(bad) < 16 {
+				bad = append(bad, fmt.Sprintf("%s %d [%#x, +%d)", what, i, r.Addr, r.Len))
+			} else if len(bad) == 16 {
+				bad = append(bad, "...")
+			}
+		}
+	}
+	if bad != nil {
+		return fmt.Errorf("%w: destination digests differ from the sender's: %s", ErrMismatch, strings.Join(bad, ", "))
+	}
+	return nil
+}

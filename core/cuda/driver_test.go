@@ -3,7 +3,6 @@ package cuda_test
 import (
 	"bytes"
 	"errors"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -20,7 +19,7 @@ var modelPath string
 func model(t *testing.T) (*cuda.Driver, *cudamodel.Model) {
 	t.Helper()
 	var err error
-	modelPath, err = cudamodel.Build(filepath.Join("..", ".."))
+	modelPath, err = cudamodel.Path()
 	require.NoError(t, err)
 	d, err := cuda.Load(modelPath)
 	require.NoError(t, err)

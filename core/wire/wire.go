@@ -26,8 +26,6 @@ const (
 	// MaxPayload bounds every payload, so a decoder never allocates or
 	// reads from an unchecked length. Senders slice larger writes.
 	MaxPayload = 64 << 20
-	// WriteSlice is the size senders cut large descriptors into.
-	WriteSlice = 4 << 20
 	// MaxRanges bounds the ranges of one Read request.
 	MaxRanges = 1 << 16
 	// TokenSize is the length of the handshake token a Hello carries.

@@ -33,14 +33,15 @@ import threading
 import time
 from multiprocessing.connection import Client, Listener
 
-from .guard import STATUS_NAMES, Guard, MCGuardError
+from . import models
+from .guard import STATUS_NAMES, VERIFY_MODES, Guard, MCGuardError
 
 
 def _status_of(name):
     return next((code for code, n in STATUS_NAMES.items() if n == name), -1)
 
 AUTHKEY = b"mcguard-stress"
-MODES = ["off", "tail", "sample", "full", "digest"]
+MODES = [m for m in VERIFY_MODES if m is not None]  # the header's order
 FAULTS = ["none", "lag", "drop", "tear", "reorder", "stale"]
 
 
@@ -100,22 +101,6 @@ def parse_args(argv=None):
     if not 0 <= a.zero_tail <= a.block_bytes - 16:
         p.error("--zero-tail must be in [0, block-bytes - 16]")
     return a
-
-
-REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-
-
-def nic_model_path():
-    """The software NIC library: MCGUARD_NIC_MODEL, else build/libnicmodel.so,
-    built with cc from tests/nicmodel if it is missing."""
-    path = os.environ.get("MCGUARD_NIC_MODEL") or os.path.join(REPO, "build", "libnicmodel.so")
-    if not os.path.exists(path):
-        import subprocess
-        import tempfile
-        path = os.path.join(tempfile.mkdtemp(), "libnicmodel.so")
-        subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", path, os.path.join(REPO, "tests", "nicmodel", "nicmodel.c"),
-                        "-lpthread", "-ldl"], check=True)
-    return os.path.abspath(path)
 
 
 def transport_config(args):
@@ -326,7 +311,7 @@ def prefill_main(parent, sessions, args):
 def run(args):
     """Run one stress and return its result dict."""
     if args.transport == "rdma-model":
-        args.nic_model = nic_model_path()
+        args.nic_model = models.nic_model_path()
         # The model reads its knobs in each process when the guard opens.
         os.environ["MCG_NIC_LAG_US"] = str(int(args.lag_max_ms * 1000)) if args.inject == "lag" else "0"
     ctx = mp.get_context("spawn")  # never fork: a forked child cannot use the library

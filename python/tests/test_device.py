@@ -6,24 +6,15 @@ import ctypes
 import hashlib
 import multiprocessing as mp
 import os
-import subprocess
-import tempfile
 
 import pytest
 
 import mcguard
+from mcguard import models
 from mcguard import MCGuardError
 
-REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-
-
 def model_path():
-    path = os.environ.get("MCGUARD_CUDA_MODEL") or os.path.join(REPO, "build", "libcudamodel.so")
-    if not os.path.exists(path):
-        path = os.path.join(tempfile.mkdtemp(), "libcudamodel.so")
-        subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", path,
-                        os.path.join(REPO, "tests", "cudamodel", "cudamodel.c"), "-lpthread"], check=True)
-    return os.path.abspath(path)
+    return models.cuda_model_path()
 
 
 class Model:
@@ -77,7 +68,7 @@ def receiver_main(conn, path, size, transport):
 
 def transport_settings(name):
     if name == "rdma-model":  # GPU memory registered as dmabufs on the software NIC
-        from mcguard.stress import nic_model_path
+        from mcguard.models import nic_model_path
         return {"transport": "rdma", "verbs_library": nic_model_path()}
     return {"transport": "tcp"}
 

@@ -1,16 +1,23 @@
 #!/bin/sh
 # Install mcguard into a scratch prefix, then build a consumer with
-# find_package and another with pkg-config, and run both.
+# find_package (asking for this version) and another with pkg-config, and
+# run both; both report the header's version.
 set -eu
-src=$1 bin=$2 lib=$3
+src=$1 bin=$2 lib=$3 version=$4
 prefix=$bin/consumer-prefix
 rm -rf "$prefix" "$bin/consumer-build"
 cmake --install "$bin" --prefix "$prefix" >/dev/null
-cmake -S "$src/tests/consumer" -B "$bin/consumer-build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake -S "$src/tests/consumer" -B "$bin/consumer-build" -DCMAKE_PREFIX_PATH="$prefix" -DMCGUARD_WANT="$version" >/dev/null
 cmake --build "$bin/consumer-build" >/dev/null
 LD_LIBRARY_PATH=$prefix/lib "$bin/consumer-build/consumer"
 libdir=$(ls -d "$prefix"/lib*/pkgconfig | head -n 1)
 # The .pc file names the configured prefix; point pkg-config at the scratch one.
+pcversion=$(PKG_CONFIG_PATH=$libdir pkg-config --modversion mcguard)
+header=$(sed -n 's/^#define MC_GUARD_VERSION_STRING "\(.*\)"/\1/p' "$src/include/mcguard.h")
+if [ "$pcversion" != "$header" ] || [ "$version" != "$header" ]; then
+  echo "version mismatch: pkg-config $pcversion, cmake $version, mcguard.h $header" >&2
+  exit 1
+fi
 flags=$(PKG_CONFIG_PATH=$libdir pkg-config --define-variable=prefix="$prefix" --cflags --libs mcguard)
 cc -o "$bin/consumer-pc" "$src/tests/consumer/main.c" $flags
 LD_LIBRARY_PATH=$(dirname "$libdir") "$bin/consumer-pc"

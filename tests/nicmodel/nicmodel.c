@@ -42,7 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../core/rdma/flush_abi.h"
+#include "../../core/transport/rdma/verbs/flush_abi.h"
 
 /* verbs.h wraps these two in macros for its inline fast paths; the model
  * defines the exported functions themselves. */

@@ -35,21 +35,14 @@ import "C"
 
 import (
 	"fmt"
-	"path/filepath"
 	"runtime"
 	"unsafe"
 
-	"github.com/mcguard/mcguard/core/internal/cbuild"
+	"github.com/mcguard/mcguard/core/internal/models"
 )
 
-// Source is the model's C source, relative to the repository root.
-const Source = "tests/cudamodel/cudamodel.c"
-
-// Build compiles the model (once per process) and returns the library's
-// path. root is the repository root.
-func Build(root string) (string, error) {
-	return cbuild.Library(filepath.Join(root, Source))
-}
+// Path is the model library that `make build` built (MCGUARD_CUDA_MODEL).
+func Path() (string, error) { return models.CUDA() }
 
 // Model is a handle on a loaded model library.
 type Model struct {

@@ -1,4 +1,4 @@
-package core
+package tcp
 
 import (
 	"bufio"
@@ -11,25 +11,30 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/fault"
+	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
 )
 
 // maxTargetConns bounds the data connections a target serves at once.
 const maxTargetConns = 1024
 
-// target is the receiving half of a guard: it applies peers' writes into
-// registered memory and serves their read-backs. Without fault injection
-// a write is acknowledged only after its bytes are in place.
+// target is the receiving half of the TCP data plane: it applies peers'
+// writes into registered memory and serves their read-backs. Without
+// fault injection a write is acknowledged only after its bytes are in
+// place.
 type target struct {
-	regions *Regions
-	tokens  *tokenSet // a data connection must first present one of them
+	regions *memory.Regions
+	tokens  Tokens // a data connection must first present one of them
 	timeout time.Duration
+	pending *transport.Pending // writes being applied, or held by a fault: what Settle waits for
 
 	// Fault injection. Held writes (lag, reorder) are applied later under
 	// applyMu, which reads also take, so a read-back sees a held write
 	// either not at all or whole.
-	faults  *faults
-	held    *heldWrites // every held write, for sync
+	faults  *fault.Injector
 	applyMu sync.Mutex
 	closed  bool // under applyMu: held writes stop touching memory
 	late    sync.WaitGroup
@@ -41,13 +46,13 @@ type target struct {
 	wg      sync.WaitGroup
 }
 
-func newTarget(regions *Regions, tokens *tokenSet, host string, timeout time.Duration, f FaultConfig, tailBytes int) (*target, error) {
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+func newTarget(cfg Config) (*target, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, "0"))
 	if err != nil {
-		return nil, fmt.Errorf("%w: target cannot listen on %s: %v", ErrConfig, host, err)
+		return nil, fmt.Errorf("%w: target cannot listen on %s: %v", errs.Config, cfg.Host, err)
 	}
-	t := &target{regions: regions, tokens: tokens, timeout: timeout, ln: ln, conns: map[net.Conn]struct{}{}, senders: map[string]net.Conn{},
-		held: newHeldWrites(), faults: newFaults(f, tailBytes, ln.Addr().String())}
+	t := &target{regions: cfg.Regions, tokens: cfg.Tokens, timeout: cfg.Timeout, ln: ln, conns: map[net.Conn]struct{}{}, senders: map[string]net.Conn{},
+		pending: transport.NewPending(), faults: fault.New(cfg.Faults, cfg.TailBytes, ln.Addr().String())}
 	t.wg.Add(1)
 	go t.accept()
 	return t, nil
@@ -116,7 +121,7 @@ func (t *target) serve(c net.Conn) {
 	w := bufio.NewWriterSize(c, 64<<10)
 	hdr := make([]byte, wire.HeaderSize)
 	bound := false
-	lagged := newHeldWrites() // this connection's lag-held writes, for Fence
+	lagged := transport.NewPending() // this connection's lag-held writes, for Fence
 	for {
 		if bound {
 			// An idle, reused connection may wait for its next frame as
@@ -190,7 +195,7 @@ func (t *target) hello(r io.Reader, n uint64) (wire.Status, string) {
 	if _, err := io.ReadFull(r, got); err != nil {
 		return wire.StatusUnauthorized, ""
 	}
-	sender, ok := t.tokens.sender(got)
+	sender, ok := t.tokens(got)
 	if !ok {
 		return wire.StatusUnauthorized, ""
 	}
@@ -214,7 +219,7 @@ func (t *target) claim(sender string, c net.Conn) {
 
 // write applies a Write frame's payload. A range outside registered memory
 // is refused and its payload discarded, so the stream stays in step.
-func (t *target) write(addr, n uint64, r io.Reader, lagged *heldWrites) (wire.Status, error) {
+func (t *target) write(addr, n uint64, r io.Reader, lagged *transport.Pending) (wire.Status, error) {
 	if err := t.regions.Check(addr, n); err != nil {
 		_, err := io.CopyN(io.Discard, r, int64(n))
 		return wire.StatusNotRegistered, err
@@ -222,15 +227,17 @@ func (t *target) write(addr, n uint64, r io.Reader, lagged *heldWrites) (wire.St
 	if t.faults != nil {
 		return t.writeFaulty(addr, n, r, lagged)
 	}
+	id := t.pending.Add(memory.Region{Addr: addr, Len: n})
 	err := t.regions.Store(addr, n, func(m []byte) error {
 		_, err := io.ReadFull(r, m)
 		return err
 	})
-	if errors.Is(err, ErrNotRegistered) { // unregistered since the check
+	t.pending.Done(id)
+	if errors.Is(err, errs.NotRegistered) { // unregistered since the check
 		_, err = io.CopyN(io.Discard, r, int64(n))
 		return wire.StatusNotRegistered, err
 	}
-	if errors.Is(err, ErrDevice) { // the payload was read; its copy to the GPU failed
+	if errors.Is(err, errs.Device) { // the payload was read; its copy to the GPU failed
 		log.Printf("mcguard: target: %v", err)
 		return wire.StatusDevice, nil
 	}
@@ -239,40 +246,40 @@ func (t *target) write(addr, n uint64, r io.Reader, lagged *heldWrites) (wire.St
 
 // writeFaulty is a write under fault injection: the bytes are received
 // whole, acknowledged, and then applied as the fault decides.
-func (t *target) writeFaulty(addr, n uint64, r io.Reader, lagged *heldWrites) (wire.Status, error) {
+func (t *target) writeFaulty(addr, n uint64, r io.Reader, lagged *transport.Pending) (wire.Status, error) {
 	buf := make([]byte, n)
 	if _, err := io.ReadFull(r, buf); err != nil {
 		return 0, err
 	}
 	var dstTail []byte
-	if t.faults.mode == FaultStale {
-		k := min(uint64(t.faults.tailBytes), n)
+	if t.faults.Mode() == fault.Stale {
+		k := min(uint64(t.faults.TailBytes()), n)
 		dstTail, _ = t.regions.Copy(addr+n-k, k)
 	}
-	now, hold := t.faults.fate(buf, dstTail)
+	now, hold := t.faults.Fate(buf, dstTail)
 	if len(now) > 0 {
 		t.regions.Store(addr, uint64(len(now)), func(m []byte) error { copy(m, now); return nil })
 	}
 	if !hold {
 		return wire.StatusOK, nil
 	}
-	w := Region{Addr: addr, Len: n}
-	id := t.held.add(w)
+	w := memory.Region{Addr: addr, Len: n}
+	id := t.pending.Add(w)
 	var lagID uint64
-	if t.faults.mode == FaultLag {
-		lagID = lagged.add(w)
+	if t.faults.Mode() == fault.Lag {
+		lagID = lagged.Add(w)
 	}
 	t.late.Add(1)
-	time.AfterFunc(t.faults.delay(), func() {
+	time.AfterFunc(t.faults.Delay(), func() {
 		defer t.late.Done()
 		t.applyMu.Lock()
 		if !t.closed {
 			t.regions.Store(addr, n, func(m []byte) error { copy(m, buf); return nil })
 		}
 		t.applyMu.Unlock()
-		t.held.done(id)
+		t.pending.Done(id)
 		if lagID != 0 {
-			lagged.done(lagID)
+			lagged.Done(lagID)
 		}
 	})
 	return wire.StatusOK, nil
@@ -280,14 +287,14 @@ func (t *target) writeFaulty(addr, n uint64, r io.Reader, lagged *heldWrites) (w
 
 // fence replies once every earlier write on the connection is applied.
 // Writes that a reorder fault holds are not waited for (another path).
-func (t *target) fence(r io.Reader, n uint64, lagged *heldWrites) (wire.Status, error) {
+func (t *target) fence(r io.Reader, n uint64, lagged *transport.Pending) (wire.Status, error) {
 	if n != 0 {
 		_, err := io.CopyN(io.Discard, r, int64(n))
 		return wire.StatusBadRequest, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), t.timeout)
 	defer cancel()
-	if err := lagged.wait(ctx, nil); err != nil {
+	if err := lagged.Wait(ctx, nil); err != nil {
 		return wire.StatusBadRequest, err
 	}
 	return wire.StatusOK, nil
@@ -315,7 +322,7 @@ func (t *target) read(r io.Reader, n uint64) (wire.Status, uint64, func(io.Write
 		}
 	}
 	send := func(w io.Writer) error {
-		if t.faults.holds() { // see applyMu
+		if t.faults.Holds() { // see applyMu
 			t.applyMu.Lock()
 			defer t.applyMu.Unlock()
 		}

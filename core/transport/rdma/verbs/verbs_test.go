@@ -1,4 +1,4 @@
-package rdma
+package verbs
 
 import (
 	"bytes"
@@ -81,12 +81,12 @@ func TestRealDeviceLoopback(t *testing.T) {
 	for i := range ws {
 		ws[i] = Op{Addr: src.addr(i * size), RemoteAddr: dst.addr(i * size), Len: size, RKey: mr.RKey}
 	}
-	require.NoError(t, qa.Writes(ws, 5*time.Second))
+	require.NoError(t, qa.Writes(t.Context(), ws, 5*time.Second))
 	if qa.CanFlush() {
-		require.NoError(t, qa.Flushes([]Op{{RemoteAddr: dst.addr(0), Len: n * size, RKey: mr.RKey}}, 5*time.Second))
+		require.NoError(t, qa.Flushes(t.Context(), []Op{{RemoteAddr: dst.addr(0), Len: n * size, RKey: mr.RKey}}, 5*time.Second))
 		t.Log("fenced with the FLUSH verb")
 	}
-	require.NoError(t, qa.Read(back.addr(0), dst.addr(0), mr.RKey, n*size, 5*time.Second))
+	require.NoError(t, qa.Read(t.Context(), back.addr(0), dst.addr(0), mr.RKey, n*size, 5*time.Second))
 	require.True(t, bytes.Equal(src, dst), "the bytes landed")
 	require.True(t, bytes.Equal(src, back), "and read back")
 }

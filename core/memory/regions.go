@@ -1,4 +1,7 @@
-package core
+// Package memory is the table of registered memory: every byte a guard
+// touches, as sender or as target, is checked against it first, and device
+// memory is reached only through it (staged copies through the driver).
+package memory
 
 import (
 	"fmt"
@@ -7,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/mcguard/mcguard/core/cuda"
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/verify"
 )
 
@@ -22,13 +26,17 @@ type region struct {
 	mem cuda.Memory // Device: reached through the driver's staging copies
 }
 
-func (r Region) end() uint64 { return r.Addr + r.Len }
+// End is the first address past r.
+func (r Region) End() uint64 { return r.Addr + r.Len }
 
-// contains reports whether [addr, addr+n) lies inside r; n > 0 and the
+// Contains reports whether [addr, addr+n) lies inside r; n > 0 and the
 // range must not wrap.
-func (r Region) contains(addr, n uint64) bool {
-	return n > 0 && addr+n >= addr && addr >= r.Addr && addr+n <= r.end()
+func (r Region) Contains(addr, n uint64) bool {
+	return n > 0 && addr+n >= addr && addr >= r.Addr && addr+n <= r.End()
 }
+
+// Overlaps reports whether r and o share a byte.
+func (r Region) Overlaps(o Region) bool { return r.Addr < o.End() && o.Addr < r.End() }
 
 // Regions is the table of registered memory. Every byte the guard touches,
 // as sender or as target, is checked against it first, so a peer can never
@@ -39,19 +47,26 @@ type Regions struct {
 	list []region // sorted by Addr, non-overlapping
 }
 
-// Add registers [addr, addr+n), host memory.
-func (t *Regions) Add(addr, n uint64) error { return t.add(addr, n, cuda.Memory{}) }
+// New returns an empty table; gpu is the CUDA driver device memory is
+// reached through, or nil where there is none (all memory is host memory).
+func New(gpu *cuda.Driver) *Regions { return &Regions{gpu: gpu} }
 
-// add registers [addr, addr+n) as mem says.
-func (t *Regions) add(addr, n uint64, mem cuda.Memory) error {
+// GPU is the driver device memory is reached through, or nil.
+func (t *Regions) GPU() *cuda.Driver { return t.gpu }
+
+// Add registers [addr, addr+n), host memory.
+func (t *Regions) Add(addr, n uint64) error { return t.AddMemory(addr, n, cuda.Memory{}) }
+
+// AddMemory registers [addr, addr+n) as mem says.
+func (t *Regions) AddMemory(addr, n uint64, mem cuda.Memory) error {
 	if addr == 0 || n == 0 || addr+n < addr {
-		return fmt.Errorf("%w: cannot register address %#x length %d (null, empty or wrapping)", ErrInvalidArg, addr, n)
+		return fmt.Errorf("%w: cannot register address %#x length %d (null, empty or wrapping)", errs.InvalidArg, addr, n)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	i := sort.Search(len(t.list), func(i int) bool { return t.list[i].Addr >= addr })
-	if (i > 0 && t.list[i-1].end() > addr) || (i < len(t.list) && t.list[i].Addr < addr+n) {
-		return fmt.Errorf("%w: [%#x, +%d) overlaps a registered region", ErrInvalidArg, addr, n)
+	if (i > 0 && t.list[i-1].End() > addr) || (i < len(t.list) && t.list[i].Addr < addr+n) {
+		return fmt.Errorf("%w: [%#x, +%d) overlaps a registered region", errs.InvalidArg, addr, n)
 	}
 	t.list = append(t.list, region{})
 	copy(t.list[i+1:], t.list[i:])
@@ -70,7 +85,7 @@ func (t *Regions) Remove(addr uint64) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: no region registered at %#x", ErrNotRegistered, addr)
+	return fmt.Errorf("%w: no region registered at %#x", errs.NotRegistered, addr)
 }
 
 // Snapshot returns a copy of the table.
@@ -86,8 +101,8 @@ func (t *Regions) Snapshot() []Region {
 
 // findLocked returns the region holding [addr, addr+n), or nil.
 func (t *Regions) findLocked(addr, n uint64) *region {
-	i := sort.Search(len(t.list), func(i int) bool { return t.list[i].end() > addr })
-	if i < len(t.list) && t.list[i].contains(addr, n) {
+	i := sort.Search(len(t.list), func(i int) bool { return t.list[i].End() > addr })
+	if i < len(t.list) && t.list[i].Contains(addr, n) {
 		return &t.list[i]
 	}
 	return nil
@@ -112,7 +127,7 @@ func (t *Regions) within(addr, n uint64, fn func(r *region) error) error {
 	defer t.mu.RUnlock()
 	r := t.findLocked(addr, n)
 	if r == nil {
-		return fmt.Errorf("%w: [%#x, +%d)", ErrNotRegistered, addr, n)
+		return fmt.Errorf("%w: [%#x, +%d)", errs.NotRegistered, addr, n)
 	}
 	return fn(r)
 }
@@ -122,11 +137,11 @@ func (t *Regions) within(addr, n uint64, fn func(r *region) error) error {
 func (t *Regions) Load(addr, n uint64, fn func(b []byte) error) error {
 	return t.within(addr, n, func(r *region) error {
 		if !r.mem.Device {
-			return fn(bytesAt(addr, n))
+			return fn(BytesAt(addr, n))
 		}
 		buf := make([]byte, n)
 		if err := t.gpu.CopyToHost(buf, addr, r.mem); err != nil {
-			return fmt.Errorf("%w: staging [%#x, +%d) from the GPU: %v", ErrDevice, addr, n, err)
+			return fmt.Errorf("%w: staging [%#x, +%d) from the GPU: %v", errs.Device, addr, n, err)
 		}
 		return fn(buf)
 	})
@@ -138,14 +153,14 @@ func (t *Regions) Load(addr, n uint64, fn func(b []byte) error) error {
 func (t *Regions) Store(addr, n uint64, fill func(b []byte) error) error {
 	return t.within(addr, n, func(r *region) error {
 		if !r.mem.Device {
-			return fill(bytesAt(addr, n))
+			return fill(BytesAt(addr, n))
 		}
 		buf := make([]byte, n)
 		if err := fill(buf); err != nil {
 			return err
 		}
 		if err := t.gpu.CopyToDevice(addr, buf, r.mem); err != nil {
-			return fmt.Errorf("%w: staging [%#x, +%d) to the GPU: %v", ErrDevice, addr, n, err)
+			return fmt.Errorf("%w: staging [%#x, +%d) to the GPU: %v", errs.Device, addr, n, err)
 		}
 		return nil
 	})
@@ -160,7 +175,7 @@ func (t *Regions) View(addr, n uint64) ([]byte, error) {
 		return nil, err
 	}
 	if !mem.Device {
-		return bytesAt(addr, n), nil
+		return BytesAt(addr, n), nil
 	}
 	return t.Copy(addr, n)
 }
@@ -194,16 +209,16 @@ func (t *Regions) Digest(addr, n uint64) (uint64, error) {
 	return h.Sum64(), nil
 }
 
-// bytesAt views registered memory. The addresses come from the application
+// BytesAt views registered memory. The addresses come from the application
 // (C or Python buffers, or mmap in tests), never from the Go heap, so the
 // garbage collector neither moves nor frees them.
-func bytesAt(addr, n uint64) []byte {
+func BytesAt(addr, n uint64) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(uintptr(addr))), n)
 }
 
-// devices returns the device ordinals of the registered regions that
+// Devices returns the device ordinals of the registered regions that
 // ranges touch.
-func (t *Regions) devices(ranges []Region) []int {
+func (t *Regions) Devices(ranges []Region) []int {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	seen := map[int]bool{}
@@ -217,10 +232,10 @@ func (t *Regions) devices(ranges []Region) []int {
 	return out
 }
 
-// containsAll reports whether [addr, addr+n) lies inside one of regions.
-func containsAll(regions []Region, addr, n uint64) bool {
+// Covers reports whether [addr, addr+n) lies inside one of regions.
+func Covers(regions []Region, addr, n uint64) bool {
 	for _, r := range regions {
-		if r.contains(addr, n) {
+		if r.Contains(addr, n) {
 			return true
 		}
 	}

@@ -1,4 +1,4 @@
-package rdma
+package verbs
 
 /*
 #include <stdlib.h>
@@ -7,6 +7,7 @@ package rdma
 import "C"
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -203,16 +204,16 @@ type Op struct {
 // every half depth and the last, and waits for their completions. A
 // completion means the peer NIC accepted them — not that the bytes are
 // visible there: that takes a fence (a READ on this QP).
-func (q *QP) Writes(ops []Op, timeout time.Duration) error {
-	return q.post(false, ops, max(1, q.depth/2), timeout)
+func (q *QP) Writes(ctx context.Context, ops []Op, timeout time.Duration) error {
+	return q.post(ctx, false, ops, max(1, q.depth/2), timeout)
 }
 
 // Reads posts the reads as chains of at most the queue depth, each chain
 // waited for with one completion (its last): one round trip per chain. A
 // READ is answered after every earlier write on this QP is visible at the
 // peer: the fence.
-func (q *QP) Reads(ops []Op, timeout time.Duration) error {
-	return q.post(true, ops, q.depth, timeout)
+func (q *QP) Reads(ctx context.Context, ops []Op, timeout time.Duration) error {
+	return q.post(ctx, true, ops, q.depth, timeout)
 }
 
 // Flushes posts a FLUSH (global visibility, range) per op — RemoteAddr,
@@ -220,7 +221,7 @@ func (q *QP) Reads(ops []Op, timeout time.Duration) error {
 // each waited for with one completion: when it arrives, the QP's earlier
 // writes to those ranges are visible at the target. The target's regions
 // must have been registered for FLUSH (its endpoint's Flush).
-func (q *QP) Flushes(ops []Op, timeout time.Duration) error {
+func (q *QP) Flushes(ctx context.Context, ops []Op, timeout time.Duration) error {
 	if !q.flush {
 		return fmt.Errorf("this queue pair cannot post FLUSH (the device or its provider lacks it)")
 	}
@@ -229,7 +230,7 @@ func (q *QP) Flushes(ops []Op, timeout time.Duration) error {
 	for i, o := range ops {
 		ra[i], rk[i], ln[i] = o.RemoteAddr, o.RKey, o.Len
 	}
-	return q.inChains(n, n, "posting FLUSH", timeout, func(start, k int, base uint64) C.int {
+	return q.inChains(ctx, n, n, "posting FLUSH", timeout, func(start, k int, base uint64) C.int {
 		return C.mcg_post_flush(q.e.ep, q.qp, C.int(k), (*C.uint64_t)(&ra[start]), (*C.uint32_t)(&rk[start]), (*C.uint64_t)(&ln[start]), C.uint64_t(base))
 	})
 }
@@ -238,7 +239,7 @@ func (q *QP) Flushes(ops []Op, timeout time.Duration) error {
 // post(start, k, base) posts k of them from start, with wr_ids from base,
 // every signalEvery-th and the last of a chain signaled — and waits for
 // each chain's completions before the next.
-func (q *QP) inChains(n, signalEvery int, what string, timeout time.Duration, post func(start, k int, base uint64) C.int) error {
+func (q *QP) inChains(ctx context.Context, n, signalEvery int, what string, timeout time.Duration, post func(start, k int, base uint64) C.int) error {
 	for start := 0; start < n; start += q.depth {
 		k := min(q.depth, n-start)
 		base := q.nextID
@@ -246,7 +247,7 @@ func (q *QP) inChains(n, signalEvery int, what string, timeout time.Duration, po
 		if r := post(start, k, base); r != 0 {
 			return fmt.Errorf("%w: %s: %v", ErrCompletion, what, syscall.Errno(r))
 		}
-		if err := q.wait((k+signalEvery-1)/signalEvery, timeout); err != nil {
+		if err := q.wait(ctx, (k+signalEvery-1)/signalEvery, timeout); err != nil {
 			return err
 		}
 	}
@@ -254,14 +255,14 @@ func (q *QP) inChains(n, signalEvery int, what string, timeout time.Duration, po
 }
 
 // Read reads n bytes of the peer's memory into local addr.
-func (q *QP) Read(addr, remote uint64, rkey uint32, n uint64, timeout time.Duration) error {
-	return q.Reads([]Op{{Addr: addr, RemoteAddr: remote, Len: n, RKey: rkey}}, timeout)
+func (q *QP) Read(ctx context.Context, addr, remote uint64, rkey uint32, n uint64, timeout time.Duration) error {
+	return q.Reads(ctx, []Op{{Addr: addr, RemoteAddr: remote, Len: n, RKey: rkey}}, timeout)
 }
 
 // post checks every local range against the registered regions (refused
 // before posting), then posts chains of at most the queue depth with every
 // signalEvery-th and the last signaled, and waits for each chain.
-func (q *QP) post(read bool, ops []Op, signalEvery int, timeout time.Duration) error {
+func (q *QP) post(ctx context.Context, read bool, ops []Op, signalEvery int, timeout time.Duration) error {
 	n := len(ops)
 	la, lk := make([]uint64, n), make([]uint32, n)
 	ra, rk, ln := make([]uint64, n), make([]uint32, n), make([]uint32, n)
@@ -279,16 +280,18 @@ func (q *QP) post(read bool, ops []Op, signalEvery int, timeout time.Duration) e
 	if read {
 		isRead = 1
 	}
-	return q.inChains(n, signalEvery, "ibv_post_send", timeout, func(start, k int, base uint64) C.int {
+	return q.inChains(ctx, n, signalEvery, "ibv_post_send", timeout, func(start, k int, base uint64) C.int {
 		return C.mcg_post_chain(q.qp, isRead, C.int(k), (*C.uint64_t)(&la[start]), (*C.uint32_t)(&lk[start]), (*C.uint64_t)(&ra[start]),
 			(*C.uint32_t)(&rk[start]), (*C.uint32_t)(&ln[start]), C.uint64_t(base), C.int(signalEvery))
 	})
 }
 
 // wait polls the queue pair's completion queue until n completions
-// arrived (an error completion ends it). A queue pair is used by one
-// goroutine at a time (its session's lock).
-func (q *QP) wait(n int, timeout time.Duration) error {
+// arrived (an error completion ends it), the timeout passes or ctx ends;
+// after the last two the work may still complete, so the caller must
+// destroy or reset the queue pair before reusing what it pointed at. A
+// queue pair is used by one goroutine at a time (its session's lock).
+func (q *QP) wait(ctx context.Context, n int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var ids [64]C.uint64_t
 	var sts [64]C.int
@@ -319,6 +322,9 @@ func (q *QP) wait(n int, timeout time.Duration) error {
 				return flushed
 			}
 			return fmt.Errorf("%w: %d of %d completions within %v", ErrCompletion, got, n, timeout)
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("%w: %d of %d completions when the wait was cancelled: %w", ErrCompletion, got, n, err)
 		}
 		if k == 0 {
 			time.Sleep(20 * time.Microsecond)

@@ -1,23 +1,20 @@
-// Package verify decides what "delivered" means: which bytes of a transfer
-// are read back from the target, how often they are polled, and how the
-// settings that choose this are read from the environment and from JSON.
-package verify
+// Package config reads settings in layers: built-in defaults, environment
+// variables, then the JSON object given to mc_guard_open. It knows no
+// setting itself; core and verify declare theirs through a Loader.
+package config
 
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
-)
 
-// ErrConfig marks every configuration error, so callers can map it to one
-// status with errors.Is.
-var ErrConfig = errors.New("invalid configuration")
+	"github.com/mcguard/mcguard/core/errs"
+)
 
 // Getenv looks up one environment variable. The C library passes a lookup
 // that reads the live C environment (Go's copy is taken at load time and
@@ -47,10 +44,10 @@ func NewLoader(getenv Getenv, configJSON string) (*Loader, error) {
 	dec := json.NewDecoder(strings.NewReader(configJSON))
 	dec.UseNumber()
 	if err := dec.Decode(&l.json); err != nil {
-		return nil, fmt.Errorf("%w: config JSON must be one object: %v", ErrConfig, err)
+		return nil, fmt.Errorf("%w: config JSON must be one object: %v", errs.Config, err)
 	}
 	if dec.More() {
-		return nil, fmt.Errorf("%w: config JSON has data after its object", ErrConfig)
+		return nil, fmt.Errorf("%w: config JSON has data after its object", errs.Config)
 	}
 	return l, nil
 }
@@ -175,7 +172,7 @@ func (l *Loader) Choice(key string, envs []string, dst *string, choices []string
 
 // Err reports every bad value and every JSON key that no setting claimed.
 func (l *Loader) Err() error {
-	errs := append([]string(nil), l.errs...)
+	problems := append([]string(nil), l.errs...)
 	var unknown []string
 	for k := range l.json {
 		if !l.used[k] {
@@ -184,10 +181,10 @@ func (l *Loader) Err() error {
 	}
 	sort.Strings(unknown)
 	for _, k := range unknown {
-		errs = append(errs, fmt.Sprintf("unknown config key %q", k))
+		problems = append(problems, fmt.Sprintf("unknown config key %q", k))
 	}
-	if len(errs) == 0 {
+	if len(problems) == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: %s", ErrConfig, strings.Join(errs, "; "))
+	return fmt.Errorf("%w: %s", errs.Config, strings.Join(problems, "; "))
 }

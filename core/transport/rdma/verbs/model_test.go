@@ -1,4 +1,4 @@
-package rdma
+package verbs
 
 import (
 	"bytes"
@@ -10,13 +10,13 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/mcguard/mcguard/core/internal/cbuild"
+	"github.com/mcguard/mcguard/core/internal/models"
 )
 
-// nicModel builds tests/nicmodel (once per test binary).
+// nicModel is the NIC model that `make build` built.
 func nicModel(t *testing.T) string {
 	t.Helper()
-	path, err := cbuild.Library("../../tests/nicmodel/nicmodel.c")
+	path, err := models.NIC()
 	require.NoError(t, err)
 	return path
 }
@@ -79,7 +79,9 @@ func (p *pair) buffers(t *testing.T, srcLen, dstLen int) (src, dst mmapMem, mr *
 }
 
 func TestModelRunsTheRealLoader(t *testing.T) {
-	ports, err := probe(nicModel(t))
+	v, err := Load(nicModel(t))
+	require.NoError(t, err)
+	ports, err := activePorts(v)
 	require.NoError(t, err)
 	require.Equal(t, []Port{{Device: "mcgnic0", Port: 1, Active: true, RoCE: true, ActiveMTU: 5}}, ports)
 }
@@ -108,8 +110,8 @@ func TestWriteThenFencedReadDeliversBytes(t *testing.T) {
 	for i := range ws {
 		ws[i] = Op{Addr: src.addr(i * size), RemoteAddr: dst.addr(i * size), Len: size, RKey: mr.RKey}
 	}
-	require.NoError(t, p.qa.Writes(ws, 5*time.Second))
-	require.NoError(t, p.qa.Read(scratch.addr(0), dst.addr(0), mr.RKey, n*size, 5*time.Second))
+	require.NoError(t, p.qa.Writes(t.Context(), ws, 5*time.Second))
+	require.NoError(t, p.qa.Read(t.Context(), scratch.addr(0), dst.addr(0), mr.RKey, n*size, 5*time.Second))
 	require.True(t, bytes.Equal(src, dst))
 	require.True(t, bytes.Equal(src, scratch), "the read-back returns the target's bytes")
 }
@@ -119,11 +121,11 @@ func TestCompletionComesBeforeVisibilityAndTheFenceMakesItVisible(t *testing.T) 
 	const size = 64 << 10
 	fences := map[string]func(p *pair, scratch uint64, mr *MR, dst mmapMem) error{
 		"read": func(p *pair, scratch uint64, mr *MR, dst mmapMem) error {
-			return p.qa.Read(scratch, dst.addr(0), mr.RKey, 64, 5*time.Second)
+			return p.qa.Read(t.Context(), scratch, dst.addr(0), mr.RKey, 64, 5*time.Second)
 		},
 		"flush": func(p *pair, _ uint64, mr *MR, dst mmapMem) error {
 			require.True(t, p.qa.CanFlush(), "the model's device and provider do the FLUSH verb")
-			return p.qa.Flushes([]Op{{RemoteAddr: dst.addr(0), Len: size, RKey: mr.RKey}}, 5*time.Second)
+			return p.qa.Flushes(t.Context(), []Op{{RemoteAddr: dst.addr(0), Len: size, RKey: mr.RKey}}, 5*time.Second)
 		},
 	}
 	for name, fence := range fences {
@@ -139,7 +141,7 @@ func TestCompletionComesBeforeVisibilityAndTheFenceMakesItVisible(t *testing.T) 
 			require.NoError(t, err)
 			for i := 0; i < 8; i++ {
 				ws := []Op{{Addr: src.addr(i * size / 8), RemoteAddr: dst.addr(i * size / 8), Len: size / 8, RKey: mr.RKey}}
-				require.NoError(t, p.qa.Writes(ws, 5*time.Second))
+				require.NoError(t, p.qa.Writes(t.Context(), ws, 5*time.Second))
 			}
 			require.False(t, bytes.Equal(src, dst), "the writes completed, and their bytes are not all there yet")
 			require.NoError(t, fence(p, scratch.addr(0), mr, dst))
@@ -152,27 +154,27 @@ func TestErrorsCompleteInErrorAndTheQPReconnects(t *testing.T) {
 	p := newPair(t, nil)
 	src, dst, mr := p.buffers(t, 8192, 4096)
 
-	err := p.qa.Writes([]Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 8192, RKey: mr.RKey}}, 5*time.Second)
+	err := p.qa.Writes(t.Context(), []Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 8192, RKey: mr.RKey}}, 5*time.Second)
 	require.ErrorIs(t, err, ErrCompletion)
 	require.Contains(t, err.Error(), "remote access error")
 	require.Equal(t, make([]byte, 4096), []byte(dst), "nothing landed")
-	err = p.qa.Writes([]Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 64, RKey: mr.RKey}}, time.Second)
+	err = p.qa.Writes(t.Context(), []Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 64, RKey: mr.RKey}}, time.Second)
 	require.Error(t, err, "a QP in the error state takes no work")
 
 	require.NoError(t, p.qa.Reconnect())
-	require.NoError(t, p.qa.Writes([]Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 4096, RKey: mr.RKey}}, 5*time.Second))
-	require.NoError(t, p.qa.Read(src.addr(4096), dst.addr(0), mr.RKey, 4096, 5*time.Second))
+	require.NoError(t, p.qa.Writes(t.Context(), []Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 4096, RKey: mr.RKey}}, 5*time.Second))
+	require.NoError(t, p.qa.Read(t.Context(), src.addr(4096), dst.addr(0), mr.RKey, 4096, 5*time.Second))
 	require.True(t, bytes.Equal(src[:4096], dst), "after the reconnect the write lands")
 	require.True(t, bytes.Equal(src[4096:], dst), "and reads back")
 
-	err = p.qa.Writes([]Op{{Addr: src.addr(0) + 1<<20, RemoteAddr: dst.addr(0), Len: 64, RKey: mr.RKey}}, time.Second)
+	err = p.qa.Writes(t.Context(), []Op{{Addr: src.addr(0) + 1<<20, RemoteAddr: dst.addr(0), Len: 64, RKey: mr.RKey}}, time.Second)
 	require.ErrorContains(t, err, "not in a registered memory region", "a local range outside registered memory is refused before posting")
 }
 
 func TestInjectedErrorCompletion(t *testing.T) {
 	p := newPair(t, map[string]string{"MCG_NIC_FAIL_WR": "1"})
 	src, dst, mr := p.buffers(t, 4096, 4096)
-	err := p.qa.Writes([]Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 4096, RKey: mr.RKey}}, 5*time.Second)
+	err := p.qa.Writes(t.Context(), []Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 4096, RKey: mr.RKey}}, 5*time.Second)
 	require.ErrorIs(t, err, ErrCompletion)
 }
 
@@ -183,8 +185,8 @@ func TestFlushOutsideTheRegionCompletesInError(t *testing.T) {
 	dst := alloc(t, size)
 	mr, err := p.b.Register(dst.addr(0), size)
 	require.NoError(t, err)
-	require.NoError(t, p.qa.Flushes([]Op{{RemoteAddr: dst.addr(0), Len: size, RKey: mr.RKey}}, 5*time.Second))
-	err = p.qa.Flushes([]Op{{RemoteAddr: dst.addr(0), Len: size + 1, RKey: mr.RKey}}, 5*time.Second)
+	require.NoError(t, p.qa.Flushes(t.Context(), []Op{{RemoteAddr: dst.addr(0), Len: size, RKey: mr.RKey}}, 5*time.Second))
+	err = p.qa.Flushes(t.Context(), []Op{{RemoteAddr: dst.addr(0), Len: size + 1, RKey: mr.RKey}}, 5*time.Second)
 	require.ErrorIs(t, err, ErrCompletion, "a FLUSH past the region completes in error")
 	require.Contains(t, err.Error(), "remote access error")
 }
@@ -193,11 +195,11 @@ func TestNoFlushVerbMeansAPlainQP(t *testing.T) {
 	p := newPair(t, map[string]string{"MCG_NIC_NO_FLUSH": "1"})
 	require.False(t, p.a.Flush())
 	require.False(t, p.qa.CanFlush())
-	err := p.qa.Flushes([]Op{{RemoteAddr: 0x1000, Len: 1, RKey: 1}}, time.Second)
+	err := p.qa.Flushes(t.Context(), []Op{{RemoteAddr: 0x1000, Len: 1, RKey: 1}}, time.Second)
 	require.ErrorContains(t, err, "cannot post FLUSH")
 	// The plain QP still carries WRITEs and READs.
 	src, dst, mr := p.buffers(t, 4096, 4096)
-	require.NoError(t, p.qa.Writes([]Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 2048, RKey: mr.RKey}}, 5*time.Second))
-	require.NoError(t, p.qa.Read(src.addr(2048), dst.addr(0), mr.RKey, 2048, 5*time.Second))
+	require.NoError(t, p.qa.Writes(t.Context(), []Op{{Addr: src.addr(0), RemoteAddr: dst.addr(0), Len: 2048, RKey: mr.RKey}}, 5*time.Second))
+	require.NoError(t, p.qa.Read(t.Context(), src.addr(2048), dst.addr(0), mr.RKey, 2048, 5*time.Second))
 	require.Equal(t, src[:2048], src[2048:])
 }

@@ -1,10 +1,10 @@
-// Package rdma is mcguard's view of rdma-core's libibverbs, loaded at run
-// time: the symbol table, the device probe that transport selection uses,
-// and the queue-pair layer (endpoint.go: memory regions, host and dmabuf;
-// RC queue pairs through INIT, RTR and RTS; chained WRITEs, READs and
-// FLUSHes built in C memory; completions). core/rdmaconn.go is the guard's
-// RDMA data path on top of it.
-package rdma
+// Package verbs is mcguard's view of rdma-core's libibverbs, loaded at run
+// time, once per process: the symbol table, the device probe that
+// transport selection uses, and the queue-pair layer (endpoint.go: memory
+// regions, host and dmabuf; RC queue pairs through INIT, RTR and RTS;
+// chained WRITEs, READs and FLUSHes built in C memory; completions). The
+// RDMA data plane (core/transport/rdma) is built on it.
+package verbs
 
 /*
 #cgo LDFLAGS: -ldl
@@ -100,34 +100,60 @@ func (v *Verbs) Ports() ([]Port, error) {
 	return out, nil
 }
 
-type probeResult struct {
-	ports []Port
-	err   error
+// loaded is one library path's load and probe, done once per process:
+// libraries and devices do not come and go under a guard.
+type loaded struct {
+	v      *Verbs
+	err    error
+	ports  []Port // active ports
+	perr   error
+	probed bool
 }
 
 var (
-	probeMu    sync.Mutex
-	probeCache = map[string]probeResult{}
+	loadMu sync.Mutex
+	libs   = map[string]*loaded{}
 )
 
-// Probe returns the active ports, or why there are none; the answer is
-// found once per process (devices do not come and go under a guard).
-func Probe(path string) ([]Port, error) {
-	probeMu.Lock()
-	defer probeMu.Unlock()
-	r, ok := probeCache[path]
-	if !ok {
-		r.ports, r.err = probe(path)
-		probeCache[path] = r
+func shared(path string) *loaded {
+	if path == "" {
+		path = DefaultLibrary
 	}
-	return r.ports, r.err
+	loadMu.Lock()
+	defer loadMu.Unlock()
+	l, ok := libs[path]
+	if !ok {
+		l = &loaded{}
+		l.v, l.err = Load(path)
+		libs[path] = l
+	}
+	return l
 }
 
-func probe(path string) ([]Port, error) {
-	v, err := Load(path)
-	if err != nil {
-		return nil, err
+// Shared returns the library at path (DefaultLibrary if empty), loaded
+// once per process however many guards use it.
+func Shared(path string) (*Verbs, error) {
+	l := shared(path)
+	return l.v, l.err
+}
+
+// Probe returns the active ports of the shared library at path, or why
+// there are none, found once per process.
+func Probe(path string) ([]Port, error) {
+	l := shared(path)
+	if l.err != nil {
+		return nil, l.err
 	}
+	loadMu.Lock()
+	defer loadMu.Unlock()
+	if !l.probed {
+		l.ports, l.perr = activePorts(l.v)
+		l.probed = true
+	}
+	return l.ports, l.perr
+}
+
+func activePorts(v *Verbs) ([]Port, error) {
 	ports, err := v.Ports()
 	if err != nil {
 		return nil, err

@@ -1,0 +1,190 @@
+package core
+
+import (
+	"context"
+	"crypto/hmac"
+	"encoding/json"
+	"fmt"
+	"log"
+	"strings"
+	"time"
+
+	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/wire"
+	zmq "github.com/pebbe/zmq4"
+)
+
+// The handshake, both halves: a sender's request for a session's region
+// table, token and data-plane answer (handshake), and a guard's answer to
+// it (answerHandshake). The control channel it travels on is control.go;
+// authentication is auth.go.
+
+// ProtocolVersion is spoken in the handshake; a peer with another is refused.
+// Version 2 added authentication and tokens in notices; 3, a list of queue
+// pairs (one per RDMA stripe) where 2 had one; 4 carries the data plane's
+// part of the handshake as an offer and an answer that only that data
+// plane reads.
+const ProtocolVersion = 4
+
+// maxControlMessage bounds what a control socket accepts from a peer.
+const maxControlMessage = 2 << 20
+
+// helloRequest is a handshake step: "hello", then "auth" if the guard
+// asked for it.
+type helloRequest struct {
+	Proto     int    `json:"proto"`
+	Op        string `json:"op"`
+	Nonce     []byte `json:"nonce,omitempty"`     // the peer's fresh nonce
+	Challenge []byte `json:"challenge,omitempty"` // auth: the guard's challenge it answers
+	MAC       []byte `json:"mac,omitempty"`       // auth: its proof
+	// Sender names the sending session across reconnects, so the target
+	// can drop its older data connections (and their late bytes).
+	Sender []byte `json:"sender,omitempty"`
+	// Transport names the data plane the sender sends over, and Offer is
+	// that data plane's part of the request (its queue pairs, say).
+	Transport string          `json:"transport,omitempty"`
+	Offer     json.RawMessage `json:"offer,omitempty"`
+}
+
+// helloReply tells a sender what it may write to and how its data plane
+// reaches the target, or, from a guard with a secret, the challenge to
+// answer first.
+type helloReply struct {
+	Proto     int             `json:"proto"`
+	Error     string          `json:"error,omitempty"`
+	Challenge []byte          `json:"challenge,omitempty"` // authenticate first
+	Token     []byte          `json:"token,omitempty"`     // unauthenticated guards: binds data connections to this handshake
+	MAC       []byte          `json:"mac,omitempty"`       // authenticated guards: their proof
+	Regions   []memory.Region `json:"regions,omitempty"`
+	// Answer is the data plane's part of the reply (the target's address,
+	// its queue pairs and rkeys, ...).
+	Answer json.RawMessage `json:"answer,omitempty"`
+}
+
+// controlReply is the answer to a notice, or to a request that failed.
+type controlReply struct {
+	Proto int    `json:"proto"`
+	Error string `json:"error,omitempty"`
+}
+
+// handshake asks the guard at session for its region table, a token and
+// its data plane's answer to req's offer, authenticating both ways when
+// secret is set. req gives Sender, Transport and Offer; handshake fills in
+// the rest. The REQ socket lives only for this call and this goroutine.
+func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration, secret []byte, req helloRequest) (helloReply, error) {
+	sock, err := newReqSocket(zctx, session)
+	if err != nil {
+		return helloReply{}, err
+	}
+	defer sock.Close()
+	nonce := randomBytes(nonceSize)
+	req.Proto, req.Op, req.Nonce = ProtocolVersion, "hello", nonce
+	rep, err := handshakeStep(ctx, sock, session, timeout, req)
+	if err != nil {
+		return helloReply{}, err
+	}
+	switch {
+	case rep.Challenge != nil && secret == nil:
+		return helloReply{}, fmt.Errorf("%w: session %q requires authentication: configure the shared secret (secret, secret_file or MC_GUARD_SECRET)", ErrSession, session)
+	case rep.Challenge == nil && secret != nil:
+		return helloReply{}, fmt.Errorf("%w: session %q did not authenticate itself (it has no secret); refusing an unauthenticated peer", ErrSession, session)
+	case rep.Challenge != nil:
+		challenge := rep.Challenge
+		req.Op, req.Challenge, req.MAC = "auth", challenge, mac(secret, labelClient, challenge, nonce)
+		if rep, err = handshakeStep(ctx, sock, session, timeout, req); err != nil {
+			return helloReply{}, err
+		}
+		if !hmac.Equal(rep.MAC, mac(secret, labelServer, nonce, challenge)) {
+			return helloReply{}, fmt.Errorf("%w: session %q failed to prove it knows the shared secret", ErrSession, session)
+		}
+		rep.Token = deriveToken(secret, challenge, nonce)
+	}
+	if len(rep.Answer) == 0 || len(rep.Token) != wire.TokenSize {
+		return helloReply{}, fmt.Errorf("%w: session %q sent an incomplete handshake reply", ErrSession, session)
+	}
+	return rep, nil
+}
+
+func handshakeStep(ctx context.Context, sock *zmq.Socket, session string, timeout time.Duration, req helloRequest) (helloReply, error) {
+	body, _ := json.Marshal(req)
+	raw, err := request(ctx, sock, session, "handshake", body, timeout)
+	if err != nil {
+		return helloReply{}, err
+	}
+	var rep helloReply
+	if err := decodeStrict(raw, &rep); err != nil {
+		return helloReply{}, fmt.Errorf("%w: session %q sent a malformed handshake reply: %v", ErrSession, session, err)
+	}
+	if rep.Error != "" {
+		return helloReply{}, fmt.Errorf("%w: session %q refused the handshake: %s", ErrSession, session, rep.Error)
+	}
+	if rep.Proto != ProtocolVersion {
+		return helloReply{}, fmt.Errorf("%w: session %q speaks protocol version %d, this guard %d", ErrSession, session, rep.Proto, ProtocolVersion)
+	}
+	return rep, nil
+}
+
+// answerHandshake answers one handshake step: a hello gets the region
+// table, a fresh token and the data plane's answer, or a challenge if this
+// guard has a secret; an auth gets the same with the guard's own proof.
+func (g *Guard) answerHandshake(body []byte) []byte {
+	out, _ := json.Marshal(g.answer(body))
+	return out
+}
+
+func (g *Guard) answer(body []byte) helloReply {
+	refuse := func(format string, args ...any) helloReply {
+		msg := fmt.Sprintf(format, args...)
+		log.Printf("mcguard: %s: refused a handshake: %s", g.Endpoint(), msg)
+		return helloReply{Proto: ProtocolVersion, Error: msg}
+	}
+	var req helloRequest
+	if err := decodeStrict(body, &req); err != nil {
+		return refuse("malformed control request: %v", err)
+	}
+	if req.Proto != ProtocolVersion {
+		return refuse("protocol version %d, this guard speaks %d", req.Proto, ProtocolVersion)
+	}
+	if len(req.Nonce) != nonceSize {
+		return refuse("a %d-byte nonce, want %d", len(req.Nonce), nonceSize)
+	}
+	plane := g.plane(req.Transport)
+	if plane == nil {
+		return refuse("this guard does not serve transport %q (it serves %s)", req.Transport, g.planeNames())
+	}
+	rep := helloReply{Proto: ProtocolVersion}
+	var token []byte
+	switch {
+	case req.Op == "hello" && g.auth.secret != nil:
+		return helloReply{Proto: ProtocolVersion, Challenge: g.auth.challenge()}
+	case req.Op == "hello":
+		token = randomBytes(wire.TokenSize)
+		g.auth.tokens.add(token, req.Sender)
+		rep.Token = token
+	case req.Op == "auth" && g.auth.secret != nil:
+		proof, tok, err := g.auth.answer(req)
+		if err != nil {
+			return refuse("%v", err)
+		}
+		rep.MAC, token = proof, tok
+	default:
+		return refuse("unexpected control op %q", req.Op)
+	}
+	rep.Regions = g.regions.Snapshot()
+	answer, err := plane.Accept(transport.Peer{Sender: string(req.Sender), Token: token}, req.Offer, rep.Regions)
+	if err != nil {
+		return refuse("%s: %v", plane.Name(), err)
+	}
+	rep.Answer = answer
+	return rep
+}
+
+// planeNames lists the data planes this guard serves.
+func (g *Guard) planeNames() string {
+	names := make([]string, len(g.planes))
+	for i, p := range g.planes {
+		names[i] = p.Name()
+	}
+	return strings.Join(names, ", ")
+}

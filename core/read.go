@@ -1,0 +1,55 @@
+package core
+
+import (
+	"fmt"
+
+	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// readWindow bounds the bytes one Read fetches into the session's scratch
+// before storing them: the scratch stays small for any batch.
+const readWindow = 64 << 20
+
+// Read copies remote bytes into local registered memory: for each
+// descriptor, Len bytes from the session's Dst into local Src.
+func (g *Guard) Read(name string, descs []verify.Desc) error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	defer g.inflight.Done()
+	if _, err := g.checkBatch(name, descs); err != nil {
+		return err
+	}
+	s, err := g.lockSession(name, descs)
+	if err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	var slices []transport.Slice
+	for sl := range transport.Slices(descs) {
+		slices = append(slices, sl)
+	}
+	size := func(i int) uint64 { return slices[i].Len }
+	var ranges []verify.Range
+	for start, end := range transport.Groups(len(slices), size, len(slices), readWindow) {
+		ranges = ranges[:0]
+		var total uint64
+		for _, sl := range slices[start:end] {
+			ranges = append(ranges, verify.Range{Addr: sl.Dst, Len: sl.Len})
+			total += sl.Len
+		}
+		buf := s.scratch.Bytes(total)
+		if err := s.conn.Read(g.ctx, ranges, buf, false); err != nil {
+			s.disconnect()
+			return fmt.Errorf("session %s: %w", name, err)
+		}
+		for _, sl := range slices[start:end] {
+			if err := g.regions.Store(sl.Src, sl.Len, func(m []byte) error { copy(m, buf[:sl.Len]); return nil }); err != nil {
+				return err
+			}
+			buf = buf[sl.Len:]
+		}
+	}
+	return nil
+}

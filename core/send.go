@@ -1,0 +1,201 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+
+	"github.com/mcguard/mcguard/core/wire"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// The sender: a batch's checks, its session, its chunks delivered and
+// verified (verify.Deliver), and its completion notices.
+
+// TransferOptions adjusts one call.
+type TransferOptions struct {
+	Verify   *verify.Mode // nil: the guard's mode
+	Digests  []uint64     // if len(descs): filled with each source's digest (xxh3-64)
+	NoNotice bool         // do not send a completion notice even where the guard would
+}
+
+// TransferResult describes a successful transfer.
+type TransferResult struct {
+	ID      uint64
+	Retries int
+	Resends int
+}
+
+// Transfer writes every descriptor to session and returns nil only after
+// the configured verification confirmed the bytes at the target.
+func (g *Guard) Transfer(name string, descs []verify.Desc, opts TransferOptions) (TransferResult, error) {
+	if err := g.enter(); err != nil {
+		return TransferResult{}, err
+	}
+	defer g.inflight.Done()
+	g.stats.transfers.Add(1)
+	res, err := g.transfer(name, descs, opts)
+	if err != nil {
+		g.stats.failed.Add(1)
+		if errors.Is(err, ErrVerify) {
+			g.stats.verifyFailures.Add(1)
+		}
+		if g.ctx.Err() != nil && !errors.Is(err, ErrClosed) {
+			err = fmt.Errorf("%w while the transfer was in flight: %v", ErrClosed, err)
+		}
+		return res, err
+	}
+	g.stats.ok.Add(1)
+	return res, nil
+}
+
+// checkBatch validates a batch whose local side is Src and remote side
+// Dst, and returns its byte count.
+func (g *Guard) checkBatch(name string, descs []verify.Desc) (uint64, error) {
+	if len(descs) == 0 {
+		return 0, fmt.Errorf("%w: a transfer needs at least one descriptor", ErrInvalidArg)
+	}
+	if len(descs) > MaxDescriptors {
+		return 0, fmt.Errorf("%w: %d descriptors, limit %d per call", ErrInvalidArg, len(descs), MaxDescriptors)
+	}
+	if err := validSessionName(name); err != nil {
+		return 0, err
+	}
+	var total uint64
+	for i, d := range descs {
+		if d.Len == 0 {
+			return 0, fmt.Errorf("%w: descriptor %d has length 0", ErrInvalidArg, i)
+		}
+		if err := g.regions.Check(d.Src, d.Len); err != nil {
+			return 0, fmt.Errorf("descriptor %d local side: %w", i, err)
+		}
+		if d.Dst+d.Len < d.Dst {
+			return 0, fmt.Errorf("%w: descriptor %d remote address %#x+%d wraps", ErrInvalidArg, i, d.Dst, d.Len)
+		}
+		total += d.Len
+	}
+	return total, nil
+}
+
+// lockSession returns name's session locked, connected, and with a region
+// table that covers every remote range of descs. The caller unlocks it.
+func (g *Guard) lockSession(name string, descs []verify.Desc) (*session, error) {
+	s := g.session(name)
+	s.mu.Lock()
+	err := s.connect(g.ctx, g)
+	if err == nil {
+		if i := s.checkDst(descs); i >= 0 {
+			if err = s.refresh(g.ctx, g); err == nil {
+				if i = s.checkDst(descs); i >= 0 {
+					err = fmt.Errorf("descriptor %d remote side: %w at session %s: [%#x, +%d)", i, ErrNotRegistered, name, descs[i].Dst, descs[i].Len)
+				}
+			}
+		}
+	}
+	if err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions) (TransferResult, error) {
+	var res TransferResult
+	total, err := g.checkBatch(name, descs)
+	if err != nil {
+		return res, err
+	}
+	vcfg := g.cfg.Verify
+	if opts.Verify != nil {
+		vcfg.Mode = *opts.Verify
+	}
+	s, err := g.lockSession(name, descs)
+	if err != nil {
+		return res, err
+	}
+	defer s.mu.Unlock()
+	res.ID = g.nextTransfer.Add(1)
+	seed := mrand.Uint64()
+	notify := !opts.NoNotice && vcfg.Notifies()
+	for base := 0; base < len(descs); base += g.cfg.MaxBatch {
+		chunk := descs[base:min(base+g.cfg.MaxBatch, len(descs))]
+		var digests []uint64
+		wait := func() error { return nil }
+		if vcfg.Mode == verify.Digest || opts.Digests != nil {
+			// Digest the sources while the writes go out: the source
+			// must not change during a transfer, so both see the same bytes.
+			digests = make([]uint64, len(chunk))
+			done := make(chan struct{})
+			var digestErr error
+			go func() {
+				defer close(done)
+				for i, d := range chunk {
+					if digests[i], digestErr = g.regions.Digest(d.Src, d.Len); digestErr != nil {
+						return
+					}
+				}
+			}()
+			wait = func() error { <-done; return digestErr }
+		}
+		var announce func() error
+		if notify {
+			announce = func() error {
+				if err := wait(); err != nil {
+					return err
+				}
+				return g.notify(s, res.ID, vcfg.Mode, len(descs), base, chunk, digests)
+			}
+		}
+		d, err := verify.Deliver(g.ctx, vcfg, seed, s.conn, chunk, base, g.regions.View, &s.scratch, announce)
+		res.Retries += d.Retries
+		res.Resends += d.Resends
+		g.stats.retries.Add(int64(d.Retries))
+		g.stats.resends.Add(int64(d.Resends))
+		g.stats.probed.Add(d.Probed)
+		var mismatch *verify.MismatchError
+		if err != nil && !errors.As(err, &mismatch) {
+			s.disconnect() // the connection is in an unknown state
+		}
+		if werr := wait(); err == nil { // never return while the digest goroutine still reads the sources
+			err = werr
+		}
+		if err != nil {
+			return res, fmt.Errorf("session %s: %w", name, err)
+		}
+		if opts.Digests != nil {
+			copy(opts.Digests[base:], digests)
+		}
+	}
+	g.stats.descriptors.Add(int64(len(descs)))
+	g.stats.bytes.Add(int64(total))
+	return res, nil
+}
+
+// notify sends one chunk's completion notice to the session's guard and
+// waits for it to be recorded there.
+func (g *Guard) notify(s *session, id uint64, mode verify.Mode, total, base int, chunk []verify.Desc, digests []uint64) error {
+	for off := 0; off < len(chunk); off += wire.MaxNoticeDescs {
+		part := chunk[off:min(off+wire.MaxNoticeDescs, len(chunk))]
+		n := wire.Notice{Token: s.hello.Token, ID: id, Mode: modeIndex(mode), Total: total, Base: base + off, Descs: make([]wire.NoticeDesc, len(part))}
+		for i, d := range part {
+			n.Descs[i] = wire.NoticeDesc{Dst: d.Dst, Len: d.Len}
+			if digests != nil {
+				n.Descs[i].Digest = digests[off+i]
+			}
+		}
+		if err := s.notify(g.ctx, g.zctx, &g.cfg, wire.EncodeNotice(nil, n)); err != nil {
+			return err
+		}
+		g.stats.noticesSent.Add(1)
+	}
+	return nil
+}
+
+func modeIndex(m verify.Mode) uint8 {
+	for i, x := range verify.Modes {
+		if x == m {
+			return uint8(i)
+		}
+	}
+	return 0
+}

@@ -1,0 +1,53 @@
+package core
+
+import (
+	"encoding/json"
+	"sync/atomic"
+)
+
+// Counters and the stats JSON.
+
+type counters struct {
+	transfers, ok, failed, descriptors, bytes, retries, resends, verifyFailures, probed atomic.Int64
+	noticesSent, noticesReceived, syncs, syncFailures                                   atomic.Int64
+}
+
+// Stats returns counters and settings as JSON.
+func (g *Guard) Stats() ([]byte, error) {
+	if err := g.enter(); err != nil {
+		return nil, err
+	}
+	defer g.inflight.Done()
+	g.mu.Lock()
+	nsessions := len(g.sessions)
+	g.mu.Unlock()
+	out := map[string]any{
+		"endpoint":         g.Endpoint(),
+		"verify":           g.cfg.Verify.Mode,
+		"inject":           g.cfg.Inject.Mode,
+		"transport":        g.data.Name(),
+		"max_batch":        g.cfg.MaxBatch,
+		"sessions":         nsessions,
+		"regions":          len(g.regions.Snapshot()),
+		"transfers":        g.stats.transfers.Load(),
+		"ok":               g.stats.ok.Load(),
+		"failed":           g.stats.failed.Load(),
+		"descriptors":      g.stats.descriptors.Load(),
+		"bytes":            g.stats.bytes.Load(),
+		"retries":          g.stats.retries.Load(),
+		"resends":          g.stats.resends.Load(),
+		"notices_sent":     g.stats.noticesSent.Load(),
+		"notices_received": g.stats.noticesReceived.Load(),
+		"syncs":            g.stats.syncs.Load(),
+		"sync_failures":    g.stats.syncFailures.Load(),
+		"notify":           g.cfg.Verify.Notify,
+		"cuda":             g.cudaState,
+		"rdma_qps":         g.cfg.RDMAQPs,
+		"verify_failures":  g.stats.verifyFailures.Load(),
+		"probed_bytes":     g.stats.probed.Load(),
+	}
+	for name, state := range g.planeState { // "tcp": what it runs on; "rdma": that, or why not
+		out[name] = state
+	}
+	return json.Marshal(out)
+}

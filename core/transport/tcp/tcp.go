@@ -1,0 +1,110 @@
+// Package tcp is the embedded data plane: a target server that applies
+// peers' writes into registered memory and acknowledges each after
+// applying it (target.go), and the sender's pipelined connection to such a
+// target (conn.go). Frames are core/wire's.
+package tcp
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/mcguard/mcguard/core/cuda"
+	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/fault"
+	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/transport"
+)
+
+// Name is the data plane's name in handshakes.
+const Name = "tcp"
+
+// Tokens says whom a data connection's token was issued to, if anyone.
+type Tokens func(token []byte) (sender string, ok bool)
+
+// Config is what the TCP data plane needs of its guard.
+type Config struct {
+	Host      string          // the interface the target listens on (a free port is picked)
+	Timeout   time.Duration   // bounds every wait on a peer
+	Regions   *memory.Regions // the guard's registered memory
+	Tokens    Tokens
+	Faults    fault.Config // target-side fault injection (off: fault.None)
+	TailBytes int          // the tail check's length, for the stale fault
+}
+
+// Transport is the TCP data plane of one guard.
+type Transport struct {
+	cfg    Config
+	target *target
+}
+
+// New starts the target server.
+func New(cfg Config) (*Transport, error) {
+	t, err := newTarget(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Transport{cfg: cfg, target: t}, nil
+}
+
+// answer is the target's part of a handshake reply.
+type answer struct {
+	Data string `json:"data"` // the target's "host:port"
+}
+
+func (*Transport) Name() string { return Name }
+
+// Describe names the target's address.
+func (t *Transport) Describe() string { return "tcp target on " + t.target.addr() }
+
+// Addr is the target server's "host:port".
+func (t *Transport) Addr() string { return t.target.addr() }
+
+// Register has nothing to do: the target checks every access against the
+// guard's table itself.
+func (*Transport) Register(uint64, uint64, cuda.Memory) error { return nil }
+func (*Transport) Unregister(uint64)                          {}
+
+// Accept answers any handshake with the target's address; a TCP sender
+// offers nothing.
+func (t *Transport) Accept(_ transport.Peer, offer []byte, _ []memory.Region) ([]byte, error) {
+	if len(offer) != 0 {
+		return nil, fmt.Errorf("the tcp data plane takes no offer")
+	}
+	return json.Marshal(answer{Data: t.target.addr()})
+}
+
+// Settle waits for the writes into ranges that the target is applying, or
+// that fault injection holds back. A write is acknowledged only after it
+// is applied, so outside fault injection this waits at most for a write
+// still arriving.
+func (t *Transport) Settle(ctx context.Context, ranges []memory.Region) error {
+	return t.target.pending.Wait(ctx, ranges)
+}
+
+// Close stops the target; held writes are dropped.
+func (t *Transport) Close() { t.target.close() }
+
+// Dial returns a dialer; TCP offers nothing in the handshake.
+func (t *Transport) Dial() (transport.Dialer, error) { return dialer{t}, nil }
+
+type dialer struct{ t *Transport }
+
+func (dialer) Offer() []byte { return nil }
+func (dialer) Abandon()      {}
+
+// Connect opens a data connection to the answer's address and presents
+// the handshake's token.
+func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, _ []memory.Region) (transport.Conn, error) {
+	var a answer
+	if err := json.Unmarshal(raw, &a); err != nil || a.Data == "" {
+		return nil, fmt.Errorf("%w: the target's tcp answer %q has no data address", errs.Session, raw)
+	}
+	return dial(ctx, a.Data, peer.Token, d.t.cfg.Timeout, d.t.cfg.Regions)
+}
+
+var (
+	_ transport.Transport = (*Transport)(nil)
+	_ transport.Conn      = (*conn)(nil)
+)

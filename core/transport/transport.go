@@ -1,0 +1,78 @@
+// Package transport is the one door every data plane goes through: an
+// interface that covers both ends of a data plane (the sender's
+// connection; the target's registration, handshake answer and settle),
+// and the helpers that cut batches into slices and groups. Each data plane
+// lives in a folder of its own below this one (tcp, rdma); core chooses
+// among them in one table (core/transports.go).
+package transport
+
+import (
+	"context"
+
+	"github.com/mcguard/mcguard/core/cuda"
+	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// Peer is what the control plane settled in a handshake that a data plane
+// needs to bind its connections to it.
+type Peer struct {
+	// Sender is the sending session's id, stable across reconnects: a
+	// target replaces a sender's older connections (and their late bytes).
+	Sender string
+	// Token binds the sender's data connections to the handshake.
+	Token []byte
+}
+
+// Transport is one data plane of a guard, both ends. A guard sends over
+// one data plane and serves every data plane it opened.
+type Transport interface {
+	// Name is what handshakes call the data plane ("tcp", "rdma").
+	Name() string
+	// Describe says what the data plane runs on, for stats.
+	Describe() string
+
+	// Register makes a registered region reachable by peers over this
+	// data plane (an RDMA memory region, say); Unregister undoes it.
+	Register(addr, n uint64, mem cuda.Memory) error
+	Unregister(addr uint64)
+
+	// Dial begins a connection to a target: the dialer's Offer travels in
+	// the handshake request, and the target's answer finishes it.
+	Dial() (Dialer, error)
+	// Accept is the target's part of a handshake: its answer to a
+	// sender's offer (nil: the sender only refreshes its region table),
+	// for the regions the handshake reply lists, in that order.
+	Accept(peer Peer, offer []byte, regions []memory.Region) (answer []byte, err error)
+	// Settle returns once no write into ranges that this data plane
+	// acknowledged or began to apply can still land, or with ctx's error.
+	Settle(ctx context.Context, ranges []memory.Region) error
+
+	// Close ends the target side and releases everything; the
+	// connections it dialed must be closed first.
+	Close()
+}
+
+// Dialer is a sender's connection in the making.
+type Dialer interface {
+	// Offer is the sender's part of the handshake request (nil: none).
+	Offer() []byte
+	// Connect finishes the connection with the target's answer and
+	// region table. The dialer is spent either way.
+	Connect(ctx context.Context, peer Peer, answer []byte, regions []memory.Region) (Conn, error)
+	// Abandon releases a dialer whose handshake failed.
+	Abandon()
+}
+
+// Conn is a sender's connection to one target. Its session's lock keeps
+// it to one goroutine at a time. Every blocking call returns when ctx
+// ends.
+type Conn interface {
+	verify.Conn
+	// Refresh takes a newer answer and region table of the same target
+	// (it registered more since the connection was made).
+	Refresh(answer []byte, regions []memory.Region) error
+	// Close aborts the connection: nothing still queued on it may land
+	// later on top of a newer transfer's bytes.
+	Close()
+}

@@ -1,0 +1,95 @@
+package core
+
+import (
+	"fmt"
+	"log"
+	"sync"
+
+	"github.com/mcguard/mcguard/core/cuda"
+	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/transport/rdma"
+	"github.com/mcguard/mcguard/core/transport/tcp"
+)
+
+// dataPlanes are the data planes a guard can send over, in the order that
+// transport "auto" tries them. Adding one is an entry here and a folder
+// under core/transport. TCP comes last and every guard serves it: it is
+// the fallback, and peers whose own data plane is TCP reach any guard.
+var dataPlanes = []struct {
+	name string
+	open func(g *Guard, host string) (transport.Transport, error)
+}{
+	{rdma.Name, func(g *Guard, _ string) (transport.Transport, error) {
+		return rdma.Open(rdma.Config{Library: g.cfg.VerbsLibrary, Device: g.cfg.RDMADevice, GIDIndex: g.cfg.RDMAGIDIndex,
+			QPs: g.cfg.RDMAQPs, Timeout: g.cfg.Timeout, GPU: g.regions.GPU()})
+	}},
+	{tcp.Name, func(g *Guard, host string) (transport.Transport, error) {
+		return tcp.New(tcp.Config{Host: host, Timeout: g.cfg.Timeout, Regions: g.regions, Tokens: g.auth.tokens.sender,
+			Faults: g.cfg.Inject, TailBytes: g.cfg.Verify.TailBytes})
+	}},
+}
+
+// openDataPlanes opens TCP, and the data plane cfg.Transport names (auto:
+// the first of dataPlanes that opens), and says which and why: where a
+// named one fails the guard fails with the reason; where auto falls back
+// to TCP it logs why, once per process.
+func (g *Guard) openDataPlanes(host string) error {
+	var why []string
+	for _, dp := range dataPlanes {
+		if dp.name != tcp.Name && g.cfg.Transport != dp.name && g.cfg.Transport != "auto" {
+			g.planeState[dp.name] = "not probed (transport " + g.cfg.Transport + ")"
+			continue
+		}
+		if g.data != nil && dp.name != tcp.Name {
+			g.planeState[dp.name] = "not opened (transport " + g.data.Name() + " came first)"
+			continue
+		}
+		p, err := dp.open(g, host)
+		if err != nil {
+			g.planeState[dp.name] = err.Error()
+			if dp.name == tcp.Name || g.cfg.Transport == dp.name {
+				g.closeDataPlanes()
+				if dp.name == tcp.Name {
+					return err
+				}
+				return fmt.Errorf("%w: transport %s was required, and it is not usable: %v", ErrConfig, dp.name, err)
+			}
+			why = append(why, dp.name+": "+err.Error())
+			continue
+		}
+		g.planes = append(g.planes, p)
+		g.planeState[dp.name] = p.Describe()
+		if g.data == nil {
+			g.data = p
+		}
+	}
+	if g.cfg.Transport == "auto" && g.data.Name() == tcp.Name && len(why) > 0 {
+		// The probe is the same for every guard of the process: say it once.
+		autoFallbackLogged.Do(func() { log.Printf("mcguard: transport auto: using tcp, because: %v", why) })
+	}
+	return nil
+}
+
+var autoFallbackLogged sync.Once
+
+// loadCUDA finds the driver as cfg.CUDA says; the region table reaches
+// device memory through it.
+func (g *Guard) loadCUDA() error {
+	g.regions = memory.New(nil)
+	if g.cfg.CUDA == "off" {
+		g.cudaState = "off"
+		return nil
+	}
+	d, err := cuda.Shared(g.cfg.CUDALibrary)
+	if err != nil {
+		if g.cfg.CUDA == "required" {
+			return fmt.Errorf("%w: cuda is required: %v", ErrDevice, err)
+		}
+		g.cudaState = "unavailable: " + err.Error()
+		return nil
+	}
+	g.regions = memory.New(d)
+	g.cudaState = fmt.Sprintf("driver %d", d.Version)
+	return nil
+}

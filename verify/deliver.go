@@ -1,0 +1,111 @@
+package verify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Conn is what delivery needs of a data plane's connection to one target.
+// Write returns when the transport reports the writes complete: exactly the
+// promise this library does not trust, which is why a check follows.
+type Conn interface {
+	// Write sends descs; base is the index of descs[0] in the whole batch,
+	// for messages.
+	Write(ctx context.Context, descs []Desc, base int) error
+	// Fence returns once every earlier write is applied at the target.
+	Fence(ctx context.Context) error
+	// Read fetches ranges, concatenated, into out; with fenced, a fence
+	// goes first in the same round trip.
+	Read(ctx context.Context, ranges []Range, out []byte, fenced bool) error
+}
+
+// Delivery counts what Deliver did for one chunk, also when it failed.
+type Delivery struct {
+	Retries int   // polling rounds after the first read-back
+	Resends int   // rounds of writing descriptors again
+	Probed  int64 // bytes read back
+}
+
+// Deliver writes one chunk over conn and checks it as cfg says: read-back
+// modes fence, read back (the fence pipelined with the first read, so one
+// round trip), poll, and re-send what never matched when OnMismatch says
+// so; digest mode fences and leaves the comparison to the receiver; off
+// trusts the transport. announce, if not nil, sends the chunk's notice:
+// after the check, or in digest mode while the fence is in flight (the
+// receiver's sync waits for the writes anyway). base is chunk[0]'s index
+// in the batch; a MismatchError names batch indices. Any other error
+// leaves conn in an unknown state: the caller drops it.
+func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []Desc, base int, local LocalFunc, scratch *Scratch, announce func() error) (Delivery, error) {
+	var d Delivery
+	if announce == nil {
+		announce = func() error { return nil }
+	}
+	if err := conn.Write(ctx, chunk, base); err != nil {
+		return d, err
+	}
+	switch {
+	case cfg.Mode == Off:
+		return d, announce()
+	case !cfg.Mode.ReadsBack():
+		fenced := make(chan error, 1)
+		go func() { fenced <- conn.Fence(ctx) }()
+		notified := announce()
+		if err := <-fenced; err != nil {
+			return d, err
+		}
+		return d, notified
+	}
+	// index maps positions in the descriptors being checked to the batch.
+	todo, index := chunk, make([]int, len(chunk))
+	for i := range index {
+		index[i] = base + i
+	}
+	for attempt := 0; ; attempt++ {
+		fenced := false
+		read := func(ctx context.Context, ranges []Range, out []byte) error {
+			first := !fenced
+			fenced = true
+			return conn.Read(ctx, ranges, out, first)
+		}
+		r, err := Check(ctx, cfg, seed, todo, local, read, scratch)
+		d.Retries += r.Retries
+		d.Probed += r.Probed
+		var me *MismatchError
+		if !errors.As(err, &me) {
+			if err != nil {
+				return d, err
+			}
+			return d, announce()
+		}
+		bad, badIndex := make([]Desc, len(me.Descs)), make([]int, len(me.Descs))
+		for i, k := range me.Descs {
+			bad[i], badIndex[i] = todo[k], index[k]
+		}
+		me.Descs = badIndex
+		if cfg.OnMismatch != Resend || attempt >= cfg.MaxResends {
+			if attempt > 0 {
+				me.Where = fmt.Sprintf("still differ at the target after %d re-sends", attempt)
+			}
+			return d, me
+		}
+		d.Resends++
+		todo, index = bad, badIndex
+		if err := conn.Write(ctx, todo, 0); err != nil {
+			return d, err
+		}
+	}
+}
+
+// Notify settings: when a transfer sends the receiving guard a completion
+// notice.
+const (
+	NotifyAuto   = "auto"   // in digest mode only: the receiver needs the digests
+	NotifyAlways = "always" // every transfer, so the receiver can sync by id
+	NotifyNever  = "never"  // the application forwards what the receiver needs
+)
+
+// Notifies reports whether a transfer under c sends a completion notice.
+func (c Config) Notifies() bool {
+	return c.Notify == NotifyAlways || (c.Notify == NotifyAuto && c.Mode == Digest)
+}
