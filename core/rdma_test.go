@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -245,4 +246,40 @@ func TestRDMATooManyQueuePairsIsAConfigError(t *testing.T) {
 	_, err := LoadConfig(nil, `{"rdma_qps": 17}`)
 	require.ErrorIs(t, err, ErrConfig)
 	require.ErrorContains(t, err, "rdma_qps")
+}
+
+// A READ the remote NIC never answers (a link gone quiet) must not hold
+// Close for the completion timeout: Close cancels the wait, and the
+// transfer in flight fails as closed.
+func TestRDMACloseCancelsAWaitOnTheNIC(t *testing.T) {
+	key := rdmaKey(t)
+	t.Setenv("MCG_NIC_STALL_READS", "1")
+	p := newPair(t, "{"+key+`, "timeout_ms": 60000, "verify": "tail"}`, "{"+key+"}", 4096)
+	fill(p.src.b)
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(1, 4096), TransferOptions{})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("the transfer returned before any READ was answered: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	start := time.Now()
+	require.NoError(t, p.send.Close())
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, ErrClosed)
+		require.Less(t, time.Since(start), 5*time.Second)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not cancel the wait on the NIC")
+	}
+}
+
+// transport tcp with require_rdma is a contradiction, not a quiet choice.
+func TestTCPWithRequireRDMAIsAConfigError(t *testing.T) {
+	_, err := LoadConfig(nil, `{"transport": "tcp", "require_rdma": true}`)
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorContains(t, err, `transport "tcp" and require_rdma true`)
 }

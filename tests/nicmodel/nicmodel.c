@@ -22,7 +22,10 @@
  *    (nvidia-peermem loaded). WRITEs into GPU memory land as GPUDirect
  *    writes (visible to kernels after a flush); a READ or FLUSH of GPU
  *    memory first flushes them (a read orders earlier posted writes: the
- *    NCCL GDR flush), so read-backs see the bytes.
+ *    NCCL GDR flush), so read-backs see the bytes;
+ *  - MCG_NIC_STALL_READS=1 makes the remote NIC never answer READs and
+ *    FLUSHes (a link that went quiet): what waits on them must be
+ *    cancellable.
  * The fabric between processes is a Unix socket per process (abstract
  * name "mcgnic-<pid>"); a GID carries the pid. One device, one port. */
 #define _GNU_SOURCE
@@ -107,7 +110,7 @@ struct mcq {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct mr_entry *g_mrs;
 static uint32_t g_next_key = 0x100, g_next_qpn = 0x10;
-static int g_listening, g_writes, g_fail_wr, g_no_flush, g_peermem;
+static int g_listening, g_writes, g_fail_wr, g_no_flush, g_peermem, g_stall_reads;
 static long g_lag_us;
 static struct ibv_device g_dev;
 static struct ibv_device *g_list[2];
@@ -307,6 +310,8 @@ static void *responder_main(void *arg) {
             }
             /* Acknowledged before it is visible: completion before visibility. */
             if (write_full(r->fd, &reply, sizeof reply) != 0) break;
+        } else if ((m.op == M_FLUSH || m.op == M_READ) && g_stall_reads) {
+            continue; /* never answered: the requester waits until it gives up */
         } else if (m.op == M_FLUSH) {
             struct ibv_mr *mr = settle(r, &m, MCG_ACCESS_FLUSH_GLOBAL);
             struct msg reply = {.op = mr ? M_FLUSHRESP : M_NAK, .wr_id = m.wr_id};
@@ -582,6 +587,7 @@ struct ibv_device **ibv_get_device_list(int *n) {
     g_fail_wr = (int)env_long("MCG_NIC_FAIL_WR");
     g_no_flush = env_long("MCG_NIC_NO_FLUSH") != 0;
     g_peermem = env_long("MCG_NIC_PEERMEM") != 0;
+    g_stall_reads = env_long("MCG_NIC_STALL_READS") != 0;
     g_writes = 0; /* MCG_NIC_FAIL_WR counts from the latest device listing */
     pthread_mutex_unlock(&g_mu);
     snprintf(g_dev.name, sizeof g_dev.name, "mcgnic0");
