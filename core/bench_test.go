@@ -146,10 +146,7 @@ func (p *rawPair) close() {
 // a NIC. It reports GB/s for one queue pair in off, and each
 // configuration against one queue pair in the same mode.
 func BenchmarkRDMAModelStripes(b *testing.B) {
-	nic, err := models.NIC()
-	if err != nil {
-		b.Fatal(err)
-	}
+	nic := models.NICFor(b)
 	const n, size = 64, 256 << 10
 	src, dst := benchMem(b, n*size), benchMem(b, n*size)
 	recv, err := Open(mustConfig(b, fmt.Sprintf(`{"transport": "rdma", "verbs_library": %q}`, nic)))

@@ -12,13 +12,10 @@ import (
 	"github.com/mcguard/mcguard/verify"
 )
 
-// rdmaKey returns the config keys that
-// put a guard's data path on it.
+// rdmaKey returns the config keys that put a guard's data plane on the
+// software NIC.
 func rdmaKey(t *testing.T) string {
-	t.Helper()
-	nicModelPath, err := models.NIC()
-	require.NoError(t, err)
-	return fmt.Sprintf(`"transport": "rdma", "verbs_library": %q`, nicModelPath)
+	return fmt.Sprintf(`"transport": "rdma", "verbs_library": %q`, models.NICFor(t))
 }
 
 func TestRDMATransportOnTheModelInEveryMode(t *testing.T) {

@@ -18,6 +18,8 @@ import (
 	"runtime"
 	"sync"
 	"unsafe"
+
+	"github.com/mcguard/mcguard/core/internal/dl"
 )
 
 // ErrUnavailable means there is no usable CUDA driver here.
@@ -70,20 +72,13 @@ func Shared(path string) (*Driver, error) {
 
 // Load opens the driver at path (DefaultLibrary if empty).
 func Load(path string) (*Driver, error) {
-	if path == "" {
-		path = DefaultLibrary
+	t, err := dl.Load(path, DefaultLibrary, unsafe.Sizeof(C.struct_mcg_cuda{}), func(path, table, msg unsafe.Pointer, n int) int {
+		return int(C.mcg_cuda_load((*C.char)(path), (*C.struct_mcg_cuda)(table), (*C.char)(msg), C.size_t(n)))
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	c := (*C.struct_mcg_cuda)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_mcg_cuda{}))))
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
-	var msg [512]C.char
-	runtime.LockOSThread() // dlerror is per thread
-	rc := C.mcg_cuda_load(cpath, c, &msg[0], C.size_t(len(msg)))
-	runtime.UnlockOSThread()
-	if rc != 0 {
-		C.free(unsafe.Pointer(c))
-		return nil, fmt.Errorf("%w: %s", ErrUnavailable, C.GoString(&msg[0]))
-	}
+	c := (*C.struct_mcg_cuda)(t)
 	return &Driver{c: c, Version: int(c.driver_version), devices: map[int]*device{}}, nil
 }
 

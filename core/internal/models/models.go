@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"testing"
 )
 
 // CUDA is the path of the CUDA driver model library.
@@ -32,4 +33,15 @@ func find(variable, name string) (string, error) {
 		return "", fmt.Errorf("the model %s is not built (run `make build`, or set %s): %v", name, variable, err)
 	}
 	return path, nil
+}
+
+// NICFor is NIC for a test: it fails the test, naming the reason, when
+// the model is not built.
+func NICFor(t testing.TB) string {
+	t.Helper()
+	path, err := NIC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

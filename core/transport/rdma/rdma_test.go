@@ -13,8 +13,7 @@ import (
 )
 
 func TestTargetQueuePairsAreBounded(t *testing.T) {
-	nic, err := models.NIC()
-	require.NoError(t, err)
+	nic := models.NICFor(t)
 	old := maxTargetQPs
 	maxTargetQPs = 8
 	t.Cleanup(func() { maxTargetQPs = old })

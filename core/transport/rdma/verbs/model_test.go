@@ -13,14 +13,6 @@ import (
 	"github.com/mcguard/mcguard/core/internal/models"
 )
 
-// nicModel is the NIC model that `make build` built.
-func nicModel(t *testing.T) string {
-	t.Helper()
-	path, err := models.NIC()
-	require.NoError(t, err)
-	return path
-}
-
 type mmapMem []byte
 
 func alloc(t *testing.T, n int) mmapMem {
@@ -40,7 +32,7 @@ type pair struct {
 }
 
 func newPair(t *testing.T, env map[string]string) *pair {
-	path := nicModel(t)
+	path := models.NICFor(t)
 	for k, v := range env {
 		t.Setenv(k, v) // the model reads its knobs when devices are listed
 	}
@@ -79,7 +71,7 @@ func (p *pair) buffers(t *testing.T, srcLen, dstLen int) (src, dst mmapMem, mr *
 }
 
 func TestModelRunsTheRealLoader(t *testing.T) {
-	v, err := Load(nicModel(t))
+	v, err := Load(models.NICFor(t))
 	require.NoError(t, err)
 	ports, err := activePorts(v)
 	require.NoError(t, err)

@@ -16,10 +16,11 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"syscall"
 	"unsafe"
+
+	"github.com/mcguard/mcguard/core/internal/dl"
 )
 
 // DefaultLibrary is what Load opens when no path is given.
@@ -42,20 +43,13 @@ type Verbs struct {
 // Load opens libibverbs at path (DefaultLibrary if empty): all required
 // symbols or an error.
 func Load(path string) (*Verbs, error) {
-	if path == "" {
-		path = DefaultLibrary
+	t, err := dl.Load(path, DefaultLibrary, unsafe.Sizeof(C.struct_mcg_verbs{}), func(path, table, msg unsafe.Pointer, n int) int {
+		return int(C.mcg_verbs_load((*C.char)(path), (*C.struct_mcg_verbs)(table), (*C.char)(msg), C.size_t(n)))
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	v := (*C.struct_mcg_verbs)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_mcg_verbs{}))))
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
-	var msg [512]C.char
-	runtime.LockOSThread() // dlerror is per thread
-	rc := C.mcg_verbs_load(cpath, v, &msg[0], C.size_t(len(msg)))
-	runtime.UnlockOSThread()
-	if rc != 0 {
-		C.free(unsafe.Pointer(v))
-		return nil, fmt.Errorf("%w: %s", ErrUnavailable, C.GoString(&msg[0]))
-	}
+	v := (*C.struct_mcg_verbs)(t)
 	return &Verbs{v: v, DmabufMR: v.reg_dmabuf_mr != nil, IOVA2MR: v.reg_mr_iova2 != nil,
 		GIDEx: v.query_gid_ex != nil, ExtendedQP: v.qp_to_qp_ex != nil}, nil
 }
