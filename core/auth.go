@@ -24,7 +24,6 @@ const (
 	nonceSize      = 16
 	challengeLife  = 10 * time.Second
 	maxChallenges  = 4096
-	maxTokens      = 4096
 	labelClient    = "mcguard/2 client"
 	labelServer    = "mcguard/2 server"
 	labelToken     = "mcguard/2 token"
@@ -51,47 +50,6 @@ func randomBytes(n int) []byte {
 	return b
 }
 
-// tokenSet holds the tokens of the handshakes a guard answered, each with
-// the sender it was issued to, the oldest forgotten first past maxTokens.
-type tokenSet struct {
-	mu    sync.Mutex
-	set   map[string]string // token -> sender id
-	order []string
-}
-
-func newTokenSet() *tokenSet { return &tokenSet{set: map[string]string{}} }
-
-func (s *tokenSet) add(tok, sender []byte) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	k := string(tok)
-	if _, ok := s.set[k]; ok {
-		return
-	}
-	s.set[k] = string(sender)
-	s.order = append(s.order, k)
-	if len(s.order) > maxTokens {
-		delete(s.set, s.order[0])
-		s.order = s.order[1:]
-	}
-}
-
-func (s *tokenSet) has(tok []byte) bool {
-	_, ok := s.sender(tok)
-	return ok
-}
-
-// sender returns whom tok was issued to.
-func (s *tokenSet) sender(tok []byte) (string, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(tok) != wire.TokenSize {
-		return "", false
-	}
-	id, ok := s.set[string(tok)]
-	return id, ok
-}
-
 // authority is the server side of the handshake.
 type authority struct {
 	secret []byte // nil: no authentication
@@ -102,7 +60,7 @@ type authority struct {
 }
 
 func newAuthority(secret []byte) *authority {
-	return &authority{secret: secret, tokens: newTokenSet(), challenges: map[string]time.Time{}}
+	return &authority{secret: secret, tokens: newTokenSet(maxSenders), challenges: map[string]time.Time{}}
 }
 
 // challenge issues a fresh single-use challenge.

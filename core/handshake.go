@@ -66,7 +66,12 @@ type helloReply struct {
 type controlReply struct {
 	Proto int    `json:"proto"`
 	Error string `json:"error,omitempty"`
+	Code  string `json:"code,omitempty"` // codeUnknownToken, or empty
 }
+
+// codeUnknownToken: the notice's token belongs to no handshake the guard
+// still keeps; the sender may shake hands again.
+const codeUnknownToken = "unknown_token"
 
 // handshake asks the guard at session for its region table, a token and
 // its data plane's answer to req's offer, authenticating both ways when

@@ -21,6 +21,7 @@ func (g *Guard) receiveNotice(body []byte) []byte {
 	n, err := wire.DecodeNotice(body, len(verify.Modes))
 	if err == nil && !g.auth.tokens.has(n.Token) {
 		err = fmt.Errorf("the notice's token belongs to no handshake with this guard")
+		rep.Code = codeUnknownToken
 	}
 	if err == nil {
 		for i, d := range n.Descs {

@@ -183,7 +183,16 @@ func (g *Guard) notify(s *session, id uint64, mode verify.Mode, total, base int,
 				n.Descs[i].Digest = digests[off+i]
 			}
 		}
-		if err := s.notify(g.ctx, g.zctx, &g.cfg, wire.EncodeNotice(nil, n)); err != nil {
+		err := s.notify(g.ctx, g.zctx, &g.cfg, wire.EncodeNotice(nil, n))
+		if errors.Is(err, errUnknownToken) {
+			// The receiver forgot this session's handshake (idle, or
+			// crowded out): shake hands again, once, and go on.
+			if err = s.refresh(g.ctx, g); err == nil {
+				n.Token = s.hello.Token
+				err = s.notify(g.ctx, g.zctx, &g.cfg, wire.EncodeNotice(nil, n))
+			}
+		}
+		if err != nil {
 			return err
 		}
 		g.stats.noticesSent.Add(1)

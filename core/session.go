@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -69,9 +70,13 @@ func (s *session) refresh(ctx context.Context, g *Guard) error {
 	if err := s.conn.Refresh(rep.Answer, rep.Regions); err != nil {
 		return err
 	}
-	s.hello.Regions = rep.Regions
+	// The newest token: the receiver keeps only a few per sender.
+	s.hello.Regions, s.hello.Token = rep.Regions, rep.Token
 	return nil
 }
+
+// errUnknownToken: the peer no longer knows this session's handshake.
+var errUnknownToken = errors.New("the receiver no longer knows this session's handshake")
 
 // disconnect drops the data connection and the notice socket; the next
 // batch reconnects.
@@ -109,7 +114,11 @@ func (s *session) notify(ctx context.Context, zctx *zmq.Context, cfg *Config, bo
 		return fmt.Errorf("%w: session %q answered a notice with: %v", ErrPeer, s.name, err)
 	}
 	if rep.Error != "" {
-		return fmt.Errorf("%w: session %q refused the completion notice: %s", ErrSession, s.name, rep.Error)
+		err := fmt.Errorf("%w: session %q refused the completion notice: %s", ErrSession, s.name, rep.Error)
+		if rep.Code == codeUnknownToken {
+			err = fmt.Errorf("%w (%w)", err, errUnknownToken)
+		}
+		return err
 	}
 	return nil
 }

@@ -1,0 +1,116 @@
+package core
+
+import (
+	"container/list"
+	"sync"
+	"time"
+
+	"github.com/mcguard/mcguard/core/wire"
+)
+
+// Bounds of the handshake tokens a guard keeps. What is bounded is per
+// sender (one session at a peer, stable across its reconnects and
+// refreshes): its newest tokensPerSender tokens. Senders are forgotten
+// when unused for tokenIdle, or least recently used first past
+// maxSenders, so another peer's handshakes cannot evict a sender in use;
+// one that was forgotten all the same has its next notice refused as
+// unknown, and re-handshakes.
+const (
+	tokensPerSender = 4
+	tokenIdle       = time.Hour
+)
+
+// maxSenders bounds the senders a guard keeps tokens for (a variable, for tests).
+var maxSenders = 1 << 16
+
+// tokenSet maps the tokens of the handshakes a guard answered to the
+// senders they were issued to.
+type tokenSet struct {
+	mu      sync.Mutex
+	max     int
+	tokens  map[string]*senderTokens // token -> its sender
+	senders map[string]*senderTokens
+	lru     list.List // of *senderTokens, the most recently used in front
+}
+
+type senderTokens struct {
+	id     string
+	tokens []string // oldest first
+	used   time.Time
+	elem   *list.Element
+}
+
+func newTokenSet(max int) *tokenSet {
+	return &tokenSet{max: max, tokens: map[string]*senderTokens{}, senders: map[string]*senderTokens{}}
+}
+
+// add records tok as issued to sender.
+func (s *tokenSet) add(tok, sender []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := string(tok)
+	if _, ok := s.tokens[k]; ok {
+		return
+	}
+	now := time.Now()
+	e, ok := s.senders[string(sender)]
+	if !ok {
+		e = &senderTokens{id: string(sender)}
+		e.elem = s.lru.PushFront(e)
+		s.senders[e.id] = e
+	}
+	e.tokens = append(e.tokens, k)
+	s.tokens[k] = e
+	if len(e.tokens) > tokensPerSender {
+		delete(s.tokens, e.tokens[0])
+		e.tokens = e.tokens[1:]
+	}
+	s.touchLocked(e, now)
+	for s.lru.Len() > 0 {
+		oldest := s.lru.Back().Value.(*senderTokens)
+		if s.lru.Len() <= s.max && now.Sub(oldest.used) < tokenIdle {
+			break
+		}
+		s.forgetLocked(oldest)
+	}
+}
+
+func (s *tokenSet) touchLocked(e *senderTokens, now time.Time) {
+	e.used = now
+	s.lru.MoveToFront(e.elem)
+}
+
+func (s *tokenSet) forgetLocked(e *senderTokens) {
+	for _, k := range e.tokens {
+		delete(s.tokens, k)
+	}
+	delete(s.senders, e.id)
+	s.lru.Remove(e.elem)
+}
+
+// sender returns whom tok was issued to, and counts as a use of it.
+func (s *tokenSet) sender(tok []byte) (string, bool) {
+	if len(tok) != wire.TokenSize {
+		return "", false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.tokens[string(tok)]
+	if !ok {
+		return "", false
+	}
+	s.touchLocked(e, time.Now())
+	return e.id, true
+}
+
+func (s *tokenSet) has(tok []byte) bool {
+	_, ok := s.sender(tok)
+	return ok
+}
+
+// size is how many senders and tokens are kept.
+func (s *tokenSet) size() (senders, tokens int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.senders), len(s.tokens)
+}
