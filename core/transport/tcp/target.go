@@ -51,22 +51,38 @@ func newTarget(cfg Config) (*target, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: target cannot listen on %s: %v", errs.Config, cfg.Host, err)
 	}
+	return serveOn(ln, cfg), nil
+}
+
+// serveOn runs a target on ln.
+func serveOn(ln net.Listener, cfg Config) *target {
 	t := &target{regions: cfg.Regions, tokens: cfg.Tokens, timeout: cfg.Timeout, ln: ln, conns: map[net.Conn]struct{}{}, senders: map[string]net.Conn{},
 		pending: transport.NewPending(), faults: fault.New(cfg.Faults, cfg.TailBytes, ln.Addr().String())}
 	t.wg.Add(1)
 	go t.accept()
-	return t, nil
+	return t
 }
 
 func (t *target) addr() string { return t.ln.Addr().String() }
 
+// accept serves connections until the listener is closed. Any other
+// Accept error (EMFILE, ENFILE, ECONNABORTED, ENOBUFS: a moment of
+// exhaustion that any peer can cause) is waited out with backoff.
 func (t *target) accept() {
 	defer t.wg.Done()
+	backoff := acceptBackoff(0)
 	for {
 		c, err := t.ln.Accept()
-		if err != nil {
+		if errors.Is(err, net.ErrClosed) {
 			return
 		}
+		if err != nil {
+			log.Printf("mcguard: target %s: accept: %v (retrying in %v)", t.addr(), err, backoff)
+			time.Sleep(backoff)
+			backoff = acceptBackoff(backoff)
+			continue
+		}
+		backoff = acceptBackoff(0)
 		t.mu.Lock()
 		if t.conns == nil {
 			t.mu.Unlock()
@@ -83,6 +99,15 @@ func (t *target) accept() {
 		t.mu.Unlock()
 		go t.serve(c)
 	}
+}
+
+// acceptBackoff is the wait after an Accept error that followed a wait of
+// last: 5 ms, doubling to at most a second.
+func acceptBackoff(last time.Duration) time.Duration {
+	if last == 0 {
+		return 5 * time.Millisecond
+	}
+	return min(2*last, time.Second)
 }
 
 func (t *target) close() {
