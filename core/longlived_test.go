@@ -2,9 +2,12 @@ package core
 
 import (
 	"bytes"
+	"io"
+	"net"
 	"testing"
 	"time"
 
+	"github.com/mcguard/mcguard/core/wire"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 )
@@ -71,4 +74,50 @@ func TestRefreshesAreBoundedPerSender(t *testing.T) {
 	senders, tokens := g.auth.tokens.size()
 	require.Equal(t, 1, senders)
 	require.Equal(t, tokensPerSender, tokens)
+}
+
+// A peer that sends a write's header and stalls in its payload holds up
+// nobody else: not registration, not other peers' transfers, and
+// unregistering the region it writes into cuts it off at once. The landed
+// version held the region table's lock across the read (4.8 s measured).
+func TestStalledPeerHoldsUpNobody(t *testing.T) {
+	p := newPair(t, "", `{"timeout_ms": 5000}`, 16*4096)
+	zctx, err := zmq.NewContext()
+	require.NoError(t, err)
+	defer zctx.Term()
+	hello, err := handshake(t.Context(), zctx, p.recv.Endpoint(), time.Second, nil, helloRequest{Sender: randomBytes(nonceSize), Transport: "tcp"})
+	require.NoError(t, err)
+	stalled := newMem(t, 1<<20)
+	require.NoError(t, p.recv.Register(stalled.addr(0), 1<<20))
+	c, err := net.Dial("tcp", dataAddr(p.recv))
+	require.NoError(t, err)
+	defer c.Close()
+	c.Write(frame(wire.Header{Op: wire.OpHello, ID: 1, Len: wire.TokenSize}, hello.Token))
+	_, err = io.ReadFull(c, make([]byte, wire.HeaderSize))
+	require.NoError(t, err)
+	c.Write(frame(wire.Header{Op: wire.OpWrite, ID: 2, Addr: stalled.addr(0), Len: 512 << 10}, make([]byte, 1000)))
+	time.Sleep(100 * time.Millisecond) // the target is now inside the payload
+
+	start := time.Now()
+	other := newMem(t, 4096)
+	require.NoError(t, p.recv.Register(other.addr(0), 4096))
+	require.NoError(t, p.recv.Unregister(other.addr(0)))
+	fill(p.src.b)
+	_, err = p.send.Transfer(p.recv.Endpoint(), p.blocks(16, 4096), TransferOptions{})
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(p.src.b, p.dst.b))
+	require.Less(t, time.Since(start), time.Second, "registration and another peer's transfer went on")
+
+	start = time.Now()
+	require.NoError(t, p.recv.Unregister(stalled.addr(0)))
+	require.Less(t, time.Since(start), time.Second, "unregistering cut the stalled write off")
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_, err = c.Read(make([]byte, 64))
+	require.Error(t, err, "the stalled peer's connection was closed")
+	for i := range stalled.b {
+		stalled.b[i] = 0xAB // the application reuses the memory
+	}
+	c.Write(make([]byte, 512<<10)) // the rest of the payload, too late
+	time.Sleep(50 * time.Millisecond)
+	require.Equal(t, bytes.Repeat([]byte{0xAB}, 1<<20), stalled.b, "nothing lands after Unregister returned")
 }

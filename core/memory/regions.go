@@ -20,10 +20,70 @@ type Region struct {
 	Len  uint64 `json:"len"`
 }
 
-// region is a registered Region and where its bytes live.
+// region is a registered Region, where its bytes live, and the accesses
+// in progress on it.
 type region struct {
 	Region
-	mem cuda.Memory // Device: reached through the driver's staging copies
+	mem  cuda.Memory // Device: reached through the driver's staging copies
+	pins *pins
+}
+
+// pins counts a region's accesses in progress, so that Remove can wait for
+// them without the table's lock: an access that waits on a peer (a payload
+// still arriving, a reply the peer does not read) holds its region only,
+// never the table, and Remove cuts it off through its abort function.
+type pins struct {
+	mu      sync.Mutex
+	n       int
+	next    uint64
+	aborts  map[uint64]func()
+	removed bool
+	idle    *sync.Cond // signalled when n drops to 0
+}
+
+func newPins() *pins {
+	p := &pins{aborts: map[uint64]func(){}}
+	p.idle = sync.NewCond(&p.mu)
+	return p
+}
+
+func (p *pins) enter(abort func()) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.n++
+	p.next++
+	if abort != nil {
+		p.aborts[p.next] = abort
+	}
+	return p.next
+}
+
+func (p *pins) leave(id uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.aborts, id)
+	if p.n--; p.n == 0 {
+		p.idle.Broadcast()
+	}
+}
+
+// drain cuts off the accesses that can be cut and waits for all of them.
+func (p *pins) drain() {
+	p.mu.Lock()
+	p.removed = true
+	aborts := make([]func(), 0, len(p.aborts))
+	for _, a := range p.aborts {
+		aborts = append(aborts, a)
+	}
+	p.mu.Unlock()
+	for _, a := range aborts {
+		a()
+	}
+	p.mu.Lock()
+	for p.n > 0 {
+		p.idle.Wait()
+	}
+	p.mu.Unlock()
 }
 
 // End is the first address past r.
@@ -70,22 +130,30 @@ func (t *Regions) AddMemory(addr, n uint64, mem cuda.Memory) error {
 	}
 	t.list = append(t.list, region{})
 	copy(t.list[i+1:], t.list[i:])
-	t.list[i] = region{Region: Region{Addr: addr, Len: n}, mem: mem}
+	t.list[i] = region{Region: Region{Addr: addr, Len: n}, mem: mem, pins: newPins()}
 	return nil
 }
 
-// Remove unregisters the region that starts at addr. It waits for accesses
-// in progress (they hold the read lock), so none touches freed memory.
+// Remove unregisters the region that starts at addr. New accesses fail at
+// once; accesses in progress are cut off where they can be (a peer's
+// connection closed) and waited for, so none touches the memory after
+// Remove returns. Other regions' accesses go on meanwhile.
 func (t *Regions) Remove(addr uint64) error {
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	var gone *pins
 	for i, r := range t.list {
 		if r.Addr == addr {
+			gone = r.pins
 			t.list = append(t.list[:i], t.list[i+1:]...)
-			return nil
+			break
 		}
 	}
-	return fmt.Errorf("%w: no region registered at %#x", errs.NotRegistered, addr)
+	t.mu.Unlock()
+	if gone == nil {
+		return fmt.Errorf("%w: no region registered at %#x", errs.NotRegistered, addr)
+	}
+	gone.drain()
+	return nil
 }
 
 // Snapshot returns a copy of the table.
@@ -110,32 +178,48 @@ func (t *Regions) findLocked(addr, n uint64) *region {
 
 // Memory says where the registered bytes at addr live.
 func (t *Regions) Memory(addr, n uint64) (cuda.Memory, error) {
-	var mem cuda.Memory
-	err := t.within(addr, n, func(r *region) error { mem = r.mem; return nil })
-	return mem, err
-}
-
-// Check reports whether [addr, addr+n) lies inside one registered region.
-func (t *Regions) Check(addr, n uint64) error {
-	return t.within(addr, n, func(*region) error { return nil })
-}
-
-// within runs fn on the region holding [addr, addr+n) under the table's
-// read lock, so the region cannot be unregistered meanwhile.
-func (t *Regions) within(addr, n uint64, fn func(r *region) error) error {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	r := t.findLocked(addr, n)
 	if r == nil {
+		return cuda.Memory{}, fmt.Errorf("%w: [%#x, +%d)", errs.NotRegistered, addr, n)
+	}
+	return r.mem, nil
+}
+
+// Check reports whether [addr, addr+n) lies inside one registered region.
+func (t *Regions) Check(addr, n uint64) error {
+	_, err := t.Memory(addr, n)
+	return err
+}
+
+// within runs fn on the region holding [addr, addr+n) with the region
+// pinned, so that it cannot be unregistered meanwhile; abort, if not nil,
+// cuts fn short when it is (it closes the connection fn waits on).
+func (t *Regions) within(addr, n uint64, abort func(), fn func(r *region) error) error {
+	t.mu.RLock()
+	r := t.findLocked(addr, n)
+	if r == nil {
+		t.mu.RUnlock()
 		return fmt.Errorf("%w: [%#x, +%d)", errs.NotRegistered, addr, n)
 	}
-	return fn(r)
+	held := *r
+	id := held.pins.enter(abort)
+	t.mu.RUnlock()
+	defer held.pins.leave(id)
+	return fn(&held)
 }
 
 // Load runs fn on the bytes [addr, addr+n) after checking them: host
 // memory as it is, device memory as a staged copy. fn must not keep b.
 func (t *Regions) Load(addr, n uint64, fn func(b []byte) error) error {
-	return t.within(addr, n, func(r *region) error {
+	return t.LoadAbortable(addr, n, nil, fn)
+}
+
+// LoadAbortable is Load for an fn that waits on a peer: unregistering the
+// region calls abort, which must make fn return.
+func (t *Regions) LoadAbortable(addr, n uint64, abort func(), fn func(b []byte) error) error {
+	return t.within(addr, n, abort, func(r *region) error {
 		if !r.mem.Device {
 			return fn(BytesAt(addr, n))
 		}
@@ -151,7 +235,14 @@ func (t *Regions) Load(addr, n uint64, fn func(b []byte) error) error {
 // a buffer that is copied to the GPU after fill returns, and Store returns
 // once that copy has completed.
 func (t *Regions) Store(addr, n uint64, fill func(b []byte) error) error {
-	return t.within(addr, n, func(r *region) error {
+	return t.StoreAbortable(addr, n, nil, fill)
+}
+
+// StoreAbortable is Store for a fill that waits on a peer (a payload
+// still arriving): unregistering the region calls abort, which must make
+// fill return.
+func (t *Regions) StoreAbortable(addr, n uint64, abort func(), fill func(b []byte) error) error {
+	return t.within(addr, n, abort, func(r *region) error {
 		if !r.mem.Device {
 			return fill(BytesAt(addr, n))
 		}

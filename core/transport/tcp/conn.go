@@ -21,6 +21,7 @@ import (
 // its session's lock.
 type conn struct {
 	c       net.Conn
+	cut     func()          // closes c: unregistering a source mid-write cuts the transfer off
 	local   *memory.Regions // the sources
 	r       *bufio.Reader
 	w       *bufio.Writer
@@ -38,7 +39,7 @@ func dial(ctx context.Context, addr string, token []byte, timeout time.Duration,
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	t := &conn{c: c, local: local, r: bufio.NewReaderSize(c, 256<<10), w: bufio.NewWriterSize(c, 256<<10), timeout: timeout}
+	t := &conn{c: c, cut: func() { c.Close() }, local: local, r: bufio.NewReaderSize(c, 256<<10), w: bufio.NewWriterSize(c, 256<<10), timeout: timeout}
 	if err := t.hello(ctx, token); err != nil {
 		t.Close()
 		return nil, err
@@ -172,7 +173,7 @@ func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
 	}()
 	var sendErr error
 	for sl := range transport.Slices(descs) {
-		sendErr = t.local.Load(sl.Src, sl.Len, func(src []byte) error {
+		sendErr = t.local.LoadAbortable(sl.Src, sl.Len, t.cut, func(src []byte) error {
 			return t.send(wire.Header{Op: wire.OpWrite, Addr: sl.Dst, Len: sl.Len}, src)
 		})
 		if sendErr != nil {

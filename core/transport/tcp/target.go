@@ -147,6 +147,7 @@ func (t *target) serve(c net.Conn) {
 	hdr := make([]byte, wire.HeaderSize)
 	bound := false
 	lagged := transport.NewPending() // this connection's lag-held writes, for Fence
+	cut := func() { c.Close() }      // unregistering a region this connection is in the middle of
 	for {
 		if bound {
 			// An idle, reused connection may wait for its next frame as
@@ -179,11 +180,11 @@ func (t *target) serve(c net.Conn) {
 		case !bound:
 			st = wire.StatusUnauthorized
 		case h.Op == wire.OpWrite:
-			st, err = t.write(h.Addr, h.Len, r, lagged)
+			st, err = t.write(h.Addr, h.Len, r, lagged, cut)
 		case h.Op == wire.OpFence:
 			st, err = t.fence(r, h.Len, lagged)
 		case h.Op == wire.OpRead:
-			st, n, payload, err = t.read(r, h.Len)
+			st, n, payload, err = t.read(r, h.Len, cut)
 		}
 		if err != nil {
 			return
@@ -244,7 +245,10 @@ func (t *target) claim(sender string, c net.Conn) {
 
 // write applies a Write frame's payload. A range outside registered memory
 // is refused and its payload discarded, so the stream stays in step.
-func (t *target) write(addr, n uint64, r io.Reader, lagged *transport.Pending) (wire.Status, error) {
+// The payload is read straight into the region, which stays pinned (not
+// locked) meanwhile: a peer that stalls mid-payload holds up nobody else,
+// and unregistering the region cuts its connection.
+func (t *target) write(addr, n uint64, r io.Reader, lagged *transport.Pending, cut func()) (wire.Status, error) {
 	if err := t.regions.Check(addr, n); err != nil {
 		_, err := io.CopyN(io.Discard, r, int64(n))
 		return wire.StatusNotRegistered, err
@@ -253,7 +257,7 @@ func (t *target) write(addr, n uint64, r io.Reader, lagged *transport.Pending) (
 		return t.writeFaulty(addr, n, r, lagged)
 	}
 	id := t.pending.Add(memory.Region{Addr: addr, Len: n})
-	err := t.regions.Store(addr, n, func(m []byte) error {
+	err := t.regions.StoreAbortable(addr, n, cut, func(m []byte) error {
 		_, err := io.ReadFull(r, m)
 		return err
 	})
@@ -328,7 +332,7 @@ func (t *target) fence(r io.Reader, n uint64, lagged *transport.Pending) (wire.S
 // read decodes a Read frame's ranges and returns the reply's length and a
 // function that writes the bytes, or a refusal if any range is outside
 // registered memory.
-func (t *target) read(r io.Reader, n uint64) (wire.Status, uint64, func(io.Writer) error, error) {
+func (t *target) read(r io.Reader, n uint64, cut func()) (wire.Status, uint64, func(io.Writer) error, error) {
 	if n > wire.MaxRanges*16 {
 		_, err := io.CopyN(io.Discard, r, int64(n))
 		return wire.StatusTooLarge, 0, nil, err
@@ -352,7 +356,7 @@ func (t *target) read(r io.Reader, n uint64) (wire.Status, uint64, func(io.Write
 			defer t.applyMu.Unlock()
 		}
 		for i := range addrs {
-			err := t.regions.Load(addrs[i], lens[i], func(m []byte) error {
+			err := t.regions.LoadAbortable(addrs[i], lens[i], cut, func(m []byte) error {
 				_, err := w.Write(m)
 				return err
 			})
