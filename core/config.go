@@ -3,7 +3,6 @@ package core
 import (
 	"fmt"
 	"log"
-	"net"
 	"os"
 	"strings"
 	"time"
@@ -100,9 +99,9 @@ func LoadConfig(getenv config.Getenv, configJSON string) (Config, error) {
 	if err := l.Err(); err != nil {
 		return Config{}, err
 	}
-	host, _, err := net.SplitHostPort(c.Listen)
+	host, _, err := parseHostPort(c.Listen, true)
 	if err != nil {
-		return Config{}, fmt.Errorf("%w: listen %q is not host:port: %v", ErrConfig, c.Listen, err)
+		return Config{}, fmt.Errorf("%w: listen %q is not host:port (%v); an IPv6 host goes in brackets: \"[::1]:0\"", ErrConfig, c.Listen, err)
 	}
 	if secretFile != "" {
 		if secret != "" {

@@ -30,11 +30,17 @@ func newControlServer(zctx *zmq.Context, listen string, handle func([]byte) []by
 	}
 	sock.SetLinger(0)
 	sock.SetMaxmsgsize(maxControlMessage)
+	sock.SetIpv6(true)
 	host, port, _ := net.SplitHostPort(listen)
 	if port == "0" {
 		port = "*"
 	}
-	if err := sock.Bind("tcp://" + net.JoinHostPort(host, port)); err != nil {
+	ip, err := listenIP(host)
+	if err != nil {
+		sock.Close()
+		return nil, err
+	}
+	if err := sock.Bind("tcp://" + net.JoinHostPort(ip.String(), port)); err != nil {
 		sock.Close()
 		return nil, fmt.Errorf("%w: control channel cannot listen on %s: %v", ErrConfig, listen, err)
 	}
@@ -84,19 +90,25 @@ func (s *controlServer) serve(sock *zmq.Socket, handle func([]byte) []byte) {
 func (s *controlServer) stop() { close(s.done) }
 func (s *controlServer) wait() { s.wg.Wait() }
 
-// newReqSocket opens a REQ socket to session's control endpoint.
-func newReqSocket(zctx *zmq.Context, session string) (*zmq.Socket, error) {
+// newReqSocket opens a REQ socket to session's control endpoint, at the
+// first of its addresses that accepts a connection, and returns that.
+func newReqSocket(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration) (*zmq.Socket, string, error) {
+	addr, err := reachControl(ctx, session, timeout)
+	if err != nil {
+		return nil, "", err
+	}
 	sock, err := zctx.NewSocket(zmq.REQ)
 	if err != nil {
-		return nil, fmt.Errorf("%w: control socket: %v", ErrSession, err)
+		return nil, "", fmt.Errorf("%w: control socket: %v", ErrSession, err)
 	}
 	sock.SetLinger(0)
 	sock.SetMaxmsgsize(maxControlMessage)
-	if err := sock.Connect("tcp://" + session); err != nil {
+	sock.SetIpv6(true)
+	if err := sock.Connect("tcp://" + addr); err != nil {
 		sock.Close()
-		return nil, fmt.Errorf("%w: session %q: %v", ErrSession, session, err)
+		return nil, "", fmt.Errorf("%w: session %q: %v", ErrSession, session, err)
 	}
-	return sock, nil
+	return sock, addr, nil
 }
 
 // request sends body on a REQ socket and waits for the reply until the

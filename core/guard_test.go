@@ -303,7 +303,10 @@ func TestTransferRejectsBadInput(t *testing.T) {
 		{"destination unregistered", ep, []verify.Desc{{Src: ok.Src, Dst: p.dst.addr(0) + 8192, Len: 8}}, ErrNotRegistered},
 		{"destination wraps", ep, []verify.Desc{{Src: ok.Src, Dst: ^uint64(0) - 4, Len: 64}}, ErrInvalidArg},
 		{"bad session name", "nonsense", []verify.Desc{ok}, ErrInvalidArg},
-		{"unreachable session", unusedAddr(t), []verify.Desc{ok}, ErrTimeout},
+		{"port out of range", "127.0.0.1:99999", []verify.Desc{ok}, ErrInvalidArg},
+		{"no port", "127.0.0.1", []verify.Desc{ok}, ErrInvalidArg},
+		{"IPv6 without brackets", "::1:5000", []verify.Desc{ok}, ErrInvalidArg},
+		{"refused", unusedAddr(t), []verify.Desc{ok}, ErrPeer},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -358,8 +361,11 @@ func TestDeadPeerErrorsThenRecovers(t *testing.T) {
 	require.Error(t, err)
 	require.True(t, errors.Is(err, ErrPeer) || errors.Is(err, ErrTimeout), err.Error())
 	require.Less(t, time.Since(start), 2*time.Second)
+	start = time.Now()
 	_, err = send.Transfer(addr, d, TransferOptions{})
-	require.ErrorIs(t, err, ErrTimeout, "no guard there: the handshake times out")
+	require.ErrorIs(t, err, ErrPeer, "no guard there: the connection is refused")
+	require.ErrorContains(t, err, "connection refused")
+	require.Less(t, time.Since(start), 100*time.Millisecond, "refused is said at once, not after connect_timeout")
 
 	recv, err = Open(testConfig(t, js))
 	require.NoError(t, err)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log"
+	"net"
 	"strings"
 	"time"
 
@@ -60,6 +61,8 @@ type helloReply struct {
 	// Answer is the data plane's part of the reply (the target's address,
 	// its queue pairs and rkeys, ...).
 	Answer json.RawMessage `json:"answer,omitempty"`
+	// host is the address the sender reached the guard at (not sent).
+	host string
 }
 
 // controlReply is the answer to a notice, or to a request that failed.
@@ -78,7 +81,7 @@ const codeUnknownToken = "unknown_token"
 // secret is set. req gives Sender, Transport and Offer; handshake fills in
 // the rest. The REQ socket lives only for this call and this goroutine.
 func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration, secret []byte, req helloRequest) (helloReply, error) {
-	sock, err := newReqSocket(zctx, session)
+	sock, addr, err := newReqSocket(ctx, zctx, session, timeout)
 	if err != nil {
 		return helloReply{}, err
 	}
@@ -108,6 +111,7 @@ func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout t
 	if len(rep.Answer) == 0 || len(rep.Token) != wire.TokenSize {
 		return helloReply{}, fmt.Errorf("%w: session %q sent an incomplete handshake reply", ErrSession, session)
 	}
+	rep.host, _, _ = net.SplitHostPort(addr)
 	return rep, nil
 }
 

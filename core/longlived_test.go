@@ -2,8 +2,10 @@ package core
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -120,4 +122,35 @@ func TestStalledPeerHoldsUpNobody(t *testing.T) {
 	c.Write(make([]byte, 512<<10)) // the rest of the payload, too late
 	time.Sleep(50 * time.Millisecond)
 	require.Equal(t, bytes.Repeat([]byte{0xAB}, 1<<20), stalled.b, "nothing lands after Unregister returned")
+}
+
+// A guard listens on IPv4 and IPv6 addresses and host names, and sessions
+// name it in the same forms (the landed version failed "[::1]:0" and
+// "localhost:0" with "no such device").
+func TestListenAndSessionsOnIPv6AndNames(t *testing.T) {
+	cases := []struct{ listen, session string }{
+		{"[::1]:0", ""},
+		{"localhost:0", ""},
+		{"127.0.0.1:0", "localhost"},
+		{"[::]:0", "[::1]"},
+		{"[::]:0", "127.0.0.1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.listen+"/"+tc.session, func(t *testing.T) {
+			recvJS := fmt.Sprintf(`{"listen": %q, "allow_insecure": true}`, tc.listen)
+			p := newPair(t, "", recvJS, 16*4096)
+			session := p.recv.Endpoint()
+			if tc.session != "" {
+				_, port, err := net.SplitHostPort(session)
+				require.NoError(t, err)
+				session = net.JoinHostPort(strings.Trim(tc.session, "[]"), port)
+			}
+			fill(p.src.b)
+			_, err := p.send.Transfer(session, p.blocks(16, 4096), TransferOptions{})
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(p.src.b, p.dst.b))
+		})
+	}
+	_, err := LoadConfig(nil, `{"listen": "127.0.0.1:99999"}`)
+	require.ErrorIs(t, err, ErrConfig)
 }

@@ -137,7 +137,7 @@ func sendRaw(t *testing.T, endpoint string, body []byte) string {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	sock, err := newReqSocket(zctx, endpoint)
+	sock, _, err := newReqSocket(t.Context(), zctx, endpoint, time.Second)
 	require.NoError(t, err)
 	defer sock.Close()
 	raw, err := request(t.Context(), sock, endpoint, "test", body, 2*time.Second)

@@ -62,7 +62,7 @@ func TestChallengesAreSingleUse(t *testing.T) {
 	require.NoError(t, err)
 	defer zctx.Term()
 	secret := []byte("correct horse battery staple")
-	sock, err := newReqSocket(zctx, g.Endpoint())
+	sock, _, err := newReqSocket(t.Context(), zctx, g.Endpoint(), time.Second)
 	require.NoError(t, err)
 	defer sock.Close()
 	nonce := randomBytes(nonceSize)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 
 	zmq "github.com/pebbe/zmq4"
@@ -29,14 +28,6 @@ type session struct {
 	scratch verify.Scratch
 }
 
-func validSessionName(name string) error {
-	host, port, err := net.SplitHostPort(name)
-	if err != nil || host == "" || port == "" || port == "0" {
-		return fmt.Errorf("%w: session %q is not \"host:port\"", ErrInvalidArg, name)
-	}
-	return nil
-}
-
 // connect makes sure the session has a handshake and a data connection
 // over the guard's data plane.
 func (s *session) connect(ctx context.Context, g *Guard) error {
@@ -52,7 +43,7 @@ func (s *session) connect(ctx context.Context, g *Guard) error {
 		d.Abandon()
 		return err
 	}
-	conn, err := d.Connect(ctx, transport.Peer{Sender: string(s.sender), Token: rep.Token}, rep.Answer, rep.Regions)
+	conn, err := d.Connect(ctx, transport.Peer{Sender: string(s.sender), Token: rep.Token, Host: rep.host}, rep.Answer, rep.Regions)
 	if err != nil {
 		return err
 	}
@@ -97,7 +88,7 @@ func (s *session) disconnect() {
 // ZeroMQ asks for when a socket changes threads).
 func (s *session) notify(ctx context.Context, zctx *zmq.Context, cfg *Config, body []byte) error {
 	if s.notices == nil {
-		sock, err := newReqSocket(zctx, s.name)
+		sock, _, err := newReqSocket(ctx, zctx, s.name, cfg.ConnectTimeout)
 		if err != nil {
 			return err
 		}

@@ -22,6 +22,9 @@ type Peer struct {
 	Sender string
 	// Token binds the sender's data connections to the handshake.
 	Token []byte
+	// Host is the address the sender reached the target's guard at (for
+	// a target that listens on every interface and cannot name one).
+	Host string
 }
 
 // Transport is one data plane of a guard, both ends. A guard sends over

@@ -18,6 +18,20 @@ from .guard import Guard, MCGuardError
 log = logging.getLogger("mcguard.mooncake")
 
 
+def listen_address(local_hostname):
+    """The guard's listen address for Mooncake's local_hostname, in the forms
+    Mooncake takes: "host", "host:port", an IPv4 address, an IPv6 address
+    bare or bracketed, with or without a port. The port is not used: in P2P
+    mode Mooncake picks its own, and so does mcguard."""
+    host = (local_hostname or "").strip()
+    if host.startswith("["):
+        host = host[1:host.find("]")] if "]" in host else host[1:]
+    elif host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    host = host or "127.0.0.1"
+    return ("[%s]:0" if ":" in host else "%s:0") % host
+
+
 class GuardedTransferEngine:
     def __init__(self, config=None, **settings):
         self._config = dict(config or {})
@@ -55,8 +69,7 @@ class GuardedTransferEngine:
         else:
             log.error("mcguard: protocol %r is not one mcguard has (tcp, rdma)", protocol)
             return -1
-        host = local_hostname.rsplit(":", 1)[0] if local_hostname.count(":") == 1 else local_hostname
-        cfg.setdefault("listen", "%s:0" % (host or "127.0.0.1"))
+        cfg.setdefault("listen", listen_address(local_hostname))
         try:
             self._guard = Guard(cfg)
         except MCGuardError as e:

@@ -122,16 +122,22 @@ def test_transfer_bad_arguments(raw):
     assert dst.bytes(0, 64) == b"s" * 64 and dst.bytes(64) == b"\0" * 4032
 
 
-def test_unreachable_session_times_out(raw):
+def test_refused_session_fails_at_once_and_a_silent_one_times_out(raw):
     import socket
+    import time
     h, ep, src, dst = raw
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    sock.close()
+    start = time.monotonic()
+    st = L.mc_guard_transfer(h, b"127.0.0.1:%d" % port, arr(src.addr), arr(dst.addr), arr(8), 1, None)
+    assert st == mcguard.MC_ERR_PEER and "connection refused" in last_error(h)
+    assert time.monotonic() - start < 0.5, "refused is said at once"
+    sock.listen(1)  # something listens there, but it is no guard
     st = L.mc_guard_transfer(h, b"127.0.0.1:%d" % port, arr(src.addr), arr(dst.addr), arr(8), 1, None)
     assert st == mcguard.MC_ERR_TIMEOUT
     assert "did not answer the handshake" in last_error(h)
+    sock.close()
 
 
 def test_register_errors(raw):

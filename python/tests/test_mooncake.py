@@ -68,3 +68,29 @@ def test_protocol_rdma_is_the_rdma_transport_and_never_falls_back(caplog):
 def test_initialize_failure_returns_minus_one():
     e = GuardedTransferEngine(max_batch=0)
     assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == -1
+
+
+def test_initialize_takes_the_host_forms_mooncake_takes():
+    """vLLM passes its host's address, which may be IPv6 or a name."""
+    from mcguard.mooncake import listen_address
+    assert listen_address("10.0.0.2") == "10.0.0.2:0"
+    assert listen_address("10.0.0.2:17000") == "10.0.0.2:0"
+    assert listen_address("::1") == "[::1]:0"
+    assert listen_address("[::1]") == "[::1]:0"
+    assert listen_address("[::1]:17000") == "[::1]:0"
+    assert listen_address("localhost") == "localhost:0"
+    assert listen_address("") == "127.0.0.1:0"
+    for host, session_host in [("::1", "[::1]"), ("[::1]", "[::1]"), ("localhost", "localhost")]:
+        send, recv = GuardedTransferEngine(), GuardedTransferEngine()
+        try:
+            assert recv.initialize(host, "P2PHANDSHAKE", "tcp", "") == 0, host
+            assert send.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+            src, kv = Buf(4096, os.urandom(4096)), Buf(4096)
+            assert send.register_memory(src.addr, src.size) == 0
+            assert recv.register_memory(kv.addr, kv.size) == 0
+            session = "%s:%d" % (session_host, recv.get_rpc_port())
+            assert send.batch_transfer_sync_write(session, [src.addr], [kv.addr], [4096]) == 0, session
+            assert kv.bytes() == src.bytes()
+        finally:
+            send.close()
+            recv.close()

@@ -79,7 +79,8 @@ int main(void) {
     CHECK_STATUS(mc_guard_transfer(sender, endpoint, &outside, d, l, 1, NULL), MC_ERR_NOT_REGISTERED, sender, "local side");
     CHECK_STATUS(mc_guard_transfer(sender, endpoint, s, &outside, l, 1, NULL), MC_ERR_NOT_REGISTERED, sender, "remote side");
     CHECK_STATUS(mc_guard_transfer(sender, "nowhere", s, d, l, 1, NULL), MC_ERR_INVALID_ARG, sender, "host:port");
-    CHECK_STATUS(mc_guard_transfer(sender, "127.0.0.1:1", s, d, l, 1, NULL), MC_ERR_TIMEOUT, sender, "did not answer");
+    CHECK_STATUS(mc_guard_transfer(sender, "127.0.0.1:1", s, d, l, 1, NULL), MC_ERR_PEER, sender, "connection refused");
+    CHECK_STATUS(mc_guard_transfer(sender, "127.0.0.1:99999", s, d, l, 1, NULL), MC_ERR_INVALID_ARG, sender, "not \"host:port\"");
     CHECK_STATUS(mc_guard_register(sender, NULL, 10), MC_ERR_INVALID_ARG, sender, "null");
     /* Host memory named as GPU memory: no driver here, or not device memory. */
     CHECK_STATUS(mc_guard_register_device(sender, dst, 4096), MC_ERR_DEVICE, sender, "device");

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/mcguard/mcguard/core/cuda"
@@ -101,7 +102,15 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, _ 
 	if err := json.Unmarshal(raw, &a); err != nil || a.Data == "" {
 		return nil, fmt.Errorf("%w: the target's tcp answer %q has no data address", errs.Session, raw)
 	}
-	return dial(ctx, a.Data, peer.Token, d.t.cfg.Timeout, d.t.cfg.Regions)
+	addr := a.Data
+	// A target listening on every interface ("0.0.0.0", "[::]") is
+	// reached where its guard's control endpoint was.
+	if host, port, err := net.SplitHostPort(addr); err == nil && peer.Host != "" {
+		if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+			addr = net.JoinHostPort(peer.Host, port)
+		}
+	}
+	return dial(ctx, addr, peer.Token, d.t.cfg.Timeout, d.t.cfg.Regions)
 }
 
 var (
