@@ -3,6 +3,7 @@
 import array
 import ctypes
 import json
+import operator
 import os
 import threading
 
@@ -60,28 +61,52 @@ def _check_not_forked():
                            "after fork. Use multiprocessing's 'spawn' start method.")
 
 
-def address_of(x):
+def _u64(x, what):
+    """x as an int in [0, 2**64), or MCGuardError: ctypes would wrap a larger
+    value, truncate a float and take a bool, silently."""
+    if isinstance(x, bool) or not isinstance(x, int):
+        try:
+            if isinstance(x, bool):
+                raise TypeError
+            x = operator.index(x)  # ints, numpy integers; not floats, strings, bools
+        except TypeError:
+            raise MCGuardError(MC_ERR_INVALID_ARG, "%s must be a non-negative integer below 2**64, not %s %r"
+                               % (what, type(x).__name__, x)) from None
+    if x < 0 or x >= 1 << 64:
+        raise MCGuardError(MC_ERR_INVALID_ARG, "%s %d is outside [0, 2**64)" % (what, x))
+    return x
+
+
+def address_of(x, what="address"):
     """An address from an int, an object with data_ptr() (a torch tensor),
     or a CUDA stream object with cuda_stream (torch.cuda.Stream)."""
-    if isinstance(x, int):
-        return x
     stream = getattr(x, "cuda_stream", None)
-    if isinstance(stream, int):
-        return stream
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return _u64(stream, what)
     ptr = getattr(x, "data_ptr", None)
     if callable(ptr):
-        return int(ptr())
-    try:
-        return int(x)
-    except (TypeError, ValueError):
-        raise TypeError("expected an address (int) or an object with data_ptr(), got %r"
-                        % type(x).__name__) from None
+        return _u64(ptr(), what)
+    return _u64(x, what)
 
 
-def u64_array(values):
+def _session(session):
+    """A session name as bytes for C, or MCGuardError."""
+    if not isinstance(session, str):
+        raise MCGuardError(MC_ERR_INVALID_ARG, "session must be a str \"host:port\", not %s %r"
+                           % (type(session).__name__, session))
+    if "\0" in session:
+        raise MCGuardError(MC_ERR_INVALID_ARG, "session %r contains a NUL character" % session)
+    return session.encode()
+
+
+def u64_array(values, what="address or length"):
     """(ctypes pointer, count, keepalive) for a sequence of addresses or
     lengths: a list or tuple, array.array('Q'), a numpy uint64 array, or a
-    single int. Contiguous 64-bit buffers are passed without copying."""
+    single int. Contiguous unsigned 64-bit buffers are passed without
+    copying; anything else is checked element by element."""
+    if isinstance(values, (str, bytes, dict)) or values is None:
+        raise MCGuardError(MC_ERR_INVALID_ARG, "%s: expected a sequence of integers, not %s"
+                           % (what, type(values).__name__))
     if isinstance(values, int) or hasattr(values, "data_ptr") and not hasattr(values, "__len__"):
         values = [values]
     if isinstance(values, array.array) and values.typecode in ("Q", "L") and values.itemsize == 8:
@@ -91,18 +116,19 @@ def u64_array(values):
         buf = (ctypes.c_uint64 * n).from_buffer(values)
         return ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint64)), n, (values, buf)
     iface = getattr(values, "__array_interface__", None)
-    if iface is not None and iface.get("typestr") in ("<u8", "<i8") and iface.get("strides") is None \
+    if iface is not None and iface.get("typestr") == "<u8" and iface.get("strides") is None \
             and len(iface.get("shape", ())) == 1:
         n = iface["shape"][0]
         ptr = ctypes.cast(iface["data"][0], ctypes.POINTER(ctypes.c_uint64))
         return (ptr if n else None), n, values
-    items = [address_of(v) for v in values]
+    try:
+        items = [address_of(v, what) for v in values]
+    except TypeError:
+        raise MCGuardError(MC_ERR_INVALID_ARG, "%s: expected a sequence of integers, not %s"
+                           % (what, type(values).__name__)) from None
     n = len(items)
     if n == 0:
         return None, 0, None
-    for v in items:
-        if v < 0 or v >= 1 << 64:
-            raise MCGuardError(MC_ERR_INVALID_ARG, "address or length %d is out of the uint64 range" % v)
     buf = (ctypes.c_uint64 * n)(*items)
     return ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint64)), n, buf
 
@@ -176,7 +202,7 @@ class Guard:
                 raise MCGuardError(MC_ERR_INVALID_ARG, "register needs a length for %r" % type(addr).__name__)
             length = numel() * size()
         fn = self._lib.mc_guard_register_device if getattr(addr, "is_cuda", False) else self._lib.mc_guard_register
-        self._check(fn(self._h(), address_of(addr), int(length)))
+        self._check(fn(self._h(), address_of(addr), _u64(length, "length")))
 
     def unregister(self, addr):
         self._check(self._lib.mc_guard_unregister(self._h(), address_of(addr)))
@@ -190,9 +216,9 @@ class Guard:
             raise MCGuardError(MC_ERR_INVALID_ARG, "verify must be one of %s"
                                % sorted(k for k in VERIFY_MODES if k))
         h = self._h()
-        s, ns, ks = u64_array(src)
-        d, nd, kd = u64_array(dst)
-        ln, nl, kl = u64_array(lengths)
+        s, ns, ks = u64_array(src, "source address")
+        d, nd, kd = u64_array(dst, "destination address")
+        ln, nl, kl = u64_array(lengths, "length")
         if not (ns == nd == nl):
             raise MCGuardError(MC_ERR_INVALID_ARG, "src, dst and lengths differ in length (%d, %d, %d)"
                                % (ns, nd, nl))
@@ -202,7 +228,7 @@ class Guard:
         if digests and ns:
             out = (ctypes.c_uint64 * ns)()
             opts.digests = ctypes.cast(out, ctypes.POINTER(ctypes.c_uint64))
-        st = self._lib.mc_guard_transfer(h, session.encode(), s, d, ln, ns, ctypes.byref(opts))
+        st = self._lib.mc_guard_transfer(h, _session(session), s, d, ln, ns, ctypes.byref(opts))
         del ks, kd, kl
         self._check(st)
         return TransferResult(opts.transfer_id, opts.retries, opts.resends,
@@ -216,7 +242,7 @@ class Guard:
         ln, n3, k3 = u64_array(lengths)
         if not (n1 == n2 == n3):
             raise MCGuardError(MC_ERR_INVALID_ARG, "local, remote and lengths differ in length")
-        st = self._lib.mc_guard_read(h, session.encode(), lp, rp, ln, n1)
+        st = self._lib.mc_guard_read(h, _session(session), lp, rp, ln, n1)
         del k1, k2, k3
         self._check(st)
 

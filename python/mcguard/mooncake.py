@@ -13,7 +13,7 @@ the bytes were confirmed at the target.
 import logging
 import threading
 
-from .guard import Guard, MCGuardError
+from .guard import MC_ERR_BAD_HANDLE, Guard, MCGuardError
 
 log = logging.getLogger("mcguard.mooncake")
 
@@ -37,13 +37,17 @@ class GuardedTransferEngine:
         self._config = dict(config or {})
         self._config.update(settings)
         self._guard = None
+        self._closed = False
         self._local = threading.local()
 
     @property
     def guard(self):
         if self._guard is None:
-            raise RuntimeError("GuardedTransferEngine.initialize() was not called")
+            raise MCGuardError(MC_ERR_BAD_HANDLE, self._why_no_guard())
         return self._guard
+
+    def _why_no_guard(self):
+        return "this engine is closed" if self._closed else "initialize() was not called"
 
     def initialize(self, local_hostname, metadata_server="P2PHANDSHAKE", protocol="tcp", device_name=""):
         """Start the guard listening on local_hostname; returns 0 or -1.
@@ -78,24 +82,34 @@ class GuardedTransferEngine:
         return 0
 
     def get_rpc_port(self):
-        return self.guard.port
+        """The guard's port, or -1 (logged) before initialize or after close."""
+        if self._guard is None:
+            log.error("mcguard: get_rpc_port: %s", self._why_no_guard())
+            return -1
+        return self._guard.port
 
     def get_session_id(self):
         return self.guard.endpoint
 
-    def _call(self, what, fn, *args):
+    def _call(self, what, fn):
+        """fn(guard), as Mooncake reports: 0, or a negative status with the
+        reason logged. Bad arguments, calls before initialize and after
+        close are failures too, never exceptions."""
+        if self._guard is None:
+            log.error("mcguard: %s: %s", what, self._why_no_guard())
+            return -1
         try:
-            fn(*args)
+            fn(self._guard)
             return 0
         except MCGuardError as e:
             log.error("mcguard: %s failed: %s", what, e)
             return e.status if e.status < 0 else -1
 
     def register_memory(self, buffer_addr, capacity):
-        return self._call("register_memory", self.guard.register, buffer_addr, capacity)
+        return self._call("register_memory", lambda g: g.register(buffer_addr, capacity))
 
     def unregister_memory(self, buffer_addr):
-        return self._call("unregister_memory", self.guard.unregister, buffer_addr)
+        return self._call("unregister_memory", lambda g: g.unregister(buffer_addr))
 
     def batch_register_memory(self, buffer_addresses, capacities):
         if len(buffer_addresses) != len(capacities):
@@ -122,11 +136,10 @@ class GuardedTransferEngine:
         """Returns 0 once every descriptor is confirmed at the target, else
         negative. The transfer's id (for the receiver's sync_transfers) is
         then in last_transfer_id, per thread."""
-        def write(*args):
-            self._local.result = self.guard.transfer(*args)
+        def write(g):
+            self._local.result = g.transfer(target_hostname, buffers, peer_buffer_addresses, lengths)
         self._local.result = None
-        return self._call("batch_transfer_sync_write", write,
-                          target_hostname, buffers, peer_buffer_addresses, lengths)
+        return self._call("batch_transfer_sync_write", write)
 
     @property
     def last_transfer_id(self):
@@ -137,20 +150,21 @@ class GuardedTransferEngine:
     # The receiver's half (decode side), after the prefill's OK: 0 or negative.
     def sync_transfers(self, transfer_ids, stream=0):
         """Wait for the senders' completion notices and check the bytes."""
-        return self._call("sync_transfers", self.guard.sync_transfers, transfer_ids, stream)
+        return self._call("sync_transfers", lambda g: g.sync_transfers(transfer_ids, stream))
 
     def sync(self, buffer_addresses, lengths, digests=None, stream=0):
         """Settle ranges the application was told about; compare digests if given."""
-        return self._call("sync", self.guard.sync, buffer_addresses, lengths, digests, stream)
+        return self._call("sync", lambda g: g.sync(buffer_addresses, lengths, digests, stream))
 
     def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length):
         return self.batch_transfer_sync_read(target_hostname, [buffer], [peer_buffer_address], [length])
 
     def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses, lengths):
-        return self._call("batch_transfer_sync_read", self.guard.read,
-                          target_hostname, buffers, peer_buffer_addresses, lengths)
+        return self._call("batch_transfer_sync_read",
+                          lambda g: g.read(target_hostname, buffers, peer_buffer_addresses, lengths))
 
     def close(self):
+        self._closed = True
         if self._guard is not None:
             self._guard.close()
             self._guard = None

@@ -229,8 +229,9 @@ def test_address_forms(pair):
     s.transfer(r.endpoint, [Tensor(x) for x in a], [Tensor(x) for x in b], ln)
     s.transfer(r.endpoint, a[0], b[0], ln[0])
     assert dst.bytes(0, 4096) == src.bytes(0, 4096)
-    with pytest.raises(TypeError):
+    with pytest.raises(MCGuardError) as e:
         s.transfer(r.endpoint, ["nope"], b[:1], ln[:1])
+    assert e.value.status == mcguard.MC_ERR_INVALID_ARG
 
 
 def test_read_back(pair):
@@ -273,3 +274,54 @@ def test_context_manager_closes():
         g.stats()
     assert e.value.status == mcguard.MC_ERR_BAD_HANDLE
     g.close()  # idempotent from Python
+
+
+def test_python_never_wraps_a_value_silently(guards):
+    """ctypes would wrap 2**64 + 4096 to 4096, truncate 16.9 to 16 and take
+    True as 1: each is refused with MC_ERR_INVALID_ARG before any call."""
+    s, r = guards(), guards()
+    src, dst = Buf(8192, b"x" * 8192), Buf(8192)
+    s.register(src.addr, src.size)
+    r.register(dst.addr, dst.size)
+    bad_lengths = [2 ** 64 + 4096, -1, 16.9, "16", True, None, {"n": 16}, b"16"]
+    for bad in bad_lengths:
+        with pytest.raises(MCGuardError) as e:
+            s.register(src.addr + 4096, bad)
+        assert e.value.status == mcguard.MC_ERR_INVALID_ARG, bad
+        with pytest.raises(MCGuardError) as e:
+            s.transfer(r.endpoint, [src.addr], [dst.addr], [bad])
+        assert e.value.status == mcguard.MC_ERR_INVALID_ARG, bad
+        with pytest.raises(MCGuardError) as e:
+            s.transfer(r.endpoint, [bad], [dst.addr], [16])
+        assert e.value.status == mcguard.MC_ERR_INVALID_ARG, bad
+    for bad in [None, b"127.0.0.1:1", 5, "127.0.0.1:1\0junk"]:
+        with pytest.raises(MCGuardError) as e:
+            s.transfer(bad, [src.addr], [dst.addr], [16])
+        assert e.value.status == mcguard.MC_ERR_INVALID_ARG, bad
+    for bad in ["16", {"a": 1}, None]:
+        with pytest.raises(MCGuardError) as e:
+            s.transfer(r.endpoint, bad, [dst.addr], [16])
+        assert e.value.status == mcguard.MC_ERR_INVALID_ARG, bad
+    assert dst.bytes() == b"\0" * 8192, "nothing was written by a refused call"
+    s.close()
+    with pytest.raises(MCGuardError) as e:
+        s.transfer(r.endpoint, [src.addr], [dst.addr], [16])
+    assert e.value.status == mcguard.MC_ERR_BAD_HANDLE and "closed" in e.value.message
+
+
+def test_mooncake_adapter_refuses_bad_values_with_minus_one(caplog):
+    from mcguard.mooncake import GuardedTransferEngine
+    e = GuardedTransferEngine()
+    assert e.register_memory(4096, 4096) == -1, "before initialize"
+    assert "initialize() was not called" in caplog.text
+    assert e.get_rpc_port() == -1
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    src = Buf(8192, b"y" * 8192)
+    assert e.register_memory(src.addr, 2 ** 64 + 4096) < 0
+    assert e.register_memory(src.addr, 16.9) < 0
+    assert e.batch_transfer_sync_write(None, [src.addr], [src.addr], [8]) < 0
+    assert e.batch_transfer_sync_write("127.0.0.1:1", [src.addr], [src.addr], [True]) < 0
+    e.close()
+    caplog.clear()
+    assert e.register_memory(src.addr, 4096) == -1
+    assert "closed" in caplog.text
