@@ -154,3 +154,23 @@ func TestListenAndSessionsOnIPv6AndNames(t *testing.T) {
 	_, err := LoadConfig(nil, `{"listen": "127.0.0.1:99999"}`)
 	require.ErrorIs(t, err, ErrConfig)
 }
+
+// Where the fence is final (the TCP target applies in order and answers
+// the fence after), a mismatch is re-sent at once: the landed version
+// polled max_retries x retry_sleep per chunk first (308 s against 5 s).
+func TestLostWritesAreResentWithoutPolling(t *testing.T) {
+	p := newPair(t, `{"on_mismatch": "resend", "max_resends": 20, "max_retries": 500, "retry_sleep_s": 0.01}`,
+		`{"inject": "drop", "inject_rate": 0.3, "inject_seed": 5}`, 32*4096)
+	start := time.Now()
+	resends := 0
+	for i := 0; i < 10; i++ {
+		fill(p.src.b)
+		res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(32, 4096), TransferOptions{})
+		require.NoError(t, err)
+		require.Zero(t, res.Retries, "no polling after a final fence")
+		require.True(t, bytes.Equal(p.src.b, p.dst.b))
+		resends += res.Resends
+	}
+	require.Positive(t, resends, "drops happened and were re-sent")
+	require.Less(t, time.Since(start), 3*time.Second)
+}

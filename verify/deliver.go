@@ -18,6 +18,11 @@ type Conn interface {
 	// Read fetches ranges, concatenated, into out; with fenced, a fence
 	// goes first in the same round trip.
 	Read(ctx context.Context, ranges []Range, out []byte, fenced bool) error
+	// FenceIsFinal reports whether a fence's answer means that every
+	// earlier write is in place at the target (TCP's in-order applied
+	// acknowledgement, an RDMA READ or FLUSH on the same queue pair): a
+	// mismatch read after it then is final, and polling would only wait.
+	FenceIsFinal() bool
 }
 
 // Delivery counts what Deliver did for one chunk, also when it failed.
@@ -55,6 +60,9 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 			return d, err
 		}
 		return d, notified
+	}
+	if conn.FenceIsFinal() {
+		cfg.MaxRetries = 0 // re-send or fail at once
 	}
 	// index maps positions in the descriptors being checked to the batch.
 	todo, index := chunk, make([]int, len(chunk))

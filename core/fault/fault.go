@@ -111,8 +111,13 @@ func (f *Injector) Fate(payload, dstTail []byte) (now []byte, hold bool) {
 	return payload, false
 }
 
-// Mode is the injector's mode.
-func (f *Injector) Mode() string { return f.mode }
+// Mode is the injector's mode (None for no injector).
+func (f *Injector) Mode() string {
+	if f == nil {
+		return None
+	}
+	return f.mode
+}
 
 // TailBytes is how many last bytes Fate's dstTail must hold (stale).
 func (f *Injector) TailBytes() int { return f.tailBytes }

@@ -96,6 +96,10 @@ func (c *conn) Close() {
 	syscall.Munmap(c.bounce)
 }
 
+// FenceIsFinal: a READ or FLUSH returns after every earlier write of its
+// queue pair is visible, and every queue pair that wrote is fenced.
+func (*conn) FenceIsFinal() bool { return true }
+
 // Refresh takes the rkeys of a newer region table.
 func (c *conn) Refresh(raw []byte, regions []memory.Region) error {
 	var a answer

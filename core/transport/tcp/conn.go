@@ -20,14 +20,17 @@ import (
 // conn is one reused data connection to a target. It is used only under
 // its session's lock.
 type conn struct {
-	c       net.Conn
-	cut     func()          // closes c: unregistering a source mid-write cuts the transfer off
-	local   *memory.Regions // the sources
-	r       *bufio.Reader
-	w       *bufio.Writer
-	timeout time.Duration
-	nextID  uint64
-	hdr     [wire.HeaderSize]byte
+	c     net.Conn
+	cut   func()          // closes c: unregistering a source mid-write cuts the transfer off
+	local *memory.Regions // the sources
+	// finalFence: the target said its fence answers after every earlier
+	// write is applied.
+	finalFence bool
+	r          *bufio.Reader
+	w          *bufio.Writer
+	timeout    time.Duration
+	nextID     uint64
+	hdr        [wire.HeaderSize]byte
 }
 
 func dial(ctx context.Context, addr string, token []byte, timeout time.Duration, local *memory.Regions) (*conn, error) {
@@ -129,6 +132,9 @@ func (t *conn) fencedRequest(ctx context.Context, fenceID uint64, payload []byte
 	}
 	return t.recv(wire.OpRead, t.nextID)
 }
+
+// FenceIsFinal is what the target said of its fence.
+func (t *conn) FenceIsFinal() bool { return t.finalFence }
 
 // Refresh has nothing to take: a TCP target checks every write itself.
 func (t *conn) Refresh([]byte, []memory.Region) error { return nil }

@@ -52,6 +52,10 @@ func New(cfg Config) (*Transport, error) {
 // answer is the target's part of a handshake reply.
 type answer struct {
 	Data string `json:"data"` // the target's "host:port"
+	// FinalFence: the target answers a fence after every earlier write of
+	// the connection is applied (not so under reorder injection, whose
+	// writes stand for another path a fence does not flush).
+	FinalFence bool `json:"final_fence,omitempty"`
 }
 
 func (*Transport) Name() string { return Name }
@@ -73,7 +77,7 @@ func (t *Transport) Accept(_ transport.Peer, offer []byte, _ []memory.Region) ([
 	if len(offer) != 0 {
 		return nil, fmt.Errorf("the tcp data plane takes no offer")
 	}
-	return json.Marshal(answer{Data: t.target.addr()})
+	return json.Marshal(answer{Data: t.target.addr(), FinalFence: t.target.faults.Mode() != fault.Reorder})
 }
 
 // Settle waits for the writes into ranges that the target is applying, or
@@ -110,7 +114,12 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, _ 
 			addr = net.JoinHostPort(peer.Host, port)
 		}
 	}
-	return dial(ctx, addr, peer.Token, d.t.cfg.Timeout, d.t.cfg.Regions)
+	c, err := dial(ctx, addr, peer.Token, d.t.cfg.Timeout, d.t.cfg.Regions)
+	if err != nil {
+		return nil, err
+	}
+	c.finalFence = a.FinalFence
+	return c, nil
 }
 
 var (
