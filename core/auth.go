@@ -1,6 +1,7 @@
 package core
 
 import (
+	"container/list"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -56,39 +57,61 @@ type authority struct {
 	tokens *tokenSet
 
 	mu         sync.Mutex
-	challenges map[string]time.Time // outstanding, single use
+	challenges map[string]*challenge // outstanding, single use, by peer connection
+	order      list.List             // of *challenge, the oldest in front
+}
+
+// challenge is one issued to a peer connection, which must answer it on
+// the same connection.
+type challenge struct {
+	peer, value string
+	issued      time.Time
+	elem        *list.Element
 }
 
 func newAuthority(secret []byte) *authority {
-	return &authority{secret: secret, tokens: newTokenSet(maxSenders), challenges: map[string]time.Time{}}
+	return &authority{secret: secret, tokens: newTokenSet(maxSenders), challenges: map[string]*challenge{}}
 }
 
-// challenge issues a fresh single-use challenge.
-func (a *authority) challenge() []byte {
-	c := randomBytes(nonceSize)
-	now := time.Now()
+// challenge issues a fresh single-use challenge to peer (a control
+// connection). A connection has one outstanding at most, a newer one
+// replacing it, so a flood's challenges are bounded by its connections;
+// past maxChallenges in all the oldest goes, never the whole table.
+func (a *authority) challenge(peer []byte) []byte {
+	c := &challenge{peer: string(peer), value: string(randomBytes(nonceSize)), issued: time.Now()}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for k, t := range a.challenges {
-		if now.Sub(t) > challengeLife {
-			delete(a.challenges, k)
+	if old, ok := a.challenges[c.peer]; ok {
+		a.forgetLocked(old)
+	}
+	for a.order.Len() > 0 {
+		oldest := a.order.Front().Value.(*challenge)
+		if a.order.Len() < maxChallenges && c.issued.Sub(oldest.issued) <= challengeLife {
+			break
 		}
+		a.forgetLocked(oldest)
 	}
-	if len(a.challenges) >= maxChallenges { // a flood: forget them all rather than grow
-		clear(a.challenges)
-	}
-	a.challenges[string(c)] = now
-	return c
+	c.elem = a.order.PushBack(c)
+	a.challenges[c.peer] = c
+	return []byte(c.value)
+}
+
+func (a *authority) forgetLocked(c *challenge) {
+	delete(a.challenges, c.peer)
+	a.order.Remove(c.elem)
 }
 
 // answer checks a peer's proof and, if good, returns the guard's proof and
-// the handshake's token, already registered.
-func (a *authority) answer(req helloRequest) (proof, token []byte, err error) {
+// the handshake's token, already registered. The challenge must be the one
+// issued to the same connection, and is spent either way.
+func (a *authority) answer(peer []byte, req helloRequest) (proof, token []byte, err error) {
 	a.mu.Lock()
-	issued, ok := a.challenges[string(req.Challenge)]
-	delete(a.challenges, string(req.Challenge))
+	c, ok := a.challenges[string(peer)]
+	if ok {
+		a.forgetLocked(c)
+	}
 	a.mu.Unlock()
-	if !ok || time.Since(issued) > challengeLife {
+	if !ok || c.value != string(req.Challenge) || time.Since(c.issued) > challengeLife {
 		return nil, nil, fmt.Errorf("unknown or expired challenge")
 	}
 	if len(req.Nonce) != nonceSize || !hmac.Equal(req.MAC, mac(a.secret, labelClient, req.Challenge, req.Nonce)) {

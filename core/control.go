@@ -8,22 +8,39 @@ import (
 	"log"
 	"net"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
+	"github.com/mcguard/mcguard/core/internal/heap"
 	zmq "github.com/pebbe/zmq4"
 )
 
+// Bounds of the control endpoint, so that no flood of peers can grow a
+// guard without limit: at most maxControlConns connections (more are shut
+// down as they are accepted), and per connection at most controlHWM
+// messages queued each way (replies to a peer that does not read them are
+// dropped). An honest peer has one request in flight.
+const (
+	maxControlConns = 1024
+	controlHWM      = 4
+)
+
 // controlServer answers handshakes and notices on a ZMQ ROUTER socket. The
-// socket has one owner, the serve goroutine; it stops when the context is
-// terminated (its poll fails with ETERM), the ZeroMQ way to shut down.
-// handle turns a request body into a reply body.
+// socket has one owner, the serve goroutine, which also reads the socket's
+// connection events to hold the connection cap; it stops when the context
+// is terminated (its poll fails with ETERM), the ZeroMQ way to shut down.
+// handle turns a peer's request body into a reply body; peer names the
+// connection it came on.
 type controlServer struct {
 	endpoint string // "host:port", the session name peers use
 	done     chan struct{}
 	wg       sync.WaitGroup
 }
 
-func newControlServer(zctx *zmq.Context, listen string, handle func([]byte) []byte) (*controlServer, error) {
+var controlMonitors atomic.Uint64 // names each control socket's monitor
+
+func newControlServer(zctx *zmq.Context, listen string, handle func(peer, body []byte) []byte) (*controlServer, error) {
 	sock, err := zctx.NewSocket(zmq.ROUTER)
 	if err != nil {
 		return nil, fmt.Errorf("%w: control socket: %v", ErrConfig, err)
@@ -31,36 +48,57 @@ func newControlServer(zctx *zmq.Context, listen string, handle func([]byte) []by
 	sock.SetLinger(0)
 	sock.SetMaxmsgsize(maxControlMessage)
 	sock.SetIpv6(true)
+	sock.SetSndhwm(controlHWM)
+	sock.SetRcvhwm(controlHWM)
+	fail := func(err error) (*controlServer, error) {
+		sock.Close()
+		return nil, err
+	}
 	host, port, _ := net.SplitHostPort(listen)
 	if port == "0" {
 		port = "*"
 	}
 	ip, err := listenIP(host)
 	if err != nil {
-		sock.Close()
-		return nil, err
+		return fail(err)
+	}
+	monitor := fmt.Sprintf("inproc://mcguard-control-%d", controlMonitors.Add(1))
+	if err := sock.Monitor(monitor, zmq.EVENT_ACCEPTED|zmq.EVENT_DISCONNECTED|zmq.EVENT_CLOSED); err != nil {
+		return fail(fmt.Errorf("%w: control socket monitor: %v", ErrConfig, err))
+	}
+	events, err := zctx.NewSocket(zmq.PAIR)
+	if err != nil {
+		return fail(fmt.Errorf("%w: control socket monitor: %v", ErrConfig, err))
+	}
+	events.SetLinger(0)
+	if err := events.Connect(monitor); err != nil {
+		events.Close()
+		return fail(fmt.Errorf("%w: control socket monitor: %v", ErrConfig, err))
 	}
 	if err := sock.Bind("tcp://" + net.JoinHostPort(ip.String(), port)); err != nil {
-		sock.Close()
-		return nil, fmt.Errorf("%w: control channel cannot listen on %s: %v", ErrConfig, listen, err)
+		events.Close()
+		return fail(fmt.Errorf("%w: control channel cannot listen on %s: %v", ErrConfig, listen, err))
 	}
 	last, err := sock.GetLastEndpoint()
 	if err != nil {
-		sock.Close()
-		return nil, fmt.Errorf("%w: control endpoint: %v", ErrConfig, err)
+		events.Close()
+		return fail(fmt.Errorf("%w: control endpoint: %v", ErrConfig, err))
 	}
 	_, boundPort, _ := net.SplitHostPort(last[len("tcp://"):])
 	s := &controlServer{endpoint: net.JoinHostPort(host, boundPort), done: make(chan struct{})}
 	s.wg.Add(1)
-	go s.serve(sock, handle)
+	go s.serve(sock, events, handle)
 	return s, nil
 }
 
-func (s *controlServer) serve(sock *zmq.Socket, handle func([]byte) []byte) {
+func (s *controlServer) serve(sock, events *zmq.Socket, handle func(peer, body []byte) []byte) {
 	defer s.wg.Done()
 	defer sock.Close()
+	defer events.Close()
 	poller := zmq.NewPoller()
 	poller.Add(sock, zmq.POLLIN)
+	poller.Add(events, zmq.POLLIN)
+	conns := &controlConns{fds: map[int]bool{}}
 	for {
 		select {
 		case <-s.done:
@@ -74,13 +112,55 @@ func (s *controlServer) serve(sock *zmq.Socket, handle func([]byte) []byte) {
 		if err != nil || len(polled) == 0 {
 			continue
 		}
-		msg, err := sock.RecvMessageBytes(zmq.DONTWAIT)
-		// A REQ peer's message is [identity, "", body].
-		if err != nil || len(msg) != 3 || len(msg[1]) != 0 {
-			continue
+		for _, p := range polled {
+			if p.Socket == events {
+				capConnections(events, conns)
+				continue
+			}
+			msg, err := sock.RecvMessageBytes(zmq.DONTWAIT)
+			// A REQ peer's message is [identity, "", body].
+			if err != nil || len(msg) != 3 || len(msg[1]) != 0 {
+				continue
+			}
+			if _, err := sock.SendMessage(msg[0], "", handle(msg[0], msg[2])); err != nil {
+				log.Printf("mcguard: control reply failed: %v", err)
+			}
 		}
-		if _, err := sock.SendMessage(msg[0], "", handle(msg[2])); err != nil {
-			log.Printf("mcguard: control reply failed: %v", err)
+	}
+}
+
+// controlConns are a control socket's connections, by descriptor, and the
+// most it had since its heap was last trimmed.
+type controlConns struct {
+	fds  map[int]bool
+	peak int
+}
+
+// capConnections reads the control socket's connection events. A
+// connection accepted past maxControlConns is shut down (ZeroMQ then sees
+// it end and forgets it): the connections held keep working, new ones
+// wait for the flood to end. When a crowd of connections has gone, the C
+// heap they used is given back to the system.
+func capConnections(events *zmq.Socket, conns *controlConns) {
+	for {
+		ev, _, fd, err := events.RecvEvent(zmq.DONTWAIT)
+		if err != nil {
+			return
+		}
+		switch ev {
+		case zmq.EVENT_ACCEPTED:
+			if len(conns.fds) >= maxControlConns {
+				syscall.Shutdown(fd, syscall.SHUT_RDWR)
+				continue
+			}
+			conns.fds[fd] = true
+			conns.peak = max(conns.peak, len(conns.fds))
+		case zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED:
+			delete(conns.fds, fd)
+			if conns.peak >= 128 && len(conns.fds) <= conns.peak/8 {
+				heap.Trim()
+				conns.peak = len(conns.fds)
+			}
 		}
 	}
 }

@@ -29,7 +29,7 @@ func FuzzControlRequest(f *testing.F) {
 		if wire.IsNotice(in) {
 			out = g.receiveNotice(in)
 		} else {
-			out = g.answerHandshake(in)
+			out = g.answerHandshake([]byte("fuzzer"), in)
 		}
 		var rep map[string]any
 		if err := json.Unmarshal(out, &rep); err != nil {

@@ -69,11 +69,11 @@ func Open(cfg Config) (*Guard, error) {
 		g.closeDataPlanes()
 		return nil, fmt.Errorf("%w: zmq context: %v", ErrConfig, err)
 	}
-	handle := func(body []byte) []byte {
+	handle := func(peer, body []byte) []byte {
 		if wire.IsNotice(body) {
 			return g.receiveNotice(body)
 		}
-		return g.answerHandshake(body)
+		return g.answerHandshake(peer, body)
 	}
 	if g.control, err = newControlServer(g.zctx, cfg.Listen, handle); err != nil {
 		g.closeDataPlanes()

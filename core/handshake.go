@@ -137,12 +137,13 @@ func handshakeStep(ctx context.Context, sock *zmq.Socket, session string, timeou
 // answerHandshake answers one handshake step: a hello gets the region
 // table, a fresh token and the data plane's answer, or a challenge if this
 // guard has a secret; an auth gets the same with the guard's own proof.
-func (g *Guard) answerHandshake(body []byte) []byte {
-	out, _ := json.Marshal(g.answer(body))
+// peer names the control connection the step came on.
+func (g *Guard) answerHandshake(peer, body []byte) []byte {
+	out, _ := json.Marshal(g.answer(peer, body))
 	return out
 }
 
-func (g *Guard) answer(body []byte) helloReply {
+func (g *Guard) answer(peer, body []byte) helloReply {
 	refuse := func(format string, args ...any) helloReply {
 		msg := fmt.Sprintf(format, args...)
 		log.Printf("mcguard: %s: refused a handshake: %s", g.Endpoint(), msg)
@@ -166,13 +167,13 @@ func (g *Guard) answer(body []byte) helloReply {
 	var token []byte
 	switch {
 	case req.Op == "hello" && g.auth.secret != nil:
-		return helloReply{Proto: ProtocolVersion, Challenge: g.auth.challenge()}
+		return helloReply{Proto: ProtocolVersion, Challenge: g.auth.challenge(peer)}
 	case req.Op == "hello":
 		token = randomBytes(wire.TokenSize)
 		g.auth.tokens.add(token, req.Sender)
 		rep.Token = token
 	case req.Op == "auth" && g.auth.secret != nil:
-		proof, tok, err := g.auth.answer(req)
+		proof, tok, err := g.auth.answer(peer, req)
 		if err != nil {
 			return refuse("%v", err)
 		}
