@@ -14,13 +14,15 @@ import (
 )
 
 // Peer authentication. A guard with a secret answers a hello with a fresh
-// challenge; the peer proves it knows the secret with
-// HMAC-SHA256(secret, "mcguard/2 client" | challenge | its nonce), the
-// guard proves itself back with the "server" label, and both derive the
-// handshake's token from the "token" label. The secret never crosses the
-// wire, and neither does an authenticated token: data connections and
-// notices must present it, so a peer that skipped or failed the handshake
-// can neither read, write nor announce.
+// challenge, on that control connection; the peer proves it knows the
+// secret with HMAC-SHA256(secret, "mcguard/2 client" | challenge | its
+// nonce), the guard proves itself back with the "server" label, and both
+// derive the handshake's token (its name) and key from the "token" and
+// "key" labels. The secret and the key never cross the wire: a data
+// connection's hello proves the key over a challenge fresh to that
+// connection, and a notice carries a MAC under the key and a sequence
+// number, so a peer that did not take part in the handshake can neither
+// read, write nor announce, even with every byte of the wire in hand.
 const (
 	nonceSize      = 16
 	challengeLife  = 10 * time.Second
@@ -28,6 +30,8 @@ const (
 	labelClient    = "mcguard/2 client"
 	labelServer    = "mcguard/2 server"
 	labelToken     = "mcguard/2 token"
+	labelKey       = "mcguard/4 key"
+	labelNotice    = "mcguard/4 notice"
 	secretMinBytes = 16
 )
 
@@ -41,6 +45,18 @@ func mac(secret []byte, label string, a, b []byte) []byte {
 
 func deriveToken(secret, challenge, nonce []byte) []byte {
 	return mac(secret, labelToken, challenge, nonce)[:wire.TokenSize]
+}
+
+// deriveKey is the handshake's key: data connections and notices prove
+// they come from its sender with it. It never crosses the wire.
+func deriveKey(secret, challenge, nonce []byte) []byte {
+	return mac(secret, labelKey, challenge, nonce)
+}
+
+// noticeMAC is the MAC of an encoded notice under the handshake's key:
+// over everything but the MAC field.
+func noticeMAC(key, body []byte) []byte {
+	return mac(key, labelNotice, body[:wire.NoticeMACOffset], body[wire.NoticeHeaderSize:])[:wire.NoticeMACSize]
 }
 
 func randomBytes(n int) []byte {
@@ -102,9 +118,9 @@ func (a *authority) forgetLocked(c *challenge) {
 }
 
 // answer checks a peer's proof and, if good, returns the guard's proof and
-// the handshake's token, already registered. The challenge must be the one
-// issued to the same connection, and is spent either way.
-func (a *authority) answer(peer []byte, req helloRequest) (proof, token []byte, err error) {
+// the handshake's token and key, already registered. The challenge must be
+// the one issued to the same connection, and is spent either way.
+func (a *authority) answer(peer []byte, req helloRequest) (proof, token, key []byte, err error) {
 	a.mu.Lock()
 	c, ok := a.challenges[string(peer)]
 	if ok {
@@ -112,14 +128,14 @@ func (a *authority) answer(peer []byte, req helloRequest) (proof, token []byte, 
 	}
 	a.mu.Unlock()
 	if !ok || c.value != string(req.Challenge) || time.Since(c.issued) > challengeLife {
-		return nil, nil, fmt.Errorf("unknown or expired challenge")
+		return nil, nil, nil, fmt.Errorf("unknown or expired challenge")
 	}
 	if len(req.Nonce) != nonceSize || !hmac.Equal(req.MAC, mac(a.secret, labelClient, req.Challenge, req.Nonce)) {
-		return nil, nil, fmt.Errorf("authentication failed: the peer does not know this guard's secret")
+		return nil, nil, nil, fmt.Errorf("authentication failed: the peer does not know this guard's secret")
 	}
-	token = deriveToken(a.secret, req.Challenge, req.Nonce)
-	a.tokens.add(token, req.Sender)
-	return mac(a.secret, labelServer, req.Nonce, req.Challenge), token, nil
+	token, key = deriveToken(a.secret, req.Challenge, req.Nonce), deriveKey(a.secret, req.Challenge, req.Nonce)
+	a.tokens.add(token, key, req.Sender)
+	return mac(a.secret, labelServer, req.Nonce, req.Challenge), token, key, nil
 }
 
 // isLoopback reports whether host names only this machine.

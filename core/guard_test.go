@@ -165,7 +165,7 @@ func TestFenceWaitsForEarlierWrites(t *testing.T) {
 	require.True(t, bytes.Equal(p.src.b, p.dst.b), "after the fence's reply every earlier write is in place")
 }
 
-func TestVerifyFailsAfterRetries(t *testing.T) {
+func TestVerifyFailsWhenBytesNeverArrive(t *testing.T) {
 	recvJS := `{"inject": "drop", "inject_rate": 1}`
 	p := newPair(t, `{"max_retries": 3, "retry_sleep_s": 0.001}`, recvJS, 8*1024)
 	fill(p.src.b)

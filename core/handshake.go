@@ -61,8 +61,10 @@ type helloReply struct {
 	// Answer is the data plane's part of the reply (the target's address,
 	// its queue pairs and rkeys, ...).
 	Answer json.RawMessage `json:"answer,omitempty"`
-	// host is the address the sender reached the guard at (not sent).
+	// host is the address the sender reached the guard at, and key the
+	// handshake's key (neither is sent).
 	host string
+	key  []byte
 }
 
 // controlReply is the answer to a notice, or to a request that failed.
@@ -106,7 +108,9 @@ func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout t
 		if !hmac.Equal(rep.MAC, mac(secret, labelServer, nonce, challenge)) {
 			return helloReply{}, fmt.Errorf("%w: session %q failed to prove it knows the shared secret", ErrSession, session)
 		}
-		rep.Token = deriveToken(secret, challenge, nonce)
+		rep.Token, rep.key = deriveToken(secret, challenge, nonce), deriveKey(secret, challenge, nonce)
+	default:
+		rep.key = rep.Token // no secret: nothing to keep from an observer
 	}
 	if len(rep.Answer) == 0 || len(rep.Token) != wire.TokenSize {
 		return helloReply{}, fmt.Errorf("%w: session %q sent an incomplete handshake reply", ErrSession, session)
@@ -164,25 +168,26 @@ func (g *Guard) answer(peer, body []byte) helloReply {
 		return refuse("this guard does not serve transport %q (it serves %s)", req.Transport, g.planeNames())
 	}
 	rep := helloReply{Proto: ProtocolVersion}
-	var token []byte
+	var token, key []byte
 	switch {
 	case req.Op == "hello" && g.auth.secret != nil:
 		return helloReply{Proto: ProtocolVersion, Challenge: g.auth.challenge(peer)}
 	case req.Op == "hello":
 		token = randomBytes(wire.TokenSize)
-		g.auth.tokens.add(token, req.Sender)
+		key = token
+		g.auth.tokens.add(token, key, req.Sender)
 		rep.Token = token
 	case req.Op == "auth" && g.auth.secret != nil:
-		proof, tok, err := g.auth.answer(peer, req)
+		proof, tok, k, err := g.auth.answer(peer, req)
 		if err != nil {
 			return refuse("%v", err)
 		}
-		rep.MAC, token = proof, tok
+		rep.MAC, token, key = proof, tok, k
 	default:
 		return refuse("unexpected control op %q", req.Op)
 	}
 	rep.Regions = g.regions.Snapshot()
-	answer, err := plane.Accept(transport.Peer{Sender: string(req.Sender), Token: token}, req.Offer, rep.Regions)
+	answer, err := plane.Accept(transport.Peer{Sender: string(req.Sender), Token: token, Key: key}, req.Offer, rep.Regions)
 	if err != nil {
 		return refuse("%s: %v", plane.Name(), err)
 	}

@@ -3,7 +3,6 @@ package core
 import (
 	"bytes"
 	"fmt"
-	"io"
 	"net"
 	"strings"
 	"testing"
@@ -94,9 +93,9 @@ func TestStalledPeerHoldsUpNobody(t *testing.T) {
 	c, err := net.Dial("tcp", dataAddr(p.recv))
 	require.NoError(t, err)
 	defer c.Close()
-	c.Write(frame(wire.Header{Op: wire.OpHello, ID: 1, Len: wire.TokenSize}, hello.Token))
-	_, err = io.ReadFull(c, make([]byte, wire.HeaderSize))
+	challenge, err := readChallenge(c)
 	require.NoError(t, err)
+	require.NoError(t, bindData(c, hello, challenge))
 	c.Write(frame(wire.Header{Op: wire.OpWrite, ID: 2, Addr: stalled.addr(0), Len: 512 << 10}, make([]byte, 1000)))
 	time.Sleep(100 * time.Millisecond) // the target is now inside the payload
 

@@ -154,17 +154,21 @@ func TestMalformedNoticesAreRefused(t *testing.T) {
 	defer zctx.Term()
 	hello, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, helloRequest{Transport: "tcp"})
 	require.NoError(t, err)
-	good := wire.Notice{Token: hello.Token, ID: 7, Mode: 4, Total: 1, Descs: []wire.NoticeDesc{{Dst: m.addr(0), Len: 64, Digest: 1}}}
-	forged := good
-	forged.Token = make([]byte, wire.TokenSize)
+	signer := &session{hello: hello} // signs as the session of that handshake would
+	good := wire.Notice{ID: 7, Mode: 4, Total: 1, Descs: []wire.NoticeDesc{{Dst: m.addr(0), Len: 64, Digest: 1}}}
+	stranger := &session{hello: helloReply{Token: make([]byte, wire.TokenSize), key: make([]byte, 32)}}
+	badMAC := signer.signNotice(good)
+	badMAC[wire.NoticeMACOffset] ^= 1
 	cases := map[string][]byte{
-		"no handshake":   wire.EncodeNotice(nil, forged),
-		"truncated":      wire.EncodeNotice(nil, good)[:40],
-		"bad mode":       wire.EncodeNotice(nil, wire.Notice{Token: hello.Token, ID: 7, Mode: 99, Total: 1, Descs: good.Descs}),
-		"beyond total":   wire.EncodeNotice(nil, wire.Notice{Token: hello.Token, ID: 7, Mode: 4, Total: 1, Base: 1, Descs: good.Descs}),
-		"unregistered":   wire.EncodeNotice(nil, wire.Notice{Token: hello.Token, ID: 7, Mode: 4, Total: 1, Descs: []wire.NoticeDesc{{Dst: m.addr(0) + 8192, Len: 8}}}),
-		"not first":      wire.EncodeNotice(nil, wire.Notice{Token: hello.Token, ID: 7, Mode: 4, Total: 2, Base: 1, Descs: good.Descs}),
-		"garbage":        []byte("MGN1 but nothing after it, or rather too little"),
+		"no handshake":   stranger.signNotice(good),
+		"bad MAC":        badMAC,
+		"unsigned":       wire.EncodeNotice(nil, wire.Notice{Token: hello.Token, Seq: 99, ID: 7, Mode: 4, Total: 1, Descs: good.Descs}),
+		"truncated":      signer.signNotice(good)[:40],
+		"bad mode":       signer.signNotice(wire.Notice{ID: 7, Mode: 99, Total: 1, Descs: good.Descs}),
+		"beyond total":   signer.signNotice(wire.Notice{ID: 7, Mode: 4, Total: 1, Base: 1, Descs: good.Descs}),
+		"unregistered":   signer.signNotice(wire.Notice{ID: 7, Mode: 4, Total: 1, Descs: []wire.NoticeDesc{{Dst: m.addr(0) + 8192, Len: 8}}}),
+		"not first":      signer.signNotice(wire.Notice{ID: 7, Mode: 4, Total: 2, Base: 1, Descs: good.Descs}),
+		"garbage":        []byte("MGN2 but nothing after it, or rather too little"),
 		"not json":       []byte("{nope"),
 		"wrong protocol": []byte(`{"proto": 99, "op": "hello"}`),
 	}
@@ -174,8 +178,11 @@ func TestMalformedNoticesAreRefused(t *testing.T) {
 	}
 	require.EqualValues(t, 0, stats(t, g)["notices_received"], "nothing was recorded")
 	require.ErrorIs(t, g.SyncTransfers([]uint64{7}, 0), ErrTimeout)
-	// The well-formed one is taken, and its wrong digest shows at sync.
-	require.Contains(t, sendRaw(t, g.Endpoint(), wire.EncodeNotice(nil, good)), fmt.Sprintf(`"proto":%d}`, ProtocolVersion))
+	// The well-formed one is taken, and its wrong digest shows at sync;
+	// the same bytes again are a replay.
+	signed := signer.signNotice(good)
+	require.Contains(t, sendRaw(t, g.Endpoint(), signed), fmt.Sprintf(`"proto":%d}`, ProtocolVersion))
+	require.Contains(t, sendRaw(t, g.Endpoint(), signed), "a replay")
 	err = g.SyncTransfers([]uint64{7}, 0)
 	require.True(t, errors.Is(err, ErrVerify), "%v", err)
 }

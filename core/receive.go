@@ -2,7 +2,9 @@ package core
 
 import (
 	"context"
+	"crypto/hmac"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/mcguard/mcguard/core/memory"
@@ -19,9 +21,11 @@ import (
 func (g *Guard) receiveNotice(body []byte) []byte {
 	rep := controlReply{Proto: ProtocolVersion}
 	n, err := wire.DecodeNotice(body, len(verify.Modes))
-	if err == nil && !g.auth.tokens.has(n.Token) {
-		err = fmt.Errorf("the notice's token belongs to no handshake with this guard")
-		rep.Code = codeUnknownToken
+	if err == nil {
+		err = g.auth.tokens.notice(n.Token, n.Seq, func(key []byte) bool { return hmac.Equal(n.MAC, noticeMAC(key, body)) })
+		if errors.Is(err, errUnknownNoticeToken) {
+			rep.Code = codeUnknownToken
+		}
 	}
 	if err == nil {
 		for i, d := range n.Descs {

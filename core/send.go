@@ -176,20 +176,19 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 func (g *Guard) notify(s *session, id uint64, mode verify.Mode, total, base int, chunk []verify.Desc, digests []uint64) error {
 	for off := 0; off < len(chunk); off += wire.MaxNoticeDescs {
 		part := chunk[off:min(off+wire.MaxNoticeDescs, len(chunk))]
-		n := wire.Notice{Token: s.hello.Token, ID: id, Mode: modeIndex(mode), Total: total, Base: base + off, Descs: make([]wire.NoticeDesc, len(part))}
+		n := wire.Notice{ID: id, Mode: modeIndex(mode), Total: total, Base: base + off, Descs: make([]wire.NoticeDesc, len(part))}
 		for i, d := range part {
 			n.Descs[i] = wire.NoticeDesc{Dst: d.Dst, Len: d.Len}
 			if digests != nil {
 				n.Descs[i].Digest = digests[off+i]
 			}
 		}
-		err := s.notify(g.ctx, g.zctx, &g.cfg, wire.EncodeNotice(nil, n))
+		err := s.notify(g.ctx, g.zctx, &g.cfg, s.signNotice(n))
 		if errors.Is(err, errUnknownToken) {
 			// The receiver forgot this session's handshake (idle, or
 			// crowded out): shake hands again, once, and go on.
 			if err = s.refresh(g.ctx, g); err == nil {
-				n.Token = s.hello.Token
-				err = s.notify(g.ctx, g.zctx, &g.cfg, wire.EncodeNotice(nil, n))
+				err = s.notify(g.ctx, g.zctx, &g.cfg, s.signNotice(n))
 			}
 		}
 		if err != nil {

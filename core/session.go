@@ -10,6 +10,7 @@ import (
 
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
 )
 
@@ -24,6 +25,7 @@ type session struct {
 	// Under mu:
 	hello   helloReply
 	conn    transport.Conn // nil until connected, and again after an I/O error
+	seq     uint64         // of the last notice sent under hello.Token
 	notices *zmq.Socket    // REQ to the peer's control endpoint, for notices
 	scratch verify.Scratch
 }
@@ -43,11 +45,11 @@ func (s *session) connect(ctx context.Context, g *Guard) error {
 		d.Abandon()
 		return err
 	}
-	conn, err := d.Connect(ctx, transport.Peer{Sender: string(s.sender), Token: rep.Token, Host: rep.host}, rep.Answer, rep.Regions)
+	conn, err := d.Connect(ctx, transport.Peer{Sender: string(s.sender), Token: rep.Token, Key: rep.key, Host: rep.host}, rep.Answer, rep.Regions)
 	if err != nil {
 		return err
 	}
-	s.hello, s.conn = rep, conn
+	s.hello, s.conn, s.seq = rep, conn, 0
 	return nil
 }
 
@@ -62,7 +64,7 @@ func (s *session) refresh(ctx context.Context, g *Guard) error {
 		return err
 	}
 	// The newest token: the receiver keeps only a few per sender.
-	s.hello.Regions, s.hello.Token = rep.Regions, rep.Token
+	s.hello.Regions, s.hello.Token, s.hello.key, s.seq = rep.Regions, rep.Token, rep.key, 0
 	return nil
 }
 
@@ -112,6 +114,16 @@ func (s *session) notify(ctx context.Context, zctx *zmq.Context, cfg *Config, bo
 		return err
 	}
 	return nil
+}
+
+// signNotice encodes n under the session's handshake: its token, the next
+// sequence number, and the MAC under its key.
+func (s *session) signNotice(n wire.Notice) []byte {
+	s.seq++
+	n.Token, n.Seq, n.MAC = s.hello.Token, s.seq, nil
+	body := wire.EncodeNotice(nil, n)
+	copy(body[wire.NoticeMACOffset:], noticeMAC(s.hello.key, body))
+	return body
 }
 
 // checkDst returns the index of the first descriptor whose destination

@@ -2,6 +2,8 @@ package core
 
 import (
 	"container/list"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -24,13 +26,20 @@ const (
 var maxSenders = 1 << 16
 
 // tokenSet maps the tokens of the handshakes a guard answered to the
-// senders they were issued to.
+// senders they were issued to, each with the handshake's key and the
+// sequence number of its last notice.
 type tokenSet struct {
 	mu      sync.Mutex
 	max     int
-	tokens  map[string]*senderTokens // token -> its sender
+	tokens  map[string]*token
 	senders map[string]*senderTokens
 	lru     list.List // of *senderTokens, the most recently used in front
+}
+
+type token struct {
+	sender  *senderTokens
+	key     []byte
+	lastSeq uint64 // of the last notice taken: a replayed one is refused
 }
 
 type senderTokens struct {
@@ -41,11 +50,11 @@ type senderTokens struct {
 }
 
 func newTokenSet(max int) *tokenSet {
-	return &tokenSet{max: max, tokens: map[string]*senderTokens{}, senders: map[string]*senderTokens{}}
+	return &tokenSet{max: max, tokens: map[string]*token{}, senders: map[string]*senderTokens{}}
 }
 
-// add records tok as issued to sender.
-func (s *tokenSet) add(tok, sender []byte) {
+// add records tok as issued to sender, with the handshake's key.
+func (s *tokenSet) add(tok, key, sender []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := string(tok)
@@ -60,7 +69,7 @@ func (s *tokenSet) add(tok, sender []byte) {
 		s.senders[e.id] = e
 	}
 	e.tokens = append(e.tokens, k)
-	s.tokens[k] = e
+	s.tokens[k] = &token{sender: e, key: key}
 	if len(e.tokens) > tokensPerSender {
 		delete(s.tokens, e.tokens[0])
 		e.tokens = e.tokens[1:]
@@ -88,25 +97,45 @@ func (s *tokenSet) forgetLocked(e *senderTokens) {
 	s.lru.Remove(e.elem)
 }
 
-// sender returns whom tok was issued to, and counts as a use of it.
-func (s *tokenSet) sender(tok []byte) (string, bool) {
+// sender returns whom tok was issued to and the handshake's key, and
+// counts as a use of it.
+func (s *tokenSet) sender(tok []byte) (string, []byte, bool) {
 	if len(tok) != wire.TokenSize {
-		return "", false
+		return "", nil, false
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.tokens[string(tok)]
+	t, ok := s.tokens[string(tok)]
 	if !ok {
-		return "", false
+		return "", nil, false
 	}
-	s.touchLocked(e, time.Now())
-	return e.id, true
+	s.touchLocked(t.sender, time.Now())
+	return t.sender.id, t.key, true
 }
 
-func (s *tokenSet) has(tok []byte) bool {
-	_, ok := s.sender(tok)
-	return ok
+// notice checks a notice's token, its MAC (macOK, given the key) and its
+// sequence number, which must be above the last one taken under the token.
+func (s *tokenSet) notice(tok []byte, seq uint64, macOK func(key []byte) bool) error {
+	if len(tok) != wire.TokenSize {
+		return errUnknownNoticeToken
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.tokens[string(tok)]
+	switch {
+	case !ok:
+		return errUnknownNoticeToken
+	case !macOK(t.key):
+		return fmt.Errorf("the notice's MAC is wrong: not from the sender that shook hands")
+	case seq <= t.lastSeq:
+		return fmt.Errorf("the notice's sequence number %d is not above %d: a replay", seq, t.lastSeq)
+	}
+	t.lastSeq = seq
+	s.touchLocked(t.sender, time.Now())
+	return nil
 }
+
+var errUnknownNoticeToken = errors.New("the notice's token belongs to no handshake with this guard")
 
 // size is how many senders and tokens are kept.
 func (s *tokenSet) size() (senders, tokens int) {

@@ -61,7 +61,8 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 		}
 		return d, notified
 	}
-	if conn.FenceIsFinal() {
+	final := conn.FenceIsFinal()
+	if final {
 		cfg.MaxRetries = 0 // re-send or fail at once
 	}
 	// index maps positions in the descriptors being checked to the batch.
@@ -92,8 +93,11 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 		}
 		me.Descs = badIndex
 		if cfg.OnMismatch != Resend || attempt >= cfg.MaxResends {
-			if attempt > 0 {
+			switch {
+			case attempt > 0:
 				me.Where = fmt.Sprintf("still differ at the target after %d re-sends", attempt)
+			case final:
+				me.Where = "differ at the target after a fence that said every earlier write was applied"
 			}
 			return d, me
 		}

@@ -20,8 +20,9 @@ type Peer struct {
 	// Sender is the sending session's id, stable across reconnects: a
 	// target replaces a sender's older connections (and their late bytes).
 	Sender string
-	// Token binds the sender's data connections to the handshake.
-	Token []byte
+	// Token names the handshake; Key proves the sender took part in it
+	// (ConnectionProof). Without a shared secret the key is the token.
+	Token, Key []byte
 	// Host is the address the sender reached the target's guard at (for
 	// a target that listens on every interface and cannot name one).
 	Host string

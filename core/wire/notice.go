@@ -10,12 +10,16 @@ import (
 // mode, each descriptor's digest. It travels over the ZMQ control channel
 // in chunks of at most MaxNoticeDescs descriptors:
 //
-//	magic "MGN1" | mode u8 | pad [3] | id u64 | total u32 | base u32 | count u32 | pad u32
+//	magic "MGN2" | mode u8 | pad [3] | id u64 | total u32 | base u32 | count u32 | pad u32
 //	token [16] (the sender's handshake token: only a peer that shook hands may announce)
+//	seq u64 (per handshake, increasing: a replayed notice is refused)
+//	mac [16] (keyed by the handshake's key over the rest: NoticeMACOffset)
 //	count x (dst u64 | len u64 | digest u64)
 const (
-	noticeMagic      = "MGN1"
-	NoticeHeaderSize = 48
+	noticeMagic      = "MGN2"
+	NoticeHeaderSize = 72
+	NoticeMACOffset  = 56
+	NoticeMACSize    = 16
 	NoticeDescSize   = 24
 	MaxNoticeDescs   = 1 << 15
 	// MaxNoticeTotal bounds the descriptors of one transfer (MC_GUARD_MAX_DESCRIPTORS).
@@ -30,6 +34,8 @@ type NoticeDesc struct {
 // Notice is one chunk of a transfer's completion notice.
 type Notice struct {
 	Token []byte // TokenSize bytes
+	Seq   uint64
+	MAC   []byte // NoticeMACSize bytes
 	ID    uint64
 	Mode  uint8 // index into verify.Modes
 	Total int   // descriptors in the whole transfer
@@ -52,6 +58,10 @@ func EncodeNotice(b []byte, n Notice) []byte {
 	var tok [TokenSize]byte
 	copy(tok[:], n.Token)
 	b = append(b, tok[:]...)
+	b = binary.LittleEndian.AppendUint64(b, n.Seq)
+	var mac [NoticeMACSize]byte
+	copy(mac[:], n.MAC)
+	b = append(b, mac[:]...)
 	for _, d := range n.Descs {
 		b = binary.LittleEndian.AppendUint64(b, d.Dst)
 		b = binary.LittleEndian.AppendUint64(b, d.Len)
@@ -71,6 +81,8 @@ func DecodeNotice(b []byte, modes int) (Notice, error) {
 		Total: int(binary.LittleEndian.Uint32(b[16:])),
 		Base:  int(binary.LittleEndian.Uint32(b[20:])),
 		Token: append([]byte(nil), b[32:32+TokenSize]...),
+		Seq:   binary.LittleEndian.Uint64(b[48:]),
+		MAC:   append([]byte(nil), b[NoticeMACOffset:NoticeMACOffset+NoticeMACSize]...),
 	}
 	count := int(binary.LittleEndian.Uint32(b[24:]))
 	switch {

@@ -4,12 +4,14 @@
 //
 //	magic u16 | version u8 | op u8 | status i32 | id u64 | addr u64 | len u64
 //
-// Requests: Hello (payload: the handshake token), Write (payload: the bytes
-// for [addr, addr+len)), Read (payload: len/16 (addr u64, len u64) ranges),
-// Fence (no payload: the reply comes once every earlier write on the
-// connection is applied).
-// Every request gets exactly one reply with the same id and op|Reply; a
-// Read's reply carries the ranges' bytes concatenated.
+// On accept the target sends a Challenge (payload: ChallengeSize fresh
+// random bytes). Requests: Hello (payload: the handshake's token and a
+// proof that the sender holds the handshake's key, made over that
+// challenge: HelloSize bytes), Write (payload: the bytes for [addr,
+// addr+len)), Read (payload: len/16 (addr u64, len u64) ranges), Fence (no
+// payload: the reply comes once every earlier write on the connection is
+// applied). Every request gets exactly one reply with the same id and
+// op|Reply; a Read's reply carries the ranges' bytes concatenated.
 package wire
 
 import (
@@ -20,7 +22,7 @@ import (
 
 const (
 	Magic      = 0x4D47 // "MG"
-	Version    = 1
+	Version    = 2 // 2: the target's challenge, and a hello that proves a key
 	HeaderSize = 32
 
 	// MaxPayload bounds every payload, so a decoder never allocates or
@@ -30,6 +32,11 @@ const (
 	MaxRanges = 1 << 16
 	// TokenSize is the length of the handshake token a Hello carries.
 	TokenSize = 16
+	// ChallengeSize is a Challenge's payload; ProofSize the proof a Hello
+	// carries after the token.
+	ChallengeSize = 16
+	ProofSize     = 32
+	HelloSize     = TokenSize + ProofSize
 )
 
 // Op is a frame's operation.
@@ -40,6 +47,9 @@ const (
 	OpWrite Op = 2
 	OpRead  Op = 3
 	OpFence Op = 4
+	// OpChallenge is sent by the target, unasked, when it accepts a
+	// connection.
+	OpChallenge Op = 5
 	// Reply is or-ed into the op of a reply frame.
 	Reply Op = 0x80
 )
@@ -118,7 +128,7 @@ func Decode(b []byte) (Header, error) {
 		Len:    binary.LittleEndian.Uint64(b[24:]),
 	}
 	switch h.Op &^ Reply {
-	case OpHello, OpWrite, OpRead, OpFence:
+	case OpHello, OpWrite, OpRead, OpFence, OpChallenge:
 	default:
 		return Header{}, fmt.Errorf("%w: unknown op %#x", ErrFrame, byte(h.Op))
 	}

@@ -33,7 +33,7 @@ type conn struct {
 	hdr        [wire.HeaderSize]byte
 }
 
-func dial(ctx context.Context, addr string, token []byte, timeout time.Duration, local *memory.Regions) (*conn, error) {
+func dial(ctx context.Context, addr string, peer transport.Peer, timeout time.Duration, local *memory.Regions) (*conn, error) {
 	d := net.Dialer{Timeout: timeout}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -43,7 +43,7 @@ func dial(ctx context.Context, addr string, token []byte, timeout time.Duration,
 		tc.SetNoDelay(true)
 	}
 	t := &conn{c: c, cut: func() { c.Close() }, local: local, r: bufio.NewReaderSize(c, 256<<10), w: bufio.NewWriterSize(c, 256<<10), timeout: timeout}
-	if err := t.hello(ctx, token); err != nil {
+	if err := t.hello(ctx, peer); err != nil {
 		t.Close()
 		return nil, err
 	}
@@ -139,13 +139,29 @@ func (t *conn) FenceIsFinal() bool { return t.finalFence }
 // Refresh has nothing to take: a TCP target checks every write itself.
 func (t *conn) Refresh([]byte, []memory.Region) error { return nil }
 
-func (t *conn) hello(ctx context.Context, token []byte) error {
-	h, err := t.request(ctx, wire.OpHello, token)
+// hello answers the target's challenge: the token, and the proof over
+// the challenge that the sender holds the handshake's key.
+func (t *conn) hello(ctx context.Context, peer transport.Peer) error {
+	t.deadline(ctx)
+	var hdr [wire.HeaderSize]byte
+	if _, err := io.ReadFull(t.r, hdr[:]); err != nil {
+		return ioErr("receive the challenge", err)
+	}
+	h, err := wire.Decode(hdr[:])
+	if err != nil || h.Op != wire.OpChallenge || h.Len != wire.ChallengeSize {
+		return fmt.Errorf("%w: the target sent no challenge (%v)", errs.Peer, err)
+	}
+	challenge := make([]byte, wire.ChallengeSize)
+	if _, err := io.ReadFull(t.r, challenge); err != nil {
+		return ioErr("receive the challenge", err)
+	}
+	payload := append(append(make([]byte, 0, wire.HelloSize), peer.Token...), transport.ConnectionProof(peer.Key, challenge)...)
+	rep, err := t.request(ctx, wire.OpHello, payload)
 	if err != nil {
 		return err
 	}
-	if h.Status != wire.StatusOK {
-		return fmt.Errorf("%w: target refused the data connection: %v", errs.Peer, h.Status)
+	if rep.Status != wire.StatusOK {
+		return fmt.Errorf("%w: target refused the data connection: %v", errs.Peer, rep.Status)
 	}
 	return nil
 }

@@ -3,6 +3,8 @@ package tcp
 import (
 	"bufio"
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -146,6 +148,15 @@ func (t *target) serve(c net.Conn) {
 	w := bufio.NewWriterSize(c, 64<<10)
 	hdr := make([]byte, wire.HeaderSize)
 	bound := false
+	// A fresh challenge: the hello must prove the handshake's key over it,
+	// so a hello seen on the wire is worth nothing on another connection.
+	challenge := make([]byte, wire.ChallengeSize)
+	rand.Read(challenge)
+	c.SetWriteDeadline(time.Now().Add(t.timeout))
+	wire.Header{Op: wire.OpChallenge, Len: wire.ChallengeSize}.Encode(hdr)
+	if _, err := c.Write(append(append([]byte(nil), hdr...), challenge...)); err != nil {
+		return
+	}
 	lagged := transport.NewPending() // this connection's lag-held writes, for Fence
 	cut := func() { c.Close() }      // unregistering a region this connection is in the middle of
 	for {
@@ -172,7 +183,7 @@ func (t *target) serve(c net.Conn) {
 		switch {
 		case h.Op == wire.OpHello:
 			var sender string
-			st, sender = t.hello(r, h.Len)
+			st, sender = t.hello(r, h.Len, challenge)
 			bound = st == wire.StatusOK
 			if bound {
 				t.claim(sender, c)
@@ -212,8 +223,10 @@ func (t *target) serve(c net.Conn) {
 	}
 }
 
-func (t *target) hello(r io.Reader, n uint64) (wire.Status, string) {
-	if n != wire.TokenSize {
+// hello checks a Hello: a token the guard issued, and the proof of its
+// key over this connection's challenge.
+func (t *target) hello(r io.Reader, n uint64, challenge []byte) (wire.Status, string) {
+	if n != wire.HelloSize {
 		io.CopyN(io.Discard, r, int64(n))
 		return wire.StatusUnauthorized, ""
 	}
@@ -221,8 +234,8 @@ func (t *target) hello(r io.Reader, n uint64) (wire.Status, string) {
 	if _, err := io.ReadFull(r, got); err != nil {
 		return wire.StatusUnauthorized, ""
 	}
-	sender, ok := t.tokens(got)
-	if !ok {
+	sender, key, ok := t.tokens(got[:wire.TokenSize])
+	if !ok || !hmac.Equal(got[wire.TokenSize:], transport.ConnectionProof(key, challenge)) {
 		return wire.StatusUnauthorized, ""
 	}
 	return wire.StatusOK, sender

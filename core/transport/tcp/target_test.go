@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"io"
 	"net"
 	"sync/atomic"
 	"syscall"
@@ -36,19 +37,22 @@ func TestAcceptSurvivesDescriptorExhaustion(t *testing.T) {
 	flaky := &exhausted{Listener: ln}
 	flaky.fails.Store(5)
 	tg := serveOn(flaky, Config{Timeout: time.Second, Regions: memory.New(nil), Faults: fault.Config{Mode: fault.None},
-		Tokens: func([]byte) (string, bool) { return "", false }})
+		Tokens: func([]byte) (string, []byte, bool) { return "", nil, false }})
 	defer tg.close()
 	c, err := net.DialTimeout("tcp", tg.addr(), time.Second)
 	require.NoError(t, err)
 	defer c.Close()
-	// A hello with a bad token: an answer proves the connection is served.
-	hdr := make([]byte, wire.HeaderSize)
-	wire.Header{Op: wire.OpHello, ID: 1, Len: wire.TokenSize}.Encode(hdr)
-	_, err = c.Write(append(hdr, make([]byte, wire.TokenSize)...))
-	require.NoError(t, err)
+	// The challenge, then a hello with a bad token: answers prove the
+	// connection is served.
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	_, err = c.Read(hdr)
+	hdr := make([]byte, wire.HeaderSize)
+	_, err = io.ReadFull(c, append(hdr, make([]byte, wire.ChallengeSize)...))
 	require.NoError(t, err, "the target accepted after the errors")
+	wire.Header{Op: wire.OpHello, ID: 1, Len: wire.HelloSize}.Encode(hdr)
+	_, err = c.Write(append(hdr, make([]byte, wire.HelloSize)...))
+	require.NoError(t, err)
+	_, err = io.ReadFull(c, hdr)
+	require.NoError(t, err)
 	h, err := wire.Decode(hdr)
 	require.NoError(t, err)
 	require.Equal(t, wire.StatusUnauthorized, h.Status)

@@ -21,8 +21,9 @@ import (
 // Name is the data plane's name in handshakes.
 const Name = "tcp"
 
-// Tokens says whom a data connection's token was issued to, if anyone.
-type Tokens func(token []byte) (sender string, ok bool)
+// Tokens says whom a data connection's token was issued to, and the key
+// its hello must prove, if anyone.
+type Tokens func(token []byte) (sender string, key []byte, ok bool)
 
 // Config is what the TCP data plane needs of its guard.
 type Config struct {
@@ -114,7 +115,7 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, _ 
 			addr = net.JoinHostPort(peer.Host, port)
 		}
 	}
-	c, err := dial(ctx, addr, peer.Token, d.t.cfg.Timeout, d.t.cfg.Regions)
+	c, err := dial(ctx, addr, peer, d.t.cfg.Timeout, d.t.cfg.Regions)
 	if err != nil {
 		return nil, err
 	}
