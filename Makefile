@@ -18,7 +18,7 @@ export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 export MCGUARD_CUDA_MODEL := $(CURDIR)/$(CUDA_MODEL)
 export MCGUARD_NIC_MODEL  := $(CURDIR)/$(NIC_MODEL)
 
-.PHONY: device-check all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench fuzz soak install clean
+.PHONY: device-check all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench fuzz soak endurance install clean
 
 FUZZTIME ?= 30s
 FUZZ_WIRE := FuzzDecodeHeader FuzzDecodeRanges FuzzDecodeNotice
@@ -67,7 +67,14 @@ test: deps build test-go test-c test-python
 test-go: $(CUDA_MODEL) $(NIC_MODEL)
 	$(GO) vet -unsafeptr=false ./...
 	$(GO) test -race -count=1 ./...
-	$(GO) test -count=1 -run '^TestSoak$$' -v ./core/
+	$(GO) test -count=1 -run '^(TestSoak|TestEndurance)$$' -v ./core/
+
+## endurance: one receiver through 10^5 handshakes from churning senders,
+## descriptor exhaustion, control floods and stalled peers, while long-lived
+## digest and tail sessions transfer (make test runs 3000 handshakes)
+ENDURANCE_HANDSHAKES ?= 100000
+endurance: deps-system deps-go $(CUDA_MODEL) $(NIC_MODEL)
+	MCGUARD_ENDURANCE_HANDSHAKES=$(ENDURANCE_HANDSHAKES) $(GO) test -count=1 -timeout 2h -run '^TestEndurance$$' -v ./core/
 
 ## soak: the leak soak alone (10^4 cycles; MCGUARD_SOAK_CYCLES to change)
 soak: deps-system deps-go $(CUDA_MODEL) $(NIC_MODEL)
