@@ -32,6 +32,7 @@ const (
 	labelToken     = "mcguard/2 token"
 	labelKey       = "mcguard/4 key"
 	labelNotice    = "mcguard/4 notice"
+	labelAbort     = "mcguard/4 abort"
 	secretMinBytes = 16
 )
 

@@ -18,4 +18,6 @@ var (
 	ErrVerify        = errs.Verify
 	ErrClosed        = errs.Closed
 	ErrDevice        = errs.Device
+	ErrQuiesced      = errs.Quiesced
+	ErrCancelled     = errs.Cancelled
 )

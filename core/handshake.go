@@ -46,6 +46,10 @@ type helloRequest struct {
 	// that data plane's part of the request (its queue pairs, say).
 	Transport string          `json:"transport,omitempty"`
 	Offer     json.RawMessage `json:"offer,omitempty"`
+	// An "abort" names its handshake by Token, with a sequence number
+	// above the last one used under it, and MAC under the handshake's key.
+	Token []byte `json:"token,omitempty"`
+	Seq   uint64 `json:"seq,omitempty"`
 }
 
 // helloReply tells a sender what it may write to and how its data plane
@@ -166,6 +170,12 @@ func (g *Guard) answer(peer, body []byte) helloReply {
 	plane := g.plane(req.Transport)
 	if plane == nil {
 		return refuse("this guard does not serve transport %q (it serves %s)", req.Transport, g.planeNames())
+	}
+	if req.Op == "abort" {
+		if err := g.answerAbort(req); err != nil {
+			return refuse("abort: %v", err)
+		}
+		return helloReply{Proto: ProtocolVersion}
 	}
 	rep := helloReply{Proto: ProtocolVersion}
 	var token, key []byte

@@ -280,3 +280,34 @@ func TestTCPWithRequireRDMAIsAConfigError(t *testing.T) {
 	require.ErrorIs(t, err, ErrConfig)
 	require.ErrorContains(t, err, `transport "tcp" and require_rdma true`)
 }
+
+// On RDMA a quiesce takes the regions away from the NIC and registers them
+// again under new rkeys: WRITEs the NIC accepted land before it returns
+// (deregistration waits for them), WRITEs under the old rkeys after it
+// complete in error at their sender, whose next connection learns the new
+// ones.
+func TestRDMAQuiesceInvalidatesOldKeys(t *testing.T) {
+	key := rdmaKey(t)
+	t.Setenv("MCG_NIC_LAG_US", "50000")
+	const n, size = 16, 4096
+	p := newPair(t, "{"+key+`, "verify": "off"}`, "{"+key+"}", n*size)
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{})
+	require.NoError(t, err, "accepted, not yet visible")
+	start := time.Now()
+	require.NoError(t, p.recv.Quiesce([]SyncRange{{p.dst.addr(0), n * size}}))
+	took := time.Since(start)
+	t.Logf("quiesce with writes in flight: %v", took)
+	require.True(t, bytes.Equal(p.src.b, p.dst.b), "the accepted writes landed before the quiesce returned")
+	for i := range p.dst.b {
+		p.dst.b[i] = 0x5A
+	}
+	_, err = p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{})
+	require.Error(t, err, "a WRITE under the old rkey completes in error")
+	time.Sleep(100 * time.Millisecond)
+	require.Equal(t, bytes.Repeat([]byte{0x5A}, n*size), p.dst.b, "and lands nowhere")
+	fill(p.src.b)
+	_, err = p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{Verify: ptr(verify.Tail)})
+	require.NoError(t, err, "the next connection has the new rkeys")
+	require.True(t, bytes.Equal(p.src.b, p.dst.b))
+}

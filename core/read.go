@@ -21,7 +21,7 @@ func (g *Guard) Read(name string, descs []verify.Desc) error {
 	if _, err := g.checkBatch(name, descs); err != nil {
 		return err
 	}
-	s, err := g.lockSession(name, descs)
+	s, err := g.lockSession(g.ctx, name, descs)
 	if err != nil {
 		return err
 	}

@@ -22,7 +22,7 @@ func (g *Guard) receiveNotice(body []byte) []byte {
 	rep := controlReply{Proto: ProtocolVersion}
 	n, err := wire.DecodeNotice(body, len(verify.Modes))
 	if err == nil {
-		err = g.auth.tokens.notice(n.Token, n.Seq, func(key []byte) bool { return hmac.Equal(n.MAC, noticeMAC(key, body)) })
+		_, err = g.auth.tokens.notice(n.Token, n.Seq, func(key []byte) bool { return hmac.Equal(n.MAC, noticeMAC(key, body)) })
 		if errors.Is(err, errUnknownNoticeToken) {
 			rep.Code = codeUnknownToken
 		}

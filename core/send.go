@@ -1,9 +1,11 @@
 package core
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"time"
 
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
@@ -14,16 +16,19 @@ import (
 
 // TransferOptions adjusts one call.
 type TransferOptions struct {
-	Verify   *verify.Mode // nil: the guard's mode
-	Digests  []uint64     // if len(descs): filled with each source's digest (xxh3-64)
-	NoNotice bool         // do not send a completion notice even where the guard would
+	Verify   *verify.Mode  // nil: the guard's mode
+	Digests  []uint64      // if len(descs): filled with each source's digest (xxh3-64)
+	NoNotice bool          // do not send a completion notice even where the guard would
+	Deadline time.Duration // > 0: the transfer fails with ErrTimeout past it
 }
 
-// TransferResult describes a successful transfer.
+// TransferResult describes a transfer: a successful one, or for a failed
+// one what is known of its bytes still on their way.
 type TransferResult struct {
 	ID      uint64
 	Retries int
 	Resends int
+	Abort   AbortState // after a failure: whether the target said nothing more lands
 }
 
 // Transfer writes every descriptor to session and returns nil only after
@@ -37,6 +42,11 @@ func (g *Guard) Transfer(name string, descs []verify.Desc, opts TransferOptions)
 	res, err := g.transfer(name, descs, opts)
 	if err != nil {
 		g.stats.failed.Add(1)
+		if res.Abort == AbortConfirmed {
+			g.stats.abortsConfirmed.Add(1)
+		} else if res.Abort == AbortUnconfirmed {
+			g.stats.abortsUnconfirmed.Add(1)
+		}
 		if errors.Is(err, ErrVerify) {
 			g.stats.verifyFailures.Add(1)
 		}
@@ -79,13 +89,13 @@ func (g *Guard) checkBatch(name string, descs []verify.Desc) (uint64, error) {
 
 // lockSession returns name's session locked, connected, and with a region
 // table that covers every remote range of descs. The caller unlocks it.
-func (g *Guard) lockSession(name string, descs []verify.Desc) (*session, error) {
+func (g *Guard) lockSession(ctx context.Context, name string, descs []verify.Desc) (*session, error) {
 	s := g.session(name)
 	s.mu.Lock()
-	err := s.connect(g.ctx, g)
+	err := s.connect(ctx, g)
 	if err == nil {
 		if i := s.checkDst(descs); i >= 0 {
-			if err = s.refresh(g.ctx, g); err == nil {
+			if err = s.refresh(ctx, g); err == nil {
 				if i = s.checkDst(descs); i >= 0 {
 					err = fmt.Errorf("descriptor %d remote side: %w at session %s: [%#x, +%d)", i, ErrNotRegistered, name, descs[i].Dst, descs[i].Len)
 				}
@@ -99,8 +109,7 @@ func (g *Guard) lockSession(name string, descs []verify.Desc) (*session, error) 
 	return s, nil
 }
 
-func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions) (TransferResult, error) {
-	var res TransferResult
+func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions) (res TransferResult, err error) {
 	total, err := g.checkBatch(name, descs)
 	if err != nil {
 		return res, err
@@ -109,11 +118,19 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 	if opts.Verify != nil {
 		vcfg.Mode = *opts.Verify
 	}
-	s, err := g.lockSession(name, descs)
+	ctx, stop := g.session(name).callContext(g.ctx, opts.Deadline)
+	defer stop()
+	s, err := g.lockSession(ctx, name, descs)
 	if err != nil {
-		return res, err
+		return res, callErr(ctx, err)
 	}
 	defer s.mu.Unlock()
+	sent := false // a write may have left: a failure needs the abort
+	defer func() {
+		if err != nil && sent {
+			res.Abort = g.abortRemote(s)
+		}
+	}()
 	res.ID = g.nextTransfer.Add(1)
 	seed := mrand.Uint64()
 	notify := !opts.NoNotice && vcfg.Notifies()
@@ -143,10 +160,12 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 				if err := wait(); err != nil {
 					return err
 				}
-				return g.notify(s, res.ID, vcfg.Mode, len(descs), base, chunk, digests)
+				return g.notify(ctx, s, res.ID, vcfg.Mode, len(descs), base, chunk, digests)
 			}
 		}
-		d, err := verify.Deliver(g.ctx, vcfg, seed, s.conn, chunk, base, g.regions.View, &s.scratch, announce)
+		sent = true
+		var d verify.Delivery
+		d, err = verify.Deliver(ctx, vcfg, seed, s.conn, chunk, base, g.regions.View, &s.scratch, announce)
 		res.Retries += d.Retries
 		res.Resends += d.Resends
 		g.stats.retries.Add(int64(d.Retries))
@@ -160,7 +179,8 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 			err = werr
 		}
 		if err != nil {
-			return res, fmt.Errorf("session %s: %w", name, err)
+			err = fmt.Errorf("session %s: %w", name, callErr(ctx, err))
+			return res, err
 		}
 		if opts.Digests != nil {
 			copy(opts.Digests[base:], digests)
@@ -173,7 +193,7 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 
 // notify sends one chunk's completion notice to the session's guard and
 // waits for it to be recorded there.
-func (g *Guard) notify(s *session, id uint64, mode verify.Mode, total, base int, chunk []verify.Desc, digests []uint64) error {
+func (g *Guard) notify(ctx context.Context, s *session, id uint64, mode verify.Mode, total, base int, chunk []verify.Desc, digests []uint64) error {
 	for off := 0; off < len(chunk); off += wire.MaxNoticeDescs {
 		part := chunk[off:min(off+wire.MaxNoticeDescs, len(chunk))]
 		n := wire.Notice{ID: id, Mode: modeIndex(mode), Total: total, Base: base + off, Descs: make([]wire.NoticeDesc, len(part))}
@@ -183,12 +203,12 @@ func (g *Guard) notify(s *session, id uint64, mode verify.Mode, total, base int,
 				n.Descs[i].Digest = digests[off+i]
 			}
 		}
-		err := s.notify(g.ctx, g.zctx, &g.cfg, s.signNotice(n))
+		err := s.notify(ctx, g.zctx, &g.cfg, s.signNotice(n))
 		if errors.Is(err, errUnknownToken) {
 			// The receiver forgot this session's handshake (idle, or
 			// crowded out): shake hands again, once, and go on.
-			if err = s.refresh(g.ctx, g); err == nil {
-				err = s.notify(g.ctx, g.zctx, &g.cfg, s.signNotice(n))
+			if err = s.refresh(ctx, g); err == nil {
+				err = s.notify(ctx, g.zctx, &g.cfg, s.signNotice(n))
 			}
 		}
 		if err != nil {

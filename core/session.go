@@ -22,6 +22,10 @@ type session struct {
 	sender []byte // this session's id at the peer, kept across reconnects
 	mu     sync.Mutex
 
+	cmu      sync.Mutex // the transfers in flight, to cancel (not under mu: they may wait for it)
+	nextCall uint64
+	calls    map[uint64]context.CancelCauseFunc
+
 	// Under mu:
 	hello   helloReply
 	conn    transport.Conn // nil until connected, and again after an I/O error

@@ -10,6 +10,7 @@ import (
 type counters struct {
 	transfers, ok, failed, descriptors, bytes, retries, resends, verifyFailures, probed atomic.Int64
 	noticesSent, noticesReceived, syncs, syncFailures                                   atomic.Int64
+	cancels, abortsConfirmed, abortsUnconfirmed, abortsAnswered, quiesces               atomic.Int64
 }
 
 // Stats returns counters and settings as JSON.
@@ -22,29 +23,34 @@ func (g *Guard) Stats() ([]byte, error) {
 	nsessions := len(g.sessions)
 	g.mu.Unlock()
 	out := map[string]any{
-		"endpoint":         g.Endpoint(),
-		"verify":           g.cfg.Verify.Mode,
-		"inject":           g.cfg.Inject.Mode,
-		"transport":        g.data.Name(),
-		"max_batch":        g.cfg.MaxBatch,
-		"sessions":         nsessions,
-		"regions":          len(g.regions.Snapshot()),
-		"transfers":        g.stats.transfers.Load(),
-		"ok":               g.stats.ok.Load(),
-		"failed":           g.stats.failed.Load(),
-		"descriptors":      g.stats.descriptors.Load(),
-		"bytes":            g.stats.bytes.Load(),
-		"retries":          g.stats.retries.Load(),
-		"resends":          g.stats.resends.Load(),
-		"notices_sent":     g.stats.noticesSent.Load(),
-		"notices_received": g.stats.noticesReceived.Load(),
-		"syncs":            g.stats.syncs.Load(),
-		"sync_failures":    g.stats.syncFailures.Load(),
-		"notify":           g.cfg.Verify.Notify,
-		"cuda":             g.cudaState,
-		"rdma_qps":         g.cfg.RDMAQPs,
-		"verify_failures":  g.stats.verifyFailures.Load(),
-		"probed_bytes":     g.stats.probed.Load(),
+		"endpoint":           g.Endpoint(),
+		"verify":             g.cfg.Verify.Mode,
+		"inject":             g.cfg.Inject.Mode,
+		"transport":          g.data.Name(),
+		"max_batch":          g.cfg.MaxBatch,
+		"sessions":           nsessions,
+		"regions":            len(g.regions.Snapshot()),
+		"transfers":          g.stats.transfers.Load(),
+		"ok":                 g.stats.ok.Load(),
+		"failed":             g.stats.failed.Load(),
+		"descriptors":        g.stats.descriptors.Load(),
+		"bytes":              g.stats.bytes.Load(),
+		"retries":            g.stats.retries.Load(),
+		"resends":            g.stats.resends.Load(),
+		"notices_sent":       g.stats.noticesSent.Load(),
+		"notices_received":   g.stats.noticesReceived.Load(),
+		"syncs":              g.stats.syncs.Load(),
+		"sync_failures":      g.stats.syncFailures.Load(),
+		"notify":             g.cfg.Verify.Notify,
+		"cuda":               g.cudaState,
+		"rdma_qps":           g.cfg.RDMAQPs,
+		"verify_failures":    g.stats.verifyFailures.Load(),
+		"probed_bytes":       g.stats.probed.Load(),
+		"cancels":            g.stats.cancels.Load(),
+		"aborts_confirmed":   g.stats.abortsConfirmed.Load(),
+		"aborts_unconfirmed": g.stats.abortsUnconfirmed.Load(),
+		"aborts_answered":    g.stats.abortsAnswered.Load(),
+		"quiesces":           g.stats.quiesces.Load(),
 	}
 	for name, state := range g.planeState { // "tcp": what it runs on; "rdma": that, or why not
 		out[name] = state

@@ -115,24 +115,25 @@ func (s *tokenSet) sender(tok []byte) (string, []byte, bool) {
 
 // notice checks a notice's token, its MAC (macOK, given the key) and its
 // sequence number, which must be above the last one taken under the token.
-func (s *tokenSet) notice(tok []byte, seq uint64, macOK func(key []byte) bool) error {
+// It returns the token's sender.
+func (s *tokenSet) notice(tok []byte, seq uint64, macOK func(key []byte) bool) (string, error) {
 	if len(tok) != wire.TokenSize {
-		return errUnknownNoticeToken
+		return "", errUnknownNoticeToken
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t, ok := s.tokens[string(tok)]
 	switch {
 	case !ok:
-		return errUnknownNoticeToken
+		return "", errUnknownNoticeToken
 	case !macOK(t.key):
-		return fmt.Errorf("the notice's MAC is wrong: not from the sender that shook hands")
+		return "", fmt.Errorf("the MAC is wrong: not from the sender that shook hands")
 	case seq <= t.lastSeq:
-		return fmt.Errorf("the notice's sequence number %d is not above %d: a replay", seq, t.lastSeq)
+		return "", fmt.Errorf("the sequence number %d is not above %d: a replay", seq, t.lastSeq)
 	}
 	t.lastSeq = seq
 	s.touchLocked(t.sender, time.Now())
-	return nil
+	return t.sender.id, nil
 }
 
 var errUnknownNoticeToken = errors.New("the notice's token belongs to no handshake with this guard")

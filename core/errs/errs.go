@@ -25,4 +25,9 @@ var (
 	// Device: a GPU copy or synchronisation failed, or device memory was
 	// asked for where there is no usable CUDA driver.
 	Device = errors.New("device memory error")
+	// Quiesced: the receiver quiesced a destination range after the write
+	// was sent, and refused it.
+	Quiesced = errors.New("destination quiesced by the receiver")
+	// Cancelled: the caller cancelled the transfer.
+	Cancelled = errors.New("transfer cancelled")
 )

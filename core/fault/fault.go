@@ -30,10 +30,20 @@ const (
 	// Stale loses a Rate fraction of the writes whose last tail bytes
 	// already equal the destination's: the blind spot of a tail check.
 	Stale = "stale"
+	// Hold delivers a Rate fraction of writes LagMax late, as a slow or
+	// partitioned path does, holding up the connection's later frames and
+	// acknowledging them only once applied: a sender gives up, and the
+	// bytes arrive after it did (the abort hole).
+	Hold = "hold"
 )
 
 // Modes lists the fault modes, none first.
-var Modes = []string{None, Lag, Drop, Tear, Reorder, Stale}
+var Modes = []string{None, Lag, Drop, Tear, Reorder, Stale, Hold}
+
+// Delivery lists the modes in which a target does not deliver what it
+// acknowledges: what verification must catch (the detection matrix).
+// Hold acknowledges only what it applied; it makes the abort race.
+var Delivery = []string{Lag, Drop, Tear, Reorder, Stale}
 
 // Config turns fault injection on.
 type Config struct {
@@ -71,8 +81,12 @@ func (f *Injector) hit() bool {
 	return f.rng.Float64() < f.rate
 }
 
-// Delay draws how long a held write waits.
+// Delay draws how long a held write waits: LagMax for hold, up to it for
+// the others.
 func (f *Injector) Delay() time.Duration {
+	if f.mode == Hold {
+		return f.lagMax
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return time.Duration(f.rng.Int63n(int64(f.lagMax) + 1))
@@ -94,6 +108,10 @@ func (f *Injector) Fate(payload, dstTail []byte) (now []byte, hold bool) {
 	switch f.mode {
 	case Lag, Reorder:
 		return nil, true
+	case Hold:
+		if f.hit() {
+			return nil, true
+		}
 	case Drop:
 		if f.hit() {
 			return nil, false

@@ -51,6 +51,14 @@ type Transport interface {
 	// Settle returns once no write into ranges that this data plane
 	// acknowledged or began to apply can still land, or with ctx's error.
 	Settle(ctx context.Context, ranges []memory.Region) error
+	// Quiesce returns once no write into ranges that was sent before the
+	// call can land any more: those being applied have finished, and those
+	// still on their way are refused when they arrive. Where the data
+	// plane cannot promise that, it says so in its error.
+	Quiesce(ctx context.Context, ranges []memory.Region) error
+	// Abort makes sure nothing more from the peer's connections lands (the
+	// sender gave up on a transfer); it returns once that holds.
+	Abort(peer Peer) error
 
 	// Close ends the target side and releases everything; the
 	// connections it dialed must be closed first.

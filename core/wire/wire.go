@@ -50,6 +50,11 @@ const (
 	// OpChallenge is sent by the target, unasked, when it accepts a
 	// connection.
 	OpChallenge Op = 5
+	// OpMark carries a quiesce generation in Addr: the target pushes it,
+	// unasked, when the receiver quiesced ranges, and the sender echoes it
+	// as a request before its next writes (a Hello's Addr carries the
+	// generation of the sender's handshake).
+	OpMark Op = 6
 	// Reply is or-ed into the op of a reply frame.
 	Reply Op = 0x80
 )
@@ -64,6 +69,7 @@ const (
 	StatusUnauthorized  Status = 3 // no valid Hello on this connection
 	StatusTooLarge      Status = 4
 	StatusDevice        Status = 5 // the target could not copy into or out of GPU memory
+	StatusQuiesced      Status = 6 // the receiver quiesced the range after the write was sent
 )
 
 func (s Status) String() string {
@@ -80,6 +86,8 @@ func (s Status) String() string {
 		return "request too large"
 	case StatusDevice:
 		return "the target's GPU copy failed"
+	case StatusQuiesced:
+		return "the receiver quiesced the range after this write was sent"
 	}
 	return fmt.Sprintf("status %d", int32(s))
 }
@@ -128,7 +136,7 @@ func Decode(b []byte) (Header, error) {
 		Len:    binary.LittleEndian.Uint64(b[24:]),
 	}
 	switch h.Op &^ Reply {
-	case OpHello, OpWrite, OpRead, OpFence, OpChallenge:
+	case OpHello, OpWrite, OpRead, OpFence, OpChallenge, OpMark:
 	default:
 		return Header{}, fmt.Errorf("%w: unknown op %#x", ErrFrame, byte(h.Op))
 	}

@@ -23,6 +23,8 @@
  *    writes (visible to kernels after a flush); a READ or FLUSH of GPU
  *    memory first flushes them (a read orders earlier posted writes: the
  *    NCCL GDR flush), so read-backs see the bytes;
+ *  - deregistering an MR waits for the accepted writes into it to become
+ *    visible (a NIC stops its DMA into a region before it lets it go);
  *  - MCG_NIC_STALL_READS=1 makes the remote NIC never answer READs and
  *    FLUSHes (a link that went quiet): what waits on them must be
  *    cancellable.
@@ -134,7 +136,7 @@ static int read_full(int fd, void *p, size_t n) {
 static int write_full(int fd, const void *p, size_t n) {
     const char *b = p;
     while (n) {
-        ssize_t k = write(fd, b, n);
+        ssize_t k = send(fd, b, n, MSG_NOSIGNAL); /* a peer gone is an error, not a signal */
         if (k <= 0) return -1;
         b += k;
         n -= (size_t)k;
@@ -234,7 +236,30 @@ struct responder {
     pthread_cond_t cv;
     struct posted *head, *tail;
     int done;
+    struct responder *next; /* in g_responders */
 };
+
+/* Every live responder, so that deregistering an MR can wait for the
+ * writes into it that were accepted and are not yet visible: a NIC stops
+ * its DMA into a region before its deregistration returns. */
+static pthread_mutex_t g_resp_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct responder *g_responders;
+
+static void drain_range(uint64_t lo, uint64_t hi) {
+    pthread_mutex_lock(&g_resp_mu);
+    for (struct responder *r = g_responders; r; r = r->next) {
+        pthread_mutex_lock(&r->mu);
+        for (;;) {
+            int busy = 0;
+            for (struct posted *p = r->head; p; p = p->next)
+                if (p->raddr < hi && lo < p->raddr + p->len) busy = 1;
+            if (!busy || r->done) break;
+            pthread_cond_wait(&r->cv, &r->mu);
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+    pthread_mutex_unlock(&g_resp_mu);
+}
 
 static void *applier(void *arg) {
     struct responder *r = arg;
@@ -331,6 +356,10 @@ static void *responder_main(void *arg) {
     pthread_mutex_unlock(&r->mu);
     pthread_join(ap, NULL);
     close(r->fd);
+    pthread_mutex_lock(&g_resp_mu);
+    for (struct responder **pp = &g_responders; *pp; pp = &(*pp)->next)
+        if (*pp == r) { *pp = r->next; break; }
+    pthread_mutex_unlock(&g_resp_mu);
     free(r);
     return NULL;
 }
@@ -344,6 +373,10 @@ static void *listener_main(void *arg) {
         r->fd = fd;
         pthread_mutex_init(&r->mu, NULL);
         pthread_cond_init(&r->cv, NULL);
+        pthread_mutex_lock(&g_resp_mu);
+        r->next = g_responders;
+        g_responders = r;
+        pthread_mutex_unlock(&g_resp_mu);
         pthread_t t;
         pthread_create(&t, NULL, responder_main, r);
         pthread_detach(t);
@@ -701,6 +734,8 @@ int ibv_dereg_mr(struct ibv_mr *mr) {
             struct mr_entry *e = *pp;
             *pp = e->next;
             pthread_mutex_unlock(&g_mu);
+            uint64_t lo = (uint64_t)(uintptr_t)e->mr.addr;
+            drain_range(lo, lo + e->mr.length);
             free(e);
             return 0;
         }

@@ -53,6 +53,7 @@ type Transport struct {
 	ep    *verbs.Endpoint
 	mu    sync.Mutex
 	mrs   map[uint64]*verbs.MR   // by region start
+	mems  map[uint64]cuda.Memory // where each region's bytes live, to register it again
 	peers map[string][]*verbs.QP // by sender id
 }
 
@@ -71,7 +72,7 @@ func Open(cfg Config) (*Transport, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Transport{cfg: cfg, ep: ep, mrs: map[uint64]*verbs.MR{}, peers: map[string][]*verbs.QP{}}, nil
+	return &Transport{cfg: cfg, ep: ep, mrs: map[uint64]*verbs.MR{}, mems: map[uint64]cuda.Memory{}, peers: map[string][]*verbs.QP{}}, nil
 }
 
 func (*Transport) Name() string { return Name }
@@ -94,19 +95,25 @@ func (t *Transport) GID() [16]byte { return t.ep.GID() }
 // kernel accepts where nvidia-peermem is loaded; neither is an
 // MC_ERR_DEVICE that says what each lacked.
 func (t *Transport) Register(addr, n uint64, mem cuda.Memory) error {
-	var mr *verbs.MR
-	var err error
-	if mem.Device {
-		if mr, err = t.registerDevice(addr, n, mem); err != nil {
-			return err
-		}
-	} else if mr, err = t.ep.Register(addr, n); err != nil {
-		return fmt.Errorf("%w: %v", errs.InvalidArg, err)
+	mr, err := t.register(addr, n, mem)
+	if err != nil {
+		return err
 	}
 	t.mu.Lock()
-	t.mrs[addr] = mr
+	t.mrs[addr], t.mems[addr] = mr, mem
 	t.mu.Unlock()
 	return nil
+}
+
+func (t *Transport) register(addr, n uint64, mem cuda.Memory) (*verbs.MR, error) {
+	if mem.Device {
+		return t.registerDevice(addr, n, mem)
+	}
+	mr, err := t.ep.Register(addr, n)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errs.InvalidArg, err)
+	}
+	return mr, nil
 }
 
 func (t *Transport) registerDevice(addr, n uint64, mem cuda.Memory) (*verbs.MR, error) {
@@ -136,6 +143,7 @@ func (t *Transport) Unregister(addr uint64) {
 	t.mu.Lock()
 	mr := t.mrs[addr]
 	delete(t.mrs, addr)
+	delete(t.mems, addr)
 	t.mu.Unlock()
 	if mr != nil {
 		t.ep.Deregister(mr)
@@ -236,6 +244,49 @@ func (t *Transport) rkeys(regions []memory.Region) []uint32 {
 		}
 	}
 	return out
+}
+
+// Quiesce takes the memory regions that hold ranges away from the NIC and
+// registers them again under new rkeys: once the old ones are
+// deregistered, no WRITE under them can land (it completes in error at its
+// sender), wherever it was queued. A sender learns the new rkeys when it
+// reconnects: its first transfer after the quiesce fails with the remote
+// access error, as the aborted one does.
+func (t *Transport) Quiesce(_ context.Context, ranges []memory.Region) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for addr, mr := range t.mrs {
+		held := memory.Region{Addr: addr, Len: mr.Len}
+		if !overlapsAny(held, ranges) {
+			continue
+		}
+		fresh, err := t.register(addr, mr.Len, t.mems[addr])
+		if err != nil {
+			return fmt.Errorf("registering [%#x, +%d) again: %w", addr, mr.Len, err)
+		}
+		t.ep.Deregister(mr)
+		t.mrs[addr] = fresh
+	}
+	return nil
+}
+
+func overlapsAny(r memory.Region, ranges []memory.Region) bool {
+	for _, q := range ranges {
+		if r.Overlaps(q) {
+			return true
+		}
+	}
+	return false
+}
+
+// Abort destroys the queue pairs this target keeps for the peer: the NIC
+// executes nothing more that arrives for them.
+func (t *Transport) Abort(peer transport.Peer) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	destroyQPs(t.peers[peer.Sender])
+	delete(t.peers, peer.Sender)
+	return nil
 }
 
 // Settle has nothing to wait for: the NIC writes without this CPU, and

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/mcguard/mcguard/core/errs"
@@ -26,14 +27,17 @@ type conn struct {
 	// finalFence: the target said its fence answers after every earlier
 	// write is applied.
 	finalFence bool
-	r          *bufio.Reader
-	w          *bufio.Writer
-	timeout    time.Duration
-	nextID     uint64
-	hdr        [wire.HeaderSize]byte
+	// mark is the newest quiesce generation the target pushed; echoed, the
+	// newest one echoed back (writes after the echo are taken).
+	mark, echoed uint64
+	r            *bufio.Reader
+	w            *bufio.Writer
+	timeout      time.Duration
+	nextID       uint64
+	hdr          [wire.HeaderSize]byte
 }
 
-func dial(ctx context.Context, addr string, peer transport.Peer, timeout time.Duration, local *memory.Regions) (*conn, error) {
+func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, timeout time.Duration, local *memory.Regions) (*conn, error) {
 	d := net.Dialer{Timeout: timeout}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -42,7 +46,8 @@ func dial(ctx context.Context, addr string, peer transport.Peer, timeout time.Du
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	t := &conn{c: c, cut: func() { c.Close() }, local: local, r: bufio.NewReaderSize(c, 256<<10), w: bufio.NewWriterSize(c, 256<<10), timeout: timeout}
+	t := &conn{c: c, cut: func() { c.Close() }, local: local, r: bufio.NewReaderSize(c, 256<<10), w: bufio.NewWriterSize(c, 256<<10), timeout: timeout,
+		mark: gen, echoed: gen}
 	if err := t.hello(ctx, peer); err != nil {
 		t.Close()
 		return nil, err
@@ -89,12 +94,19 @@ func (t *conn) send(h wire.Header, payload []byte) error {
 // recv reads one reply and checks it answers the request with id and op.
 func (t *conn) recv(op wire.Op, id uint64) (wire.Header, error) {
 	var hdr [wire.HeaderSize]byte
-	if _, err := io.ReadFull(t.r, hdr[:]); err != nil {
-		return wire.Header{}, ioErr("receive", err)
-	}
-	h, err := wire.Decode(hdr[:])
-	if err != nil {
-		return wire.Header{}, fmt.Errorf("%w: bad reply from target: %v", errs.Peer, err)
+	var h wire.Header
+	for {
+		if _, err := io.ReadFull(t.r, hdr[:]); err != nil {
+			return wire.Header{}, ioErr("receive", err)
+		}
+		var err error
+		if h, err = wire.Decode(hdr[:]); err != nil {
+			return wire.Header{}, fmt.Errorf("%w: bad reply from target: %v", errs.Peer, err)
+		}
+		if h.Op != wire.OpMark {
+			break
+		}
+		t.mark = max(t.mark, h.Addr) // a quiesce at the receiver: echoed before the next writes
 	}
 	if h.Op != op|wire.Reply || h.ID != id {
 		return wire.Header{}, fmt.Errorf("%w: reply out of step (op %#x id %d, want op %#x id %d)", errs.Peer, byte(h.Op), h.ID, byte(op|wire.Reply), id)
@@ -104,8 +116,13 @@ func (t *conn) recv(op wire.Op, id uint64) (wire.Header, error) {
 
 // request sends one frame and waits for its reply.
 func (t *conn) request(ctx context.Context, op wire.Op, payload []byte) (wire.Header, error) {
+	return t.requestAt(ctx, op, 0, payload)
+}
+
+// requestAt is request with the frame's Addr.
+func (t *conn) requestAt(ctx context.Context, op wire.Op, addr uint64, payload []byte) (wire.Header, error) {
 	t.deadline(ctx)
-	if err := t.send(wire.Header{Op: op, Len: uint64(len(payload))}, payload); err != nil {
+	if err := t.send(wire.Header{Op: op, Addr: addr, Len: uint64(len(payload))}, payload); err != nil {
 		return wire.Header{}, err
 	}
 	if err := t.w.Flush(); err != nil {
@@ -156,7 +173,7 @@ func (t *conn) hello(ctx context.Context, peer transport.Peer) error {
 		return ioErr("receive the challenge", err)
 	}
 	payload := append(append(make([]byte, 0, wire.HelloSize), peer.Token...), transport.ConnectionProof(peer.Key, challenge)...)
-	rep, err := t.request(ctx, wire.OpHello, payload)
+	rep, err := t.requestAt(ctx, wire.OpHello, t.mark, payload)
 	if err != nil {
 		return err
 	}
@@ -170,6 +187,9 @@ func (t *conn) hello(ctx context.Context, peer transport.Peer) error {
 // acknowledgement per slice. The replies are read while the writes go out,
 // so a long batch cannot fill both socket buffers and stall.
 func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
+	if err := t.catchUp(ctx); err != nil {
+		return err
+	}
 	var slices []int // the descriptor of each slice, for messages
 	for sl := range transport.Slices(descs) {
 		slices = append(slices, base+sl.Desc)
@@ -214,6 +234,58 @@ func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
 		return sendErr
 	}
 	return <-acks
+}
+
+// catchUp takes the quiesce marks the target pushed while the connection
+// was idle, and echoes the newest before any new write: from the echo on,
+// the target knows this sender's writes were sent after those quiesces.
+func (t *conn) catchUp(ctx context.Context) error {
+	for t.unread() {
+		t.deadline(ctx)
+		b, err := t.r.Peek(wire.HeaderSize)
+		if err != nil {
+			return ioErr("receive", err)
+		}
+		h, err := wire.Decode(b)
+		if err != nil || h.Op != wire.OpMark {
+			return fmt.Errorf("%w: the target sent an unasked frame (%v)", errs.Peer, err)
+		}
+		t.r.Discard(wire.HeaderSize)
+		t.mark = max(t.mark, h.Addr)
+	}
+	if t.mark <= t.echoed {
+		return nil
+	}
+	defer t.abortOn(ctx)()
+	if _, err := t.requestAt(ctx, wire.OpMark, t.mark, nil); err != nil {
+		return err
+	}
+	t.echoed = t.mark
+	return nil
+}
+
+// unread reports, without waiting, whether bytes the target sent wait
+// unread (between requests that can only be pushed marks): one
+// non-blocking peek, not a read deadline, which would wait for the poller.
+func (t *conn) unread() bool {
+	if t.r.Buffered() > 0 {
+		return true
+	}
+	sc, ok := t.c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	n := 0
+	rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		n, _, _ = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		return true
+	})
+	return n > 0
 }
 
 // Fence asks the target to reply once every earlier write on this
@@ -285,6 +357,8 @@ func (t *conn) readRanges(ctx context.Context, ranges []verify.Range, out []byte
 
 func statusErr(s wire.Status) error {
 	switch s {
+	case wire.StatusQuiesced:
+		return errs.Quiesced
 	case wire.StatusNotRegistered:
 		return errs.NotRegistered
 	case wire.StatusDevice:

@@ -41,9 +41,12 @@ type target struct {
 	closed  bool // under applyMu: held writes stop touching memory
 	late    sync.WaitGroup
 
+	q    quiescer
+	stop chan struct{} // closed when the target closes: held writes give up
+
 	ln      net.Listener
 	mu      sync.Mutex
-	conns   map[net.Conn]struct{}
+	conns   map[net.Conn]*link
 	senders map[string]net.Conn // each sender's current data connection
 	wg      sync.WaitGroup
 }
@@ -58,8 +61,8 @@ func newTarget(cfg Config) (*target, error) {
 
 // serveOn runs a target on ln.
 func serveOn(ln net.Listener, cfg Config) *target {
-	t := &target{regions: cfg.Regions, tokens: cfg.Tokens, timeout: cfg.Timeout, ln: ln, conns: map[net.Conn]struct{}{}, senders: map[string]net.Conn{},
-		pending: transport.NewPending(), faults: fault.New(cfg.Faults, cfg.TailBytes, ln.Addr().String())}
+	t := &target{regions: cfg.Regions, tokens: cfg.Tokens, timeout: cfg.Timeout, ln: ln, conns: map[net.Conn]*link{}, senders: map[string]net.Conn{},
+		pending: transport.NewPending(), stop: make(chan struct{}), faults: fault.New(cfg.Faults, cfg.TailBytes, ln.Addr().String())}
 	t.wg.Add(1)
 	go t.accept()
 	return t
@@ -96,10 +99,11 @@ func (t *target) accept() {
 			c.Close()
 			continue
 		}
-		t.conns[c] = struct{}{}
+		l := &link{c: c}
+		t.conns[c] = l
 		t.wg.Add(1)
 		t.mu.Unlock()
-		go t.serve(c)
+		go t.serve(l)
 	}
 }
 
@@ -113,6 +117,7 @@ func acceptBackoff(last time.Duration) time.Duration {
 }
 
 func (t *target) close() {
+	close(t.stop)
 	t.ln.Close()
 	t.mu.Lock()
 	for c := range t.conns {
@@ -129,7 +134,8 @@ func (t *target) close() {
 
 // serve runs one data connection until it fails or the peer leaves. A
 // malformed header ends the connection: the stream cannot be resynchronised.
-func (t *target) serve(c net.Conn) {
+func (t *target) serve(l *link) {
+	c := l.c
 	defer t.wg.Done()
 	defer func() {
 		t.mu.Lock()
@@ -154,7 +160,10 @@ func (t *target) serve(c net.Conn) {
 	rand.Read(challenge)
 	c.SetWriteDeadline(time.Now().Add(t.timeout))
 	wire.Header{Op: wire.OpChallenge, Len: wire.ChallengeSize}.Encode(hdr)
-	if _, err := c.Write(append(append([]byte(nil), hdr...), challenge...)); err != nil {
+	l.wmu.Lock()
+	_, err := c.Write(append(append([]byte(nil), hdr...), challenge...))
+	l.wmu.Unlock()
+	if err != nil {
 		return
 	}
 	lagged := transport.NewPending() // this connection's lag-held writes, for Fence
@@ -186,12 +195,19 @@ func (t *target) serve(c net.Conn) {
 			st, sender = t.hello(r, h.Len, challenge)
 			bound = st == wire.StatusOK
 			if bound {
-				t.claim(sender, c)
+				l.catchUp(h.Addr, t.q.gen.Load()) // the generation of its handshake
+				t.claim(sender, l)
 			}
 		case !bound:
 			st = wire.StatusUnauthorized
+		case h.Op == wire.OpMark:
+			l.catchUp(h.Addr, t.q.gen.Load())
+			if h.Len != 0 {
+				st = wire.StatusBadRequest
+				_, err = io.CopyN(io.Discard, r, int64(h.Len))
+			}
 		case h.Op == wire.OpWrite:
-			st, err = t.write(h.Addr, h.Len, r, lagged, cut)
+			st, err = t.write(l, h.Addr, h.Len, r, lagged, cut)
 		case h.Op == wire.OpFence:
 			st, err = t.fence(r, h.Len, lagged)
 		case h.Op == wire.OpRead:
@@ -200,25 +216,11 @@ func (t *target) serve(c net.Conn) {
 		if err != nil {
 			return
 		}
-		rep := wire.Header{Op: h.Op | wire.Reply, Status: st, ID: h.ID, Addr: h.Addr, Len: n}
-		rep.Encode(hdr)
-		if _, err := w.Write(hdr); err != nil {
+		if err := t.reply(l, w, hdr, wire.Header{Op: h.Op | wire.Reply, Status: st, ID: h.ID, Addr: h.Addr, Len: n}, payload, r.Buffered() == 0); err != nil {
 			return
-		}
-		if payload != nil {
-			if err := payload(w); err != nil {
-				return
-			}
 		}
 		if st == wire.StatusUnauthorized {
-			w.Flush()
 			return
-		}
-		// Coalesce the replies of a pipelined batch.
-		if r.Buffered() == 0 {
-			if err := w.Flush(); err != nil {
-				return
-			}
 		}
 	}
 }
@@ -241,19 +243,41 @@ func (t *target) hello(r io.Reader, n uint64, challenge []byte) (wire.Status, st
 	return wire.StatusOK, sender
 }
 
-// claim makes c the sender's data connection and drops the one before it:
+// reply writes one reply and, with flush (nothing more pipelined behind
+// it: coalesce a batch's replies), sends what is buffered. It holds the
+// link's write lock, so a pushed mark never lands inside a reply.
+func (t *target) reply(l *link, w *bufio.Writer, hdr []byte, rep wire.Header, payload func(io.Writer) error, flush bool) error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	rep.Encode(hdr)
+	if _, err := w.Write(hdr); err != nil {
+		return err
+	}
+	if payload != nil {
+		if err := payload(w); err != nil {
+			return err
+		}
+	}
+	if flush || rep.Status == wire.StatusUnauthorized {
+		return w.Flush()
+	}
+	return nil
+}
+
+// claim makes l the sender's data connection and drops the one before it:
 // a sender reconnects after giving up on the old one, whose late bytes
 // must not land on top of newer writes.
-func (t *target) claim(sender string, c net.Conn) {
+func (t *target) claim(sender string, l *link) {
 	if sender == "" {
 		return
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if old, ok := t.senders[sender]; ok && old != c {
+	l.sender = sender
+	if old, ok := t.senders[sender]; ok && old != l.c {
 		old.Close()
 	}
-	t.senders[sender] = c
+	t.senders[sender] = l.c
 }
 
 // write applies a Write frame's payload. A range outside registered memory
@@ -261,20 +285,29 @@ func (t *target) claim(sender string, c net.Conn) {
 // The payload is read straight into the region, which stays pinned (not
 // locked) meanwhile: a peer that stalls mid-payload holds up nobody else,
 // and unregistering the region cuts its connection.
-func (t *target) write(addr, n uint64, r io.Reader, lagged *transport.Pending, cut func()) (wire.Status, error) {
+func (t *target) write(l *link, addr, n uint64, r io.Reader, lagged *transport.Pending, cut func()) (wire.Status, error) {
 	if err := t.regions.Check(addr, n); err != nil {
 		_, err := io.CopyN(io.Discard, r, int64(n))
 		return wire.StatusNotRegistered, err
 	}
 	if t.faults != nil {
-		return t.writeFaulty(addr, n, r, lagged)
+		return t.writeFaulty(l, addr, n, r, lagged)
 	}
-	id := t.pending.Add(memory.Region{Addr: addr, Len: n})
+	// In the pending set before the quiesce check: a quiesce either sees
+	// this write and waits for it, or this check sees the quiesce.
+	w := memory.Region{Addr: addr, Len: n}
+	id := t.pending.Add(w)
+	defer t.pending.Done(id)
+	if t.q.refuses(l.ack.Load(), w) {
+		_, err := io.CopyN(io.Discard, r, int64(n))
+		return wire.StatusQuiesced, err
+	}
+	l.applyMu.Lock()
 	err := t.regions.StoreAbortable(addr, n, cut, func(m []byte) error {
 		_, err := io.ReadFull(r, m)
 		return err
 	})
-	t.pending.Done(id)
+	l.applyMu.Unlock()
 	if errors.Is(err, errs.NotRegistered) { // unregistered since the check
 		_, err = io.CopyN(io.Discard, r, int64(n))
 		return wire.StatusNotRegistered, err
@@ -288,7 +321,8 @@ func (t *target) write(addr, n uint64, r io.Reader, lagged *transport.Pending, c
 
 // writeFaulty is a write under fault injection: the bytes are received
 // whole, acknowledged, and then applied as the fault decides.
-func (t *target) writeFaulty(addr, n uint64, r io.Reader, lagged *transport.Pending) (wire.Status, error) {
+func (t *target) writeFaulty(l *link, addr, n uint64, r io.Reader, lagged *transport.Pending) (wire.Status, error) {
+	ack := l.ack.Load() // where this write stands in its stream
 	buf := make([]byte, n)
 	if _, err := io.ReadFull(r, buf); err != nil {
 		return 0, err
@@ -299,6 +333,12 @@ func (t *target) writeFaulty(addr, n uint64, r io.Reader, lagged *transport.Pend
 		dstTail, _ = t.regions.Copy(addr+n-k, k)
 	}
 	now, hold := t.faults.Fate(buf, dstTail)
+	if t.faults.Mode() == fault.Hold && hold {
+		return t.writeHeld(l, ack, addr, buf), nil
+	}
+	if t.q.refuses(ack, memory.Region{Addr: addr, Len: n}) {
+		return wire.StatusQuiesced, nil
+	}
 	if len(now) > 0 {
 		t.regions.Store(addr, uint64(len(now)), func(m []byte) error { copy(m, now); return nil })
 	}
@@ -325,6 +365,30 @@ func (t *target) writeFaulty(addr, n uint64, r io.Reader, lagged *transport.Pend
 		}
 	})
 	return wire.StatusOK, nil
+}
+
+// writeHeld applies a write that the hold fault keeps back, as a slow path
+// would deliver it: late, with the connection's later frames behind it.
+// It is checked when it arrives, against where it stood in its stream, so
+// a quiesce or an abort in the meantime refuses it.
+func (t *target) writeHeld(l *link, ack, addr uint64, buf []byte) wire.Status {
+	select {
+	case <-time.After(t.faults.Delay()):
+	case <-t.stop:
+		return wire.StatusQuiesced // the guard is closing: nothing more lands
+	}
+	w := memory.Region{Addr: addr, Len: uint64(len(buf))}
+	id := t.pending.Add(w)
+	defer t.pending.Done(id)
+	l.applyMu.Lock()
+	defer l.applyMu.Unlock()
+	if l.aborted.Load() || t.q.refuses(ack, w) {
+		return wire.StatusQuiesced
+	}
+	if err := t.regions.Store(addr, w.Len, func(m []byte) error { copy(m, buf); return nil }); err != nil {
+		return wire.StatusNotRegistered
+	}
+	return wire.StatusOK
 }
 
 // fence replies once every earlier write on the connection is applied.

@@ -57,6 +57,9 @@ type answer struct {
 	// the connection is applied (not so under reorder injection, whose
 	// writes stand for another path a fence does not flush).
 	FinalFence bool `json:"final_fence,omitempty"`
+	// Gen is the target's quiesce generation: the sender's writes are
+	// taken where nothing was quiesced since.
+	Gen uint64 `json:"gen,omitempty"`
 }
 
 func (*Transport) Name() string { return Name }
@@ -78,7 +81,7 @@ func (t *Transport) Accept(_ transport.Peer, offer []byte, _ []memory.Region) ([
 	if len(offer) != 0 {
 		return nil, fmt.Errorf("the tcp data plane takes no offer")
 	}
-	return json.Marshal(answer{Data: t.target.addr(), FinalFence: t.target.faults.Mode() != fault.Reorder})
+	return json.Marshal(answer{Data: t.target.addr(), FinalFence: t.target.faults.Mode() != fault.Reorder, Gen: t.target.q.gen.Load()})
 }
 
 // Settle waits for the writes into ranges that the target is applying, or
@@ -87,6 +90,19 @@ func (t *Transport) Accept(_ transport.Peer, offer []byte, _ []memory.Region) ([
 // still arriving.
 func (t *Transport) Settle(ctx context.Context, ranges []memory.Region) error {
 	return t.target.pending.Wait(ctx, ranges)
+}
+
+// Quiesce refuses from now on every write into ranges sent before this
+// call, wherever it is queued, and waits for those being applied.
+func (t *Transport) Quiesce(ctx context.Context, ranges []memory.Region) error {
+	return t.target.quiesce(ctx, ranges)
+}
+
+// Abort makes sure nothing more from the sender's data connections lands:
+// they are closed, and a write of theirs being applied is waited for.
+func (t *Transport) Abort(peer transport.Peer) error {
+	t.target.abort(peer.Sender)
+	return nil
 }
 
 // Close stops the target; held writes are dropped.
@@ -115,7 +131,7 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, _ 
 			addr = net.JoinHostPort(peer.Host, port)
 		}
 	}
-	c, err := dial(ctx, addr, peer, d.t.cfg.Timeout, d.t.cfg.Regions)
+	c, err := dial(ctx, addr, peer, a.Gen, d.t.cfg.Timeout, d.t.cfg.Regions)
 	if err != nil {
 		return nil, err
 	}

@@ -108,7 +108,9 @@ func (e *Endpoint) keep(addr, n uint64, mr *C.struct_ibv_mr) *MR {
 // Deregister releases mr.
 func (e *Endpoint) Deregister(m *MR) {
 	e.mu.Lock()
-	delete(e.mrs, m.Addr)
+	if e.mrs[m.Addr] == m { // not a newer registration of the same range
+		delete(e.mrs, m.Addr)
+	}
 	e.mu.Unlock()
 	C.mcg_ep_dereg(e.ep, m.mr)
 }

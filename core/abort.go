@@ -1,0 +1,188 @@
+package core
+
+import (
+	"context"
+	"crypto/hmac"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/transport"
+)
+
+// Aborts: a transfer that fails, times out or is cancelled returns only
+// after its own writes are cut off locally (its connection reset, its
+// queue pairs destroyed), and says whether the receiver confirmed that
+// nothing more of them will land. The receiver's half is Quiesce: after it
+// returns, the ranges may be reused, whatever a sender still has on its way.
+
+// AbortState says, for a failed transfer, what is known of its bytes
+// still on their way.
+type AbortState int
+
+const (
+	AbortNone        AbortState = iota // nothing was sent, or the transfer succeeded
+	AbortConfirmed                     // the receiver confirmed that nothing more of it will land
+	AbortUnconfirmed                   // unknown (the receiver did not answer): quiesce before reuse
+)
+
+func (a AbortState) String() string {
+	return [...]string{"none", "confirmed", "unconfirmed"}[a]
+}
+
+var (
+	errCancelled = errors.New("cancelled by the caller")
+	errDeadline  = errors.New("past the transfer's deadline")
+)
+
+// callContext is one transfer's context: the guard's, ended by Cancel of
+// the session and, with a deadline, when it passes. stop releases it.
+func (s *session) callContext(parent context.Context, deadline time.Duration) (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	stopTimer := func() bool { return false }
+	if deadline > 0 {
+		var cancelTimeout context.CancelFunc
+		ctx, cancelTimeout = context.WithTimeoutCause(ctx, deadline, errDeadline)
+		stopTimer = func() bool { cancelTimeout(); return true }
+	}
+	s.cmu.Lock()
+	s.nextCall++
+	id := s.nextCall
+	if s.calls == nil {
+		s.calls = map[uint64]context.CancelCauseFunc{}
+	}
+	s.calls[id] = cancel
+	s.cmu.Unlock()
+	return ctx, func() {
+		s.cmu.Lock()
+		delete(s.calls, id)
+		s.cmu.Unlock()
+		stopTimer()
+		cancel(nil)
+	}
+}
+
+// cancelCalls cancels every transfer in flight to the session.
+func (s *session) cancelCalls() int {
+	s.cmu.Lock()
+	defer s.cmu.Unlock()
+	for _, cancel := range s.calls {
+		cancel(errCancelled)
+	}
+	return len(s.calls)
+}
+
+// callErr names why a transfer's context ended, where it did: cancelled
+// (ErrCancelled) or past its deadline (ErrTimeout). A closing guard is
+// left to Transfer (ErrClosed).
+func callErr(ctx context.Context, err error) error {
+	switch context.Cause(ctx) {
+	case errCancelled:
+		return fmt.Errorf("%w: %v", ErrCancelled, err)
+	case errDeadline:
+		return fmt.Errorf("%w: %v: %v", ErrTimeout, errDeadline, err)
+	}
+	return err
+}
+
+// Cancel cancels the transfers in flight to session: each returns
+// ErrCancelled once its writes are cut off, with its abort state.
+func (g *Guard) Cancel(session string) error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	defer g.inflight.Done()
+	if err := validSessionName(session); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	s := g.sessions[session]
+	g.mu.Unlock()
+	if s != nil && s.cancelCalls() > 0 {
+		g.stats.cancels.Add(1)
+	}
+	return nil
+}
+
+// abortMAC binds an abort request to the handshake's key, its token and a
+// sequence number above the last one used under it.
+func abortMAC(key, token []byte, seq uint64) []byte {
+	return mac(key, labelAbort, token, binary.LittleEndian.AppendUint64(nil, seq))
+}
+
+// abortRemote runs after a failed transfer whose writes may be on their
+// way: it resets the session's connection (bytes still queued on it are
+// dropped) and asks the receiver to make sure nothing more of this
+// session's lands, over the control channel.
+func (g *Guard) abortRemote(s *session) AbortState {
+	s.disconnect()
+	if len(s.hello.Token) == 0 {
+		return AbortUnconfirmed
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.ConnectTimeout)
+	defer cancel()
+	sock, _, err := newReqSocket(ctx, g.zctx, s.name, g.cfg.ConnectTimeout)
+	if err != nil {
+		return AbortUnconfirmed
+	}
+	defer sock.Close()
+	s.seq++
+	req := helloRequest{Proto: ProtocolVersion, Op: "abort", Nonce: randomBytes(nonceSize), Transport: g.data.Name(),
+		Token: s.hello.Token, Seq: s.seq, MAC: abortMAC(s.hello.key, s.hello.Token, s.seq)}
+	if _, err := handshakeStep(ctx, sock, s.name, g.cfg.ConnectTimeout, req); err != nil {
+		return AbortUnconfirmed
+	}
+	return AbortConfirmed
+}
+
+// answerAbort is the receiver's half of an abort: a request under a live
+// handshake's token, with its MAC and a fresh sequence number, makes every
+// data plane cut off that sender's connections.
+func (g *Guard) answerAbort(req helloRequest) error {
+	sender, err := g.auth.tokens.notice(req.Token, req.Seq, func(key []byte) bool {
+		return hmac.Equal(req.MAC, abortMAC(key, req.Token, req.Seq))
+	})
+	if err != nil {
+		return err
+	}
+	for _, p := range g.planes {
+		if err := p.Abort(transport.Peer{Sender: sender}); err != nil {
+			return fmt.Errorf("%s: %v", p.Name(), err)
+		}
+	}
+	g.stats.abortsAnswered.Add(1)
+	return nil
+}
+
+// Quiesce is the receiver's call before it reuses ranges whose transfer
+// failed or whose request was aborted: it returns once no write into them
+// that began before the call can still land — those being applied have
+// finished, those still on their way are refused when they come — while
+// other traffic goes on.
+func (g *Guard) Quiesce(ranges []SyncRange) error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	defer g.inflight.Done()
+	if len(ranges) > MaxDescriptors {
+		return fmt.Errorf("%w: %d ranges, limit %d per call", ErrInvalidArg, len(ranges), MaxDescriptors)
+	}
+	regions := make([]memory.Region, len(ranges))
+	for i, r := range ranges {
+		if err := g.regions.Check(r.Addr, r.Len); err != nil {
+			return fmt.Errorf("quiesce range %d: %w", i, err)
+		}
+		regions[i] = memory.Region(r)
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.SyncTimeout)
+	defer cancel()
+	for _, p := range g.planes {
+		if err := p.Quiesce(ctx, regions); err != nil {
+			return fmt.Errorf("%w: %s: quiescing: %v", ErrTimeout, p.Name(), err)
+		}
+	}
+	g.stats.quiesces.Add(1)
+	return nil
+}

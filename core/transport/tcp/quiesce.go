@@ -1,0 +1,150 @@
+package tcp
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/wire"
+)
+
+// Quiescing on TCP. The target knows what it applies, so it can refuse a
+// write that was sent before the receiver quiesced its destination and
+// arrives afterwards (queued on a connection, or held up on a slow or
+// partitioned path), while taking the writes sent after:
+//   - each quiesce raises the target's generation and records its ranges;
+//   - every data connection (link) has the generation its sender has
+//     caught up with: the one it learned in its handshake, and then each
+//     one the target pushes to it (an OpMark frame) and the sender echoes
+//     back in its stream, before its next writes;
+//   - a write that reaches a range quiesced at a generation its link has
+//     not caught up with is refused (StatusQuiesced), its payload dropped.
+// A write in progress into a quiesced range when the quiesce comes is
+// waited for; nothing else stops.
+
+// maxQuiesceRecords bounds the ranges kept; past it the oldest go, and a
+// link behind them is refused everywhere until it catches up.
+const maxQuiesceRecords = 4096
+
+// link is one data connection's state that other goroutines touch.
+type link struct {
+	c       net.Conn
+	sender  string
+	wmu     sync.Mutex    // orders the serve loop's replies and pushed marks on c
+	ack     atomic.Uint64 // the generation its sender has caught up with
+	aborted atomic.Bool   // its sender gave up on it: nothing it brought may land
+	applyMu sync.Mutex    // held while one of its writes is applied
+}
+
+type quiesceRecord struct {
+	memory.Region
+	gen uint64
+}
+
+// quiescer holds the generation and the quiesced ranges.
+type quiescer struct {
+	gen     atomic.Uint64
+	mu      sync.Mutex
+	records []quiesceRecord
+	floor   uint64 // links behind it are refused wherever they write
+}
+
+// refuses reports whether a write into r from a link caught up with ack
+// must be refused.
+func (q *quiescer) refuses(ack uint64, r memory.Region) bool {
+	if ack >= q.gen.Load() {
+		return false // the common case: nothing quiesced since
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if ack < q.floor {
+		return true
+	}
+	for _, rec := range q.records {
+		if rec.gen > ack && rec.Overlaps(r) {
+			return true
+		}
+	}
+	return false
+}
+
+// add records ranges under a new generation and returns it.
+func (q *quiescer) add(ranges []memory.Region) uint64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	g := q.gen.Load() + 1
+	for _, r := range ranges {
+		q.records = append(q.records, quiesceRecord{r, g})
+	}
+	if over := len(q.records) - maxQuiesceRecords; over > 0 {
+		q.floor = q.records[over-1].gen
+		q.records = append(q.records[:0], q.records[over:]...)
+	}
+	q.gen.Store(g)
+	return g
+}
+
+// catchUp records that the link's sender has seen generation g (at most
+// the current one: a sender cannot skip ahead).
+func (l *link) catchUp(g, current uint64) {
+	g = min(g, current)
+	for {
+		old := l.ack.Load()
+		if g <= old || l.ack.CompareAndSwap(old, g) {
+			return
+		}
+	}
+}
+
+// quiesce refuses from now on every write into ranges from a link that
+// has not caught up with this quiesce, pushes the new generation to every
+// link, and waits for the writes into ranges in progress.
+func (t *target) quiesce(ctx context.Context, ranges []memory.Region) error {
+	g := t.q.add(ranges)
+	t.mu.Lock()
+	links := make([]*link, 0, len(t.conns))
+	for _, l := range t.conns {
+		links = append(links, l)
+	}
+	t.mu.Unlock()
+	var mark [wire.HeaderSize]byte
+	wire.Header{Op: wire.OpMark, Addr: g}.Encode(mark[:])
+	for _, l := range links {
+		go t.push(l, mark[:])
+	}
+	return t.pending.Wait(ctx, ranges)
+}
+
+// push writes a mark to a link; a link that cannot take it in time is
+// closed (what it still had queued is dropped with it).
+func (t *target) push(l *link, mark []byte) {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	l.c.SetWriteDeadline(time.Now().Add(t.timeout))
+	if _, err := l.c.Write(mark); err != nil {
+		l.c.Close()
+	}
+}
+
+// abort makes sure nothing the sender's links brought lands any more: they
+// are marked aborted and closed, and a write of theirs being applied is
+// waited for.
+func (t *target) abort(sender string) {
+	t.mu.Lock()
+	var links []*link
+	for _, l := range t.conns {
+		if l.sender == sender {
+			links = append(links, l)
+		}
+	}
+	t.mu.Unlock()
+	for _, l := range links {
+		l.aborted.Store(true)
+		l.c.Close()
+		l.applyMu.Lock() // a write already being applied finishes first
+		l.applyMu.Unlock()
+	}
+}
