@@ -15,6 +15,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/mcguard/mcguard/core"
@@ -130,9 +131,18 @@ func mcgTransfer(h C.mc_guard_t, session *C.char, src, dst, length *C.uint64_t, 
 			return err
 		}
 		var o core.TransferOptions
+		// A 0.2 caller's struct ends before deadline_ms; it is still taken.
+		v02 := C.uint32_t(unsafe.Offsetof(opts.deadline_ms))
+		grown := opts != nil && opts.struct_size >= C.uint32_t(unsafe.Sizeof(*opts))
 		if opts != nil {
-			if opts.struct_size < C.uint32_t(unsafe.Sizeof(*opts)) {
+			if opts.struct_size < v02 || (opts.struct_size > v02 && !grown) {
 				return fmt.Errorf("%w: opts->struct_size is %d, want sizeof(mc_transfer_opts) = %d", core.ErrInvalidArg, opts.struct_size, unsafe.Sizeof(*opts))
+			}
+			if grown {
+				if opts.deadline_ms > C.uint64_t(24*time.Hour/time.Millisecond) {
+					return fmt.Errorf("%w: opts->deadline_ms = %d is over a day", core.ErrInvalidArg, uint64(opts.deadline_ms))
+				}
+				o.Deadline = time.Duration(opts.deadline_ms) * time.Millisecond
 			}
 			if opts.verify != C.MC_VERIFY_DEFAULT {
 				m, ok := verifyModes[opts.verify]
@@ -147,6 +157,9 @@ func mcgTransfer(h C.mc_guard_t, session *C.char, src, dst, length *C.uint64_t, 
 			o.NoNotice = opts.flags&C.MC_TRANSFER_NO_NOTICE != 0
 		}
 		res, err := g.Transfer(name, descs, o)
+		if grown {
+			opts.abort_state = C.int32_t(res.Abort)
+		}
 		if err != nil {
 			return err
 		}
@@ -184,22 +197,13 @@ func mcgSync(h C.mc_guard_t, addr, length *C.uint64_t, n C.size_t, opts *C.mc_sy
 		if err := checkSyncOpts(opts); err != nil {
 			return err
 		}
-		switch {
-		case n > core.MaxDescriptors:
-			return fmt.Errorf("%w: n = %d is over MC_GUARD_MAX_DESCRIPTORS", core.ErrInvalidArg, uint64(n))
-		case n > 0 && (addr == nil || length == nil):
-			return fmt.Errorf("%w: addr and len must not be NULL when n > 0", core.ErrInvalidArg)
+		ranges, err := syncRanges(addr, length, n)
+		if err != nil {
+			return err
 		}
-		ranges := make([]core.SyncRange, int(n))
 		var digests []uint64
-		if n > 0 {
-			a, l := cArray(addr, int(n)), cArray(length, int(n))
-			for i := range ranges {
-				ranges[i] = core.SyncRange{Addr: a[i], Len: l[i]}
-			}
-			if opts != nil && opts.digests != nil {
-				digests = append([]uint64(nil), cArray(opts.digests, int(n))...)
-			}
+		if n > 0 && opts != nil && opts.digests != nil {
+			digests = append([]uint64(nil), cArray(opts.digests, int(n))...)
 		}
 		stream := uint64(0)
 		if opts != nil {
@@ -227,6 +231,46 @@ func mcgSyncTransfers(h C.mc_guard_t, ids *C.uint64_t, n C.size_t, opts *C.mc_sy
 		}
 		return g.SyncTransfers(append([]uint64(nil), cArray(ids, int(n))...), stream)
 	})
+}
+
+//export mcgCancel
+func mcgCancel(h C.mc_guard_t, session *C.char) C.mc_status {
+	return run(h, "mc_guard_cancel", func(g *core.Guard) error {
+		if session == nil {
+			return fmt.Errorf("%w: session is NULL", core.ErrInvalidArg)
+		}
+		return g.Cancel(C.GoString(session))
+	})
+}
+
+//export mcgQuiesce
+func mcgQuiesce(h C.mc_guard_t, addr, length *C.uint64_t, n C.size_t) C.mc_status {
+	return run(h, "mc_guard_quiesce", func(g *core.Guard) error {
+		ranges, err := syncRanges(addr, length, n)
+		if err != nil {
+			return err
+		}
+		return g.Quiesce(ranges)
+	})
+}
+
+// syncRanges decodes the n (addr, len) ranges that mc_guard_sync and
+// mc_guard_quiesce take.
+func syncRanges(addr, length *C.uint64_t, n C.size_t) ([]core.SyncRange, error) {
+	switch {
+	case n > core.MaxDescriptors:
+		return nil, fmt.Errorf("%w: n = %d is over MC_GUARD_MAX_DESCRIPTORS", core.ErrInvalidArg, uint64(n))
+	case n > 0 && (addr == nil || length == nil):
+		return nil, fmt.Errorf("%w: addr and len must not be NULL when n > 0", core.ErrInvalidArg)
+	}
+	ranges := make([]core.SyncRange, int(n))
+	if n > 0 {
+		a, l := cArray(addr, int(n)), cArray(length, int(n))
+		for i := range ranges {
+			ranges[i] = core.SyncRange{Addr: a[i], Len: l[i]}
+		}
+	}
+	return ranges, nil
 }
 
 //export mcgEndpoint
@@ -291,6 +335,7 @@ func statusOf(err error) C.mc_status {
 		st  C.mc_status
 	}{
 		{core.ErrClosed, C.MC_ERR_CLOSED},
+		{core.ErrCancelled, C.MC_ERR_CANCELLED},
 		{errBadHandle, C.MC_ERR_BAD_HANDLE},
 		{errBufferTooSmall, C.MC_ERR_BUFFER_TOO_SMALL},
 		{core.ErrInvalidArg, C.MC_ERR_INVALID_ARG},
@@ -298,6 +343,7 @@ func statusOf(err error) C.mc_status {
 		{core.ErrNotRegistered, C.MC_ERR_NOT_REGISTERED},
 		{core.ErrDevice, C.MC_ERR_DEVICE},
 		{core.ErrVerify, C.MC_ERR_VERIFY},
+		{core.ErrQuiesced, C.MC_ERR_QUIESCED},
 		{core.ErrTimeout, C.MC_ERR_TIMEOUT},
 		{core.ErrSession, C.MC_ERR_SESSION},
 		{core.ErrPeer, C.MC_ERR_PEER},

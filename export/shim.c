@@ -72,6 +72,16 @@ mc_status mc_guard_sync_transfers(mc_guard_t g, const uint64_t *transfer_ids, si
     return mcgSyncTransfers(g, (uint64_t *)transfer_ids, n, (mc_sync_opts *)opts);
 }
 
+mc_status mc_guard_cancel(mc_guard_t g, const char *session) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgCancel(g, (char *)session);
+}
+
+mc_status mc_guard_quiesce(mc_guard_t g, const uint64_t *addr, const uint64_t *len, size_t n) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgQuiesce(g, (uint64_t *)addr, (uint64_t *)len, n);
+}
+
 mc_status mc_guard_endpoint(mc_guard_t g, char *buf, size_t len) {
     if (mcg_forked()) return MC_ERR_FORKED;
     return mcgEndpoint(g, buf, len);

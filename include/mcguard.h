@@ -41,9 +41,9 @@ extern "C" {
 #endif
 
 #define MC_GUARD_VERSION_MAJOR 0
-#define MC_GUARD_VERSION_MINOR 2
+#define MC_GUARD_VERSION_MINOR 3
 #define MC_GUARD_VERSION_PATCH 0
-#define MC_GUARD_VERSION_STRING "0.2.0"
+#define MC_GUARD_VERSION_STRING "0.3.0"
 
 /* Largest descriptor count of one mc_guard_transfer call. Any count up to
  * it works; the library chunks it at the max_batch setting. */
@@ -68,6 +68,8 @@ typedef int32_t mc_status;
 #define MC_ERR_BUFFER_TOO_SMALL -11 /* an output buffer cannot hold the result */
 #define MC_ERR_INTERNAL        -12  /* a bug in mcguard (a recovered panic); the message says where */
 #define MC_ERR_DEVICE          -13  /* a GPU copy or synchronisation failed, or device memory without a usable CUDA driver */
+#define MC_ERR_QUIESCED        -14  /* the receiver quiesced a destination after the write was sent: refused */
+#define MC_ERR_CANCELLED       -15  /* mc_guard_cancel cancelled the transfer */
 
 /* Verification modes, for mc_transfer_opts.verify. */
 #define MC_VERIFY_DEFAULT -1 /* the guard's configured mode */
@@ -79,6 +81,12 @@ typedef int32_t mc_status;
 
 /* Flags of mc_transfer_opts. */
 #define MC_TRANSFER_NO_NOTICE 1u /* send no completion notice (the application forwards the digests itself) */
+
+/* mc_transfer_opts.abort_state after a failed transfer: what is known of
+ * its bytes still on their way to the destination. */
+#define MC_ABORT_NONE        0 /* nothing was sent (or the transfer succeeded) */
+#define MC_ABORT_CONFIRMED   1 /* the receiver confirmed that nothing more of it will land */
+#define MC_ABORT_UNCONFIRMED 2 /* unknown: the receiver must mc_guard_quiesce the ranges before reusing them */
 
 /* Options of one transfer. Set struct_size = sizeof(mc_transfer_opts) so
  * later versions can grow the struct; zero-initialise the rest; pass NULL
@@ -92,6 +100,10 @@ typedef struct mc_transfer_opts {
     uint64_t transfer_id; /* out: the id of a successful transfer (for mc_guard_sync_transfers) */
     uint64_t retries;     /* out: verification polling rounds it needed */
     uint64_t resends;     /* out: rounds of re-sending descriptors that did not match */
+    /* Since 0.3 (a 0.2 caller's smaller struct_size is still taken): */
+    uint64_t deadline_ms; /* in: > 0 fails the transfer with MC_ERR_TIMEOUT past it */
+    int32_t abort_state;  /* out, after a failure: MC_ABORT_* */
+    uint32_t reserved2;
 } mc_transfer_opts;
 
 /* Options of one sync. Set struct_size = sizeof(mc_sync_opts), zero the
@@ -157,12 +169,20 @@ mc_status mc_guard_unregister(mc_guard_t g, void *addr);
  * during the call only. opts may be NULL.
  * Errors: MC_ERR_INVALID_ARG, MC_ERR_NOT_REGISTERED (names the descriptor),
  * MC_ERR_SESSION, MC_ERR_TIMEOUT, MC_ERR_PEER, MC_ERR_VERIFY (names the
- * descriptors that never matched), MC_ERR_CLOSED. On any error the
- * destination may hold some, all or none of the new bytes. */
+ * descriptors that never matched), MC_ERR_CLOSED, MC_ERR_QUIESCED,
+ * MC_ERR_CANCELLED. On any error the destination may hold some, all or
+ * none of the new bytes; opts->abort_state says whether more may still
+ * land (see mc_guard_quiesce). */
 mc_status mc_guard_transfer(mc_guard_t g, const char *session,
                             const uint64_t *src, const uint64_t *dst,
                             const uint64_t *len, size_t n,
                             mc_transfer_opts *opts);
+
+/* Cancel the transfers in flight to session (from other threads): each
+ * returns MC_ERR_CANCELLED once its writes are cut off locally, with
+ * opts->abort_state saying whether the receiver confirmed that nothing
+ * more of it will land. MC_OK also when there was none. */
+mc_status mc_guard_cancel(mc_guard_t g, const char *session);
 
 /* Read n descriptors back from session: len[i] bytes from remote
  * remote[i] (registered at the peer) into local[i] (registered here), as
@@ -195,6 +215,18 @@ mc_status mc_guard_sync(mc_guard_t g, const uint64_t *addr,
  * transfer and descriptors whose digests differ). */
 mc_status mc_guard_sync_transfers(mc_guard_t g, const uint64_t *transfer_ids,
                                   size_t n, const mc_sync_opts *opts);
+
+/* Receiver side, before reusing ranges whose transfer failed or whose
+ * request was aborted: returns once no write into the n ranges that was
+ * sent before the call can land any more. Writes being applied finish
+ * first; writes still on their way (queued on a connection, held up on a
+ * slow or partitioned path) are refused when they arrive, and their
+ * transfer fails with MC_ERR_QUIESCED. Other traffic goes on. Over TCP
+ * the target refuses them itself; over RDMA the regions holding the
+ * ranges are registered again under new rkeys (each sender's next
+ * transfer after it fails once and reconnects). Errors:
+ * MC_ERR_INVALID_ARG, MC_ERR_NOT_REGISTERED, MC_ERR_TIMEOUT. */
+mc_status mc_guard_quiesce(mc_guard_t g, const uint64_t *addr, const uint64_t *len, size_t n);
 
 /* Copy this guard's endpoint, the session name peers use, into buf as a
  * NUL-terminated string. MC_ERR_BUFFER_TOO_SMALL if it does not fit. */

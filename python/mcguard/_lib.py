@@ -25,7 +25,8 @@ class TransferOpts(ctypes.Structure):
                 ("flags", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
                 ("digests", ctypes.POINTER(ctypes.c_uint64)),
                 ("transfer_id", ctypes.c_uint64), ("retries", ctypes.c_uint64),
-                ("resends", ctypes.c_uint64)]
+                ("resends", ctypes.c_uint64), ("deadline_ms", ctypes.c_uint64),
+                ("abort_state", ctypes.c_int32), ("reserved2", ctypes.c_uint32)]
 
 
 class SyncOpts(ctypes.Structure):
@@ -34,6 +35,8 @@ class SyncOpts(ctypes.Structure):
 
 
 TRANSFER_NO_NOTICE = 1
+
+ABORT_STATES = {0: None, 1: "confirmed", 2: "unconfirmed"}  # MC_ABORT_*
 
 
 _u64p = ctypes.POINTER(ctypes.c_uint64)
@@ -51,6 +54,8 @@ _SIGNATURES = {
     "mc_guard_read": (_status, [_handle, ctypes.c_char_p, _u64p, _u64p, _u64p, ctypes.c_size_t]),
     "mc_guard_sync": (_status, [_handle, _u64p, _u64p, ctypes.c_size_t, ctypes.POINTER(SyncOpts)]),
     "mc_guard_sync_transfers": (_status, [_handle, _u64p, ctypes.c_size_t, ctypes.POINTER(SyncOpts)]),
+    "mc_guard_cancel": (_status, [_handle, ctypes.c_char_p]),
+    "mc_guard_quiesce": (_status, [_handle, _u64p, _u64p, ctypes.c_size_t]),
     "mc_guard_endpoint": (_status, [_handle, ctypes.c_char_p, ctypes.c_size_t]),
     "mc_guard_stats": (_status, [_handle, ctypes.c_char_p, ctypes.c_size_t,
                                  ctypes.POINTER(ctypes.c_size_t)]),

@@ -24,6 +24,8 @@ STATUS_NAMES = {
     -11: "MC_ERR_BUFFER_TOO_SMALL",
     -12: "MC_ERR_INTERNAL",
     -13: "MC_ERR_DEVICE",
+    -14: "MC_ERR_QUIESCED",
+    -15: "MC_ERR_CANCELLED",
 }
 globals().update({name: code for code, name in STATUS_NAMES.items()})
 
@@ -31,12 +33,15 @@ VERIFY_MODES = {None: -1, "off": 0, "tail": 1, "sample": 2, "full": 3, "digest":
 
 
 class MCGuardError(Exception):
-    """A failed mcguard call: .status (int), .name (MC_ERR_*), .message."""
+    """A failed mcguard call: .status (int), .name (MC_ERR_*), .message;
+    for a failed transfer, .abort: "confirmed" (the receiver said nothing
+    more of it will land), "unconfirmed" (quiesce before reuse) or None."""
 
-    def __init__(self, status, message):
+    def __init__(self, status, message, abort=None):
         self.status = status
         self.name = STATUS_NAMES.get(status, "status %d" % status)
         self.message = message
+        self.abort = abort
         super().__init__("%s: %s" % (self.name, message))
 
 
@@ -207,11 +212,13 @@ class Guard:
     def unregister(self, addr):
         self._check(self._lib.mc_guard_unregister(self._h(), address_of(addr)))
 
-    def transfer(self, session, src, dst, lengths, verify=None, digests=False, notice=True):
+    def transfer(self, session, src, dst, lengths, verify=None, digests=False, notice=True, deadline_ms=0):
         """Write len bytes from each local src to each remote dst of session
         and return only once they are confirmed (read-back modes) or fenced
         and announced (digest). digests=True returns the sources' digests;
-        notice=False sends no completion notice. Raises MCGuardError."""
+        notice=False sends no completion notice; deadline_ms > 0 fails it
+        with MC_ERR_TIMEOUT past that. Raises MCGuardError, whose .abort says
+        whether bytes of a failed transfer may still land."""
         if verify not in VERIFY_MODES:
             raise MCGuardError(MC_ERR_INVALID_ARG, "verify must be one of %s"
                                % sorted(k for k in VERIFY_MODES if k))
@@ -223,14 +230,19 @@ class Guard:
             raise MCGuardError(MC_ERR_INVALID_ARG, "src, dst and lengths differ in length (%d, %d, %d)"
                                % (ns, nd, nl))
         opts = _lib.TransferOpts(struct_size=ctypes.sizeof(_lib.TransferOpts), verify=VERIFY_MODES[verify],
-                                 flags=0 if notice else _lib.TRANSFER_NO_NOTICE)
+                                 flags=0 if notice else _lib.TRANSFER_NO_NOTICE,
+                                 deadline_ms=_u64(deadline_ms, "deadline_ms"))
         out = None
         if digests and ns:
             out = (ctypes.c_uint64 * ns)()
             opts.digests = ctypes.cast(out, ctypes.POINTER(ctypes.c_uint64))
         st = self._lib.mc_guard_transfer(h, _session(session), s, d, ln, ns, ctypes.byref(opts))
         del ks, kd, kl
-        self._check(st)
+        try:
+            self._check(st)
+        except MCGuardError as e:
+            e.abort = _lib.ABORT_STATES.get(opts.abort_state)
+            raise
         return TransferResult(opts.transfer_id, opts.retries, opts.resends,
                               list(out) if out is not None else None)
 
@@ -276,6 +288,24 @@ class Guard:
         opts = _lib.SyncOpts(ctypes.sizeof(_lib.SyncOpts), 0, address_of(stream))
         st = self._lib.mc_guard_sync_transfers(h, ids, n, ctypes.byref(opts))
         del keep
+        self._check(st)
+
+    def cancel(self, session):
+        """Cancel the transfers in flight to session (from other threads):
+        each raises MC_ERR_CANCELLED once its writes are cut off."""
+        self._check(self._lib.mc_guard_cancel(self._h(), _session(session)))
+
+    def quiesce(self, addrs, lengths):
+        """Receiver side, before reusing ranges whose transfer failed or whose
+        request was aborted: returns once no write into them sent before the
+        call can land any more (late ones are refused)."""
+        h = self._h()
+        a, na, ka = u64_array(addrs, "address")
+        ln, nl, kl = u64_array(lengths, "length")
+        if na != nl:
+            raise MCGuardError(MC_ERR_INVALID_ARG, "addrs and lengths differ in length")
+        st = self._lib.mc_guard_quiesce(h, a, ln, na)
+        del ka, kl
         self._check(st)
 
     def stats(self):

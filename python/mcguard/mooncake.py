@@ -156,6 +156,17 @@ class GuardedTransferEngine:
         """Settle ranges the application was told about; compare digests if given."""
         return self._call("sync", lambda g: g.sync(buffer_addresses, lengths, digests, stream))
 
+    def quiesce(self, buffer_addresses, lengths):
+        """Decode side, when a request is aborted or its transfer failed,
+        before its blocks are freed for reuse: returns 0 once no write into
+        them sent before the call can land (late ones are refused)."""
+        return self._call("quiesce", lambda g: g.quiesce(buffer_addresses, lengths))
+
+    def cancel(self, target_hostname):
+        """Prefill side: cancel the transfers in flight to target_hostname
+        (each of their calls returns a negative status)."""
+        return self._call("cancel", lambda g: g.cancel(target_hostname))
+
     def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length):
         return self.batch_transfer_sync_read(target_hostname, [buffer], [peer_buffer_address], [length])
 

@@ -325,3 +325,40 @@ def test_mooncake_adapter_refuses_bad_values_with_minus_one(caplog):
     caplog.clear()
     assert e.register_memory(src.addr, 4096) == -1
     assert "closed" in caplog.text
+
+
+HOLD = {"inject": "hold", "inject_rate": 1, "inject_lag_max_ms": 300}
+
+
+def test_cancel_and_deadline_say_whether_bytes_may_still_land(pair):
+    s, r, src, dst = pair({"verify": "off"}, HOLD, size=4096)
+    timer = threading.Timer(0.05, s.cancel, args=(r.endpoint,))
+    timer.start()
+    with pytest.raises(MCGuardError) as e:
+        s.transfer(r.endpoint, [src.addr], [dst.addr], [4096])
+    timer.join()
+    assert e.value.status == mcguard.MC_ERR_CANCELLED and e.value.abort == "confirmed"
+    with pytest.raises(MCGuardError) as e:
+        s.transfer(r.endpoint, [src.addr], [dst.addr], [4096], deadline_ms=50)
+    assert e.value.status == mcguard.MC_ERR_TIMEOUT and e.value.abort == "confirmed"
+    dst.write(0, b"\x5a" * 4096)
+    time.sleep(0.4)
+    assert dst.bytes() == b"\x5a" * 4096, "nothing of the aborted transfers landed"
+    with pytest.raises(MCGuardError) as e:
+        s.transfer(r.endpoint, [src.addr], [dst.addr], [4096], deadline_ms=-1)
+    assert e.value.status == mcguard.MC_ERR_INVALID_ARG
+
+
+def test_quiesce(pair):
+    s, r, src, dst = pair()
+    s.transfer(r.endpoint, [src.addr], [dst.addr], [4096])
+    r.quiesce([dst.addr], [4096])
+    s.transfer(r.endpoint, [src.addr], [dst.addr], [4096])  # sent after: taken
+    assert dst.bytes(0, 4096) == src.bytes(0, 4096)
+    with pytest.raises(MCGuardError) as e:
+        r.quiesce([dst.addr + (1 << 30)], [8])
+    assert e.value.status == mcguard.MC_ERR_NOT_REGISTERED
+    with pytest.raises(MCGuardError) as e:
+        r.quiesce([dst.addr], [8, 8])
+    assert e.value.status == mcguard.MC_ERR_INVALID_ARG
+    assert r.stats()["quiesces"] == 1

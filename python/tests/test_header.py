@@ -81,3 +81,8 @@ def test_struct_layouts_are_the_headers(name, cls, tmp_path):
     got = [int(x) for x in subprocess.run([str(exe)], stdout=subprocess.PIPE, text=True, check=True).stdout.split()]
     assert got[:-1] == [getattr(cls, f).offset for f in fields]
     assert got[-1] == ctypes.sizeof(cls)
+
+
+def test_the_package_exports_every_status():
+    for code, name in STATUS_NAMES.items():
+        assert getattr(mcguard, name) == code, name

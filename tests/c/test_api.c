@@ -1,5 +1,6 @@
 /* C11 consumer of include/mcguard.h: two guards in one process, real
  * transfers checked with memcmp, and the error paths of every call. */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +49,7 @@ int main(void) {
     CHECK_STATUS(mc_guard_register(receiver, dst, SIZE), MC_OK, receiver, "");
 
     /* 600 descriptors: more than one max_batch chunk of 512. */
+    uint64_t outside_range = (uint64_t)(uintptr_t)(dst + SIZE);
     uint64_t *s = malloc(BLOCKS * sizeof *s), *d = malloc(BLOCKS * sizeof *d), *l = malloc(BLOCKS * sizeof *l);
     for (size_t i = 0; i < BLOCKS; i++) {
         s[i] = (uint64_t)(uintptr_t)(src + i * BLOCK);
@@ -65,6 +67,24 @@ int main(void) {
     CHECK(same);
     uint64_t range_addr = d[0], range_len = BLOCK;
     CHECK_STATUS(mc_guard_sync(receiver, &range_addr, &range_len, 1, NULL), MC_OK, receiver, "");
+
+    /* A quiesce, and a transfer into the quiesced range after it: taken
+     * (the quiesce pushed its mark to the sender's connection before it
+     * returned; the sender echoes it before its next writes). */
+    CHECK_STATUS(mc_guard_quiesce(receiver, &range_addr, &range_len, 1), MC_OK, receiver, "");
+    CHECK_STATUS(mc_guard_quiesce(receiver, &outside_range, &range_len, 1), MC_ERR_NOT_REGISTERED, receiver, "quiesce range 0");
+    CHECK_STATUS(mc_guard_quiesce(receiver, NULL, NULL, 1), MC_ERR_INVALID_ARG, receiver, "NULL");
+    CHECK_STATUS(mc_guard_cancel(sender, endpoint), MC_OK, sender, "");
+    CHECK_STATUS(mc_guard_cancel(sender, NULL), MC_ERR_INVALID_ARG, sender, "NULL");
+    opts.deadline_ms = 10000;
+    CHECK_STATUS(mc_guard_transfer(sender, endpoint, s, d, l, BLOCKS, &opts), MC_OK, sender, "");
+    CHECK(opts.abort_state == MC_ABORT_NONE);
+    /* A 0.2 caller's smaller opts struct is still taken. */
+    opts.struct_size = (uint32_t)offsetof(mc_transfer_opts, deadline_ms);
+    CHECK_STATUS(mc_guard_transfer(sender, endpoint, s, d, l, 1, &opts), MC_OK, sender, "");
+    opts.struct_size = (uint32_t)offsetof(mc_transfer_opts, deadline_ms) + 4;
+    CHECK_STATUS(mc_guard_transfer(sender, endpoint, s, d, l, 1, &opts), MC_ERR_INVALID_ARG, sender, "struct_size");
+    opts.struct_size = sizeof opts;
 
     /* Error paths: each a named status and a message. */
     mc_guard_t bogus = 0;
@@ -91,7 +111,7 @@ int main(void) {
     CHECK_STATUS(mc_guard_stats(sender, tiny, sizeof tiny, &needed), MC_ERR_BUFFER_TOO_SMALL, sender, "needed");
     char *stats = malloc(needed + 1);
     CHECK_STATUS(mc_guard_stats(sender, stats, needed + 1, NULL), MC_OK, sender, "");
-    CHECK(strstr(stats, "\"ok\":1") != NULL);
+    CHECK(strstr(stats, "\"ok\":3") != NULL);
     free(stats);
     CHECK_STATUS(mc_guard_stats(424242, tiny, sizeof tiny, NULL), MC_ERR_BAD_HANDLE, 424242, "not a guard handle");
 

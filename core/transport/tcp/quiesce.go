@@ -112,9 +112,15 @@ func (t *target) quiesce(ctx context.Context, ranges []memory.Region) error {
 	t.mu.Unlock()
 	var mark [wire.HeaderSize]byte
 	wire.Header{Op: wire.OpMark, Addr: g}.Encode(mark[:])
+	// Pushed before quiesce returns, so that a sender told of the reuse
+	// afterwards finds the mark waiting (a sender that starts a transfer
+	// before the mark reaches it is refused, its transfer failing with
+	// MC_ERR_QUIESCED: it raced the quiesce).
+	var pushed sync.WaitGroup
 	for _, l := range links {
-		go t.push(l, mark[:])
+		pushed.Go(func() { t.push(l, mark[:]) })
 	}
+	pushed.Wait()
 	return t.pending.Wait(ctx, ranges)
 }
 
