@@ -17,6 +17,15 @@ as a failed transfer, not a success).
 {"matrix": [...]}; its exit status is 0 when every cell came out as
 docs/VERIFICATION.md expects.
 
+--abort aborts requests at random on both sides and reuses their blocks at
+once: the prefill side gives a fraction of transfers a short deadline, the
+decode side gives up on a fraction of requests while their transfer is on
+its way. Either way the decode side then (with --quiesce on) quiesces the
+blocks, writes the next request's bytes into them, and hashes them again
+later: a block whose bytes changed was corrupted by the aborted request's
+late bytes. The fault that makes the race is the hold fault over TCP
+(writes delivered --lag-max-ms late), lag on the NIC model.
+
 Shows progress while running and ends with a summary table; with --json
 the last line is one JSON object. Exit status 1 when mismatches > 0.
 """
@@ -42,7 +51,8 @@ def _status_of(name):
 
 AUTHKEY = b"mcguard-stress"
 MODES = [m for m in VERIFY_MODES if m is not None]  # the header's order
-FAULTS = ["none", "lag", "drop", "tear", "reorder", "stale"]
+FAULTS = ["none", "lag", "drop", "tear", "reorder", "stale", "hold"]
+DELIVERY_FAULTS = FAULTS[1:6]  # what verification must catch; hold makes the abort race
 
 
 def parse_args(argv=None):
@@ -58,6 +68,11 @@ def parse_args(argv=None):
     p.add_argument("--on-mismatch", choices=["fail", "resend"], default=None,
                    help="what the sender does when read-back never matches (default fail; resend with --matrix)")
     p.add_argument("--matrix", action="store_true", help="run every (inject, verify) pair")
+    p.add_argument("--abort", action="store_true", help="abort requests at random on both sides, reuse their blocks")
+    p.add_argument("--quiesce", choices=["on", "off"], default="on",
+                   help="--abort: the decode side quiesces aborted blocks before it reuses them")
+    p.add_argument("--abort-rate", type=float, default=0.2,
+                   help="--abort: fraction of requests each side aborts")
     p.add_argument("--transport", choices=["tcp", "rdma", "auto", "rdma-model"], default="tcp",
                    help="rdma fails with the reason where there is no usable RDMA device; rdma-model runs "
                         "the RDMA transport on the software NIC (tests/nicmodel), where --inject lag "
@@ -85,6 +100,12 @@ def parse_args(argv=None):
         p.error("--rdma-qps must be 1 to 16")
     if a.transport == "rdma-model" and a.inject not in ("none", "lag"):
         p.error("--transport rdma-model injects only lag (the NIC model's delayed visibility)")
+    if a.abort and a.inject == "none":
+        # The race needs bytes that arrive late: held writes over TCP, the
+        # NIC model's posted writes over RDMA.
+        a.inject = "lag" if a.transport == "rdma-model" else "hold"
+        a.inject_rate = 0.03 if a.inject == "hold" else a.inject_rate
+        a.lag_max_ms = max(a.lag_max_ms, 100.0)
     if a.seconds is None:
         a.seconds = 2.0 if a.matrix else 5.0
     # The matrix repairs what read-back finds, so its cells show successes
@@ -160,14 +181,20 @@ def decode_main(parent, index, args):
     listener = Listener(("127.0.0.1", 0), authkey=AUTHKEY)
     parent.send({"session": guard.endpoint, "base": base, "check": listener.address})
 
+    reuse = Reuser(guard, base, view, args)
+
     def serve(conn):
         bb = args.block_bytes
         with conn:
             while True:
                 try:
-                    blocks, hashes, transfer_id = conn.recv()
+                    msg = conn.recv()
                 except (EOFError, OSError):
                     return
+                if msg[0] in ("start", "aborted"):
+                    conn.send(reuse.handle(*msg))
+                    continue
+                blocks, hashes, transfer_id = msg
                 # The receiver's half: after the notice, sync, then read.
                 try:
                     if args.verify == "digest":
@@ -191,10 +218,87 @@ def decode_main(parent, index, args):
     threading.Thread(target=accept, daemon=True).start()
     try:
         parent.recv()  # "stop", or EOF when the parent dies
-    except EOFError:
+        parent.send(reuse.report())
+    except (EOFError, OSError):
         pass
     listener.close()
     guard.close()
+
+
+class Reuser:
+    """The decode side of --abort: it gives up on requests at random and
+    reuses the blocks of every aborted request at once (after a quiesce,
+    with --quiesce on): the next request's bytes go in, and a while later
+    (past the longest a late write takes) every block is hashed again. A
+    block that changed, with no request of its own since, was overwritten
+    by an aborted request's late bytes."""
+
+    def __init__(self, guard, base, view, args):
+        self.guard, self.base, self.view, self.args = guard, base, view, args
+        self.rnd = random.Random(args.seed * 7919 + base % 1000)
+        self.lock = threading.Lock()
+        self.version = {}  # block -> requests started on it
+        self.counts = {"decode_aborts": 0, "reused_blocks": 0, "corrupted_blocks": 0, "quiesces": 0, "never_began": 0}
+
+    def handle(self, kind, blocks, stamps=None):
+        with self.lock:
+            if kind == "start":
+                for b in blocks:
+                    self.version[b] = self.version.get(b, 0) + 1
+                if self.rnd.random() >= self.args.abort_rate:
+                    return ("go", False)
+                self.counts["decode_aborts"] += 1
+            owned = {b: self.version.get(b, 0) for b in blocks}  # the aborted request's blocks, as of now
+        if kind == "start":
+            # Given up while its transfer is on its way: once one of its own
+            # blocks landed (its stamp is there: it began before the
+            # quiesce), after a while.
+            delay = self.rnd.uniform(0, self.args.lag_max_ms / 2000)
+            threading.Thread(target=self.reuse, args=(owned, dict(zip(blocks, stamps)), delay), daemon=True).start()
+            return ("go", True)
+        threading.Thread(target=self.reuse, args=(owned,), daemon=True).start()
+        return ("reused", True)
+
+    def reuse(self, owned, stamps=None, delay=0):
+        bb = self.args.block_bytes
+        blocks = list(owned)
+        if stamps is not None:
+            end = bb - self.args.zero_tail
+            give_up = time.monotonic() + 2
+            while not any(bytes(self.view[b * bb + end - 8:b * bb + end]) == st for b, st in stamps.items()):
+                if time.monotonic() > give_up:
+                    with self.lock:
+                        self.counts["never_began"] += 1
+                    return  # it never began: nothing in flight to race
+                time.sleep(0.001)
+            time.sleep(delay)
+        if self.args.quiesce == "on":
+            self.guard.quiesce([self.base + b * bb for b in blocks], [bb] * len(blocks))
+            with self.lock:
+                self.counts["quiesces"] += 1
+        expect = {}
+        with self.lock:
+            for b in blocks:
+                if self.version.get(b, 0) != owned[b]:
+                    continue  # a newer request has it already: not ours to reuse
+                self.view[b * bb:(b + 1) * bb] = os.urandom(bb)  # the next request's bytes
+                expect[b] = (owned[b], block_hash(self.view[b * bb:(b + 1) * bb]))
+        threading.Timer(self.args.lag_max_ms / 1000 + 0.2, self.check, args=(expect,)).start()
+
+    def check(self, expect):
+        bb = self.args.block_bytes
+        with self.lock:
+            for b, (version, h) in expect.items():
+                if self.version.get(b, 0) != version:
+                    continue  # a newer request writes it now
+                self.counts["reused_blocks"] += 1
+                if block_hash(self.view[b * bb:(b + 1) * bb]) != h:
+                    self.counts["corrupted_blocks"] += 1
+
+    def report(self):
+        time.sleep(self.args.lag_max_ms / 1000 + 0.3)  # the last checks
+        with self.lock:
+            return dict(self.counts)
 
 
 # ---- prefill side ------------------------------------------------------
@@ -261,11 +365,25 @@ def prefill_main(parent, sessions, args):
                 for i in range(batch):
                     filler.fill(view, srcs[i], off + i * bb)
                 dsts = [s["base"] + b * bb for b in blocks]
+                decode_aborts, deadline = False, 0
+                if args.abort:
+                    end = bb - args.zero_tail  # each source block's stamp: its own, unique
+                    stamps = [bytes(view[off + i * bb + end - 8:off + i * bb + end]) for i in range(batch)]
+                    checker.send(("start", blocks, stamps))
+                    _, decode_aborts = checker.recv()
+                    if rnd.random() < args.abort_rate:
+                        deadline = max(1, int(args.lag_max_ms / 4))  # shorter than a held write
                 try:
-                    res = guard.transfer(s["session"], srcs, dsts, lens)
+                    res = guard.transfer(s["session"], srcs, dsts, lens, deadline_ms=deadline)
                 except MCGuardError as e:
                     counters.add(transfers=1, failed=1)
                     counters.error(e)
+                    if args.abort and not decode_aborts:  # the decode side frees the request's blocks
+                        checker.send(("aborted", blocks))
+                        checker.recv()
+                    continue
+                if decode_aborts:  # gone at the decode side: nothing to read
+                    counters.add(transfers=1, ok=1)
                     continue
                 hashes = [block_hash(view[off + i * bb:off + (i + 1) * bb]) for i in range(batch)]
                 checker.send((blocks, hashes, res.id))
@@ -343,10 +461,12 @@ def run(args):
         if "error" in result:
             raise RuntimeError("the prefill process could not open its guard: " + result["error"])
     finally:
+        decoded = []
         for pipe in pipes:
             try:
                 pipe.send("stop")
-            except (OSError, BrokenPipeError):
+                decoded.append(pipe.recv() if pipe.poll(10) else {})
+            except (OSError, BrokenPipeError, EOFError):
                 pass
         for p in decoders:
             p.join(30)
@@ -363,6 +483,10 @@ def run(args):
     if result["errors"]:
         out["errors"] = result["errors"]
         out["first_error"] = result["first_error"]
+    if args.abort:
+        out["quiesce"] = args.quiesce
+        for key in ("decode_aborts", "reused_blocks", "corrupted_blocks", "quiesces", "never_began"):
+            out[key] = sum(d.get(key, 0) for d in decoded)
     return out
 
 
@@ -385,13 +509,16 @@ def expected_mismatches(inject, verify):
     return verify == "off" or (verify == "tail" and inject == "stale")
 
 
+ABORT_COLUMNS = ("inject", "transport", "quiesce", "transfers", "ok", "failed", "decode_aborts", "reused_blocks",
+                 "corrupted_blocks", "seconds")
+
 MATRIX_COLUMNS = ("inject", "verify", "transfers", "ok", "failed", "mismatches", "retries", "resends", "gbps",
                   "expected", "as_expected")
 
 
 def run_matrix(args):
     rows = []
-    cells = [(f, m) for f in FAULTS[1:] for m in MODES]
+    cells = [(f, m) for f in DELIVERY_FAULTS for m in MODES]
     for k, (fault, mode) in enumerate(cells):
         cell = argparse.Namespace(**vars(args))
         cell.inject, cell.verify, cell.quiet = fault, mode, True
@@ -434,12 +561,12 @@ def _main(args):
                  "%d batches/thread" % args.batches if args.batches > 0 else "%gs" % args.seconds),
               file=sys.stderr, flush=True)
     out = run(args)
-    print(table([out], SUMMARY_COLUMNS))
+    print(table([out], ABORT_COLUMNS if args.abort else SUMMARY_COLUMNS))
     if out.get("errors"):
         print("errors: %s (first: %s)" % (out["errors"], out["first_error"]))
     if args.json:
         print(json.dumps(out))
-    return 1 if out["mismatches"] > 0 else 0
+    return 1 if out["mismatches"] > 0 or out.get("corrupted_blocks", 0) > 0 else 0
 
 
 if __name__ == "__main__":

@@ -81,3 +81,23 @@ def test_rdma_model_striped_over_four_queue_pairs():
     assert off["rdma_qps"] == 4 and off["mismatches"] > 0 and rc == 1
     rc, tail, _ = stress("--transport", "rdma-model", "--rdma-qps", "4", "--verify", "tail", "--inject", "lag")
     assert rc == 0 and tail["ok"] == 24 and tail["failed"] == 0 and tail["mismatches"] == 0 and tail["retries"] == 0
+
+
+def abort_stress(*flags):
+    p = subprocess.run([sys.executable, "-m", "mcguard.stress", "--abort", "--json", "--quiet", "--seconds", "3",
+                        "--verify", "tail", "--blocks", "2048", "--block-bytes", "16384"] + list(flags),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120, cwd=PKG_DIR)
+    return p.returncode, json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_abort_without_quiesce_corrupts_reused_blocks_and_with_it_none():
+    """Requests aborted at random on both sides, their blocks reused at once:
+    an aborted request's late bytes overwrite the next request's, unless the
+    decode side quiesced the blocks before reusing them. Over TCP (the hold
+    fault) and the NIC model (posted writes), two processes each."""
+    for transport in ("tcp", "rdma-model"):
+        rc, off = abort_stress("--transport", transport, "--quiesce", "off")
+        assert off["corrupted_blocks"] > 0 and rc == 1, (transport, off)
+        rc, on = abort_stress("--transport", transport, "--quiesce", "on")
+        assert on["reused_blocks"] > 0 and on["quiesces"] > 0, (transport, on)
+        assert on["corrupted_blocks"] == 0 and rc == 0, (transport, on)

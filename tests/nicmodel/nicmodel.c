@@ -253,7 +253,7 @@ static void drain_range(uint64_t lo, uint64_t hi) {
             int busy = 0;
             for (struct posted *p = r->head; p; p = p->next)
                 if (p->raddr < hi && lo < p->raddr + p->len) busy = 1;
-            if (!busy || r->done) break;
+            if (!busy) break; /* a closed connection's accepted writes still land: wait for them too */
             pthread_cond_wait(&r->cv, &r->mu);
         }
         pthread_mutex_unlock(&r->mu);
@@ -312,6 +312,9 @@ static void *responder_main(void *arg) {
             int nth = ++g_writes;
             pthread_mutex_unlock(&g_mu);
             struct msg reply = {.op = M_ACK, .wr_id = m.wr_id};
+            /* Looked up and queued as one step against a deregistration,
+             * which drains the queues after it took the MR away. */
+            pthread_mutex_lock(&g_resp_mu);
             struct ibv_mr *mr = find_mr(m.rkey, m.raddr, m.len, IBV_ACCESS_REMOTE_WRITE);
             if (!mr || (g_fail_wr && nth == g_fail_wr)) {
                 reply.op = M_NAK;
@@ -333,6 +336,7 @@ static void *responder_main(void *arg) {
                 pthread_cond_broadcast(&r->cv);
                 pthread_mutex_unlock(&r->mu);
             }
+            pthread_mutex_unlock(&g_resp_mu);
             /* Acknowledged before it is visible: completion before visibility. */
             if (write_full(r->fd, &reply, sizeof reply) != 0) break;
         } else if ((m.op == M_FLUSH || m.op == M_READ) && g_stall_reads) {
