@@ -96,6 +96,7 @@ demo: build
 bench: build
 	$(GO) test -run '^$$' -bench Modes -benchtime 3s -count 5 ./core/
 	$(GO) test -run '^$$' -bench RDMAModelStripes -benchtime 20x -count 5 ./core/
+	$(GO) test -run '^$$' -bench Quiesce -benchtime 1x -count 3 ./core/
 	$(PYTHON) -m mcguard.bench --rounds 5 --seconds 4
 
 ## device-check: the GPU check (an NVIDIA machine with PyTorch; see scripts/device-check.sh)
