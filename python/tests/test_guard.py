@@ -362,3 +362,25 @@ def test_quiesce(pair):
         r.quiesce([dst.addr], [8, 8])
     assert e.value.status == mcguard.MC_ERR_INVALID_ARG
     assert r.stats()["quiesces"] == 1
+
+
+def test_a_write_still_on_its_way_is_refused_after_a_quiesce(pair):
+    s, r, src, dst = pair({"verify": "off"}, HOLD, size=4096)
+    result = {}
+
+    def send():
+        try:
+            s.transfer(r.endpoint, [src.addr], [dst.addr], [4096])
+        except MCGuardError as e:
+            result["error"] = e
+
+    t = threading.Thread(target=send)
+    t.start()
+    time.sleep(0.05)  # the write is in the receiver's hands, held
+    r.quiesce([dst.addr], [4096])
+    dst.write(0, b"\x5a" * 4096)  # the next request's bytes
+    t.join()
+    e = result["error"]
+    assert e.status == mcguard.MC_ERR_QUIESCED and e.abort == "confirmed"
+    time.sleep(0.1)
+    assert dst.bytes() == b"\x5a" * 4096
