@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/wire"
@@ -17,16 +16,7 @@ import (
 // fill into m, which the receiver's hold fault keeps back: bytes still on
 // their way when the receiver decides to reuse m.
 func heldWrite(t *testing.T, recv *Guard, m *mem, fill byte) net.Conn {
-	zctx, err := zmq.NewContext()
-	require.NoError(t, err)
-	defer zctx.Term()
-	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, helloRequest{Sender: randomBytes(nonceSize), Transport: "tcp"})
-	require.NoError(t, err)
-	c, err := net.Dial("tcp", dataAddr(recv))
-	require.NoError(t, err)
-	challenge, err := readChallenge(c)
-	require.NoError(t, err)
-	require.NoError(t, bindData(c, hello, challenge))
+	c := dataConn(t, recv, shakeHands(t, recv, randomBytes(nonceSize)))
 	c.Write(frame(wire.Header{Op: wire.OpWrite, ID: 2, Addr: m.addr(0), Len: uint64(len(m.b))}, bytes.Repeat([]byte{fill}, len(m.b))))
 	return c
 }
@@ -87,7 +77,7 @@ func TestWritesAfterAQuiesceAreTaken(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	require.EqualValues(t, 4, stats(t, p.recv)["quiesces"])
-	require.Error(t, p.recv.Quiesce([]SyncRange{{p.dst.addr(0) + 1 << 30, 8}}), "an unregistered range")
+	require.Error(t, p.recv.Quiesce([]SyncRange{{p.dst.addr(0) + 1<<30, 8}}), "an unregistered range")
 }
 
 // A cancelled or timed-out transfer returns once its writes are cut off,

@@ -142,15 +142,10 @@ func TestEndurance(t *testing.T) {
 			require.NoError(t, cmd.Wait())
 		}},
 		{"stalled peers", func() {
-			hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, helloRequest{Sender: randomBytes(nonceSize), Transport: "tcp"})
-			require.NoError(t, err)
+			hello := shakeHands(t, recv, randomBytes(nonceSize))
 			var conns []net.Conn
 			for i := 0; i < 8; i++ {
-				c, err := net.Dial("tcp", dataAddr(recv))
-				require.NoError(t, err)
-				challenge, err := readChallenge(c)
-				require.NoError(t, err)
-				require.NoError(t, bindData(c, hello, challenge))
+				c := dataConn(t, recv, hello)
 				c.Write(frame(wire.Header{Op: wire.OpWrite, ID: 2, Addr: stalledOn.addr(0), Len: size}, make([]byte, 100)))
 				conns = append(conns, c)
 			}

@@ -83,19 +83,10 @@ func TestRefreshesAreBoundedPerSender(t *testing.T) {
 // version held the region table's lock across the read (4.8 s measured).
 func TestStalledPeerHoldsUpNobody(t *testing.T) {
 	p := newPair(t, "", `{"timeout_ms": 5000}`, 16*4096)
-	zctx, err := zmq.NewContext()
-	require.NoError(t, err)
-	defer zctx.Term()
-	hello, err := handshake(t.Context(), zctx, p.recv.Endpoint(), time.Second, nil, helloRequest{Sender: randomBytes(nonceSize), Transport: "tcp"})
-	require.NoError(t, err)
 	stalled := newMem(t, 1<<20)
 	require.NoError(t, p.recv.Register(stalled.addr(0), 1<<20))
-	c, err := net.Dial("tcp", dataAddr(p.recv))
-	require.NoError(t, err)
+	c := dataConn(t, p.recv, shakeHands(t, p.recv, randomBytes(nonceSize)))
 	defer c.Close()
-	challenge, err := readChallenge(c)
-	require.NoError(t, err)
-	require.NoError(t, bindData(c, hello, challenge))
 	c.Write(frame(wire.Header{Op: wire.OpWrite, ID: 2, Addr: stalled.addr(0), Len: 512 << 10}, make([]byte, 1000)))
 	time.Sleep(100 * time.Millisecond) // the target is now inside the payload
 
@@ -104,7 +95,7 @@ func TestStalledPeerHoldsUpNobody(t *testing.T) {
 	require.NoError(t, p.recv.Register(other.addr(0), 4096))
 	require.NoError(t, p.recv.Unregister(other.addr(0)))
 	fill(p.src.b)
-	_, err = p.send.Transfer(p.recv.Endpoint(), p.blocks(16, 4096), TransferOptions{})
+	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(16, 4096), TransferOptions{})
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(p.src.b, p.dst.b))
 	require.Less(t, time.Since(start), time.Second, "registration and another peer's transfer went on")

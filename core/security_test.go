@@ -365,27 +365,15 @@ func TestReconnectDropsTheOlderConnection(t *testing.T) {
 	recv := openGuard(t, "")
 	m := newMem(t, 4096)
 	require.NoError(t, recv.Register(m.addr(0), 4096))
-	zctx, err := zmq.NewContext()
-	require.NoError(t, err)
-	defer zctx.Term()
 	sender := randomBytes(nonceSize)
-	dial := func() net.Conn {
-		hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, helloRequest{Sender: sender, Transport: "tcp"})
-		require.NoError(t, err)
-		c, err := net.Dial("tcp", dataAddr(recv))
-		require.NoError(t, err)
-		challenge, err := readChallenge(c)
-		require.NoError(t, err)
-		require.NoError(t, bindData(c, hello, challenge))
-		return c
-	}
+	dial := func() net.Conn { return dataConn(t, recv, shakeHands(t, recv, sender)) }
 	old := dial()
 	defer old.Close()
 	fresh := dial()
 	defer fresh.Close()
 	old.Write(frame(wire.Header{Op: wire.OpWrite, ID: 2, Addr: m.addr(0), Len: 8}, []byte("LATEBYTE")))
 	old.SetReadDeadline(time.Now().Add(2 * time.Second))
-	_, err = old.Read(make([]byte, 64))
+	_, err := old.Read(make([]byte, 64))
 	require.Error(t, err, "the target hung up the older connection")
 	require.Equal(t, make([]byte, 8), m.b[:8], "and applied nothing from it")
 	fresh.Write(frame(wire.Header{Op: wire.OpWrite, ID: 2, Addr: m.addr(0), Len: 8}, []byte("NEWBYTES")))
@@ -411,6 +399,29 @@ func TestHandshakeWithBogusQueuePairsIsRefusedAndTheGuardServesOn(t *testing.T) 
 	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(1, 4096), TransferOptions{})
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(p.src.b, p.dst.b))
+}
+
+// dataConn opens a data connection to g bound to hello, a handshake's
+// reply, as a sender's dial makes it.
+func dataConn(t testing.TB, g *Guard, hello helloReply) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", dataAddr(g))
+	require.NoError(t, err)
+	challenge, err := readChallenge(c)
+	require.NoError(t, err)
+	require.NoError(t, bindData(c, hello, challenge))
+	return c
+}
+
+// shakeHands makes one handshake with g as sender.
+func shakeHands(t testing.TB, g *Guard, sender []byte) helloReply {
+	t.Helper()
+	zctx, err := zmq.NewContext()
+	require.NoError(t, err)
+	defer zctx.Term()
+	hello, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, helloRequest{Sender: sender, Transport: "tcp"})
+	require.NoError(t, err)
+	return hello
 }
 
 // readChallenge reads the challenge a target sends on accepting c.
