@@ -117,12 +117,13 @@ typedef struct mc_sync_opts {
 
 /* Open a guard. config_json may be NULL or "" for defaults, else a JSON
  * object; keys (and MC_GUARD_* variables; JSON wins over environment):
- *   listen "host:port" (default "127.0.0.1:0"), verify "off"|"tail"|
+ *   listen "host:port" (default "127.0.0.1:0"; an IPv4 address, a bracketed
+ *   IPv6 address such as "[::1]:0", or a host name), verify "off"|"tail"|
  *   "sample"|"full"|"digest" or true/false, tail_bytes, sample_stripes,
  *   sample_bytes, max_retries, retry_sleep_s, on_mismatch "fail"|"resend",
  *   max_resends, max_batch, timeout_ms, connect_timeout_ms, notify
  *   "auto"|"always"|"never", sync_timeout_ms, inject "none"|"lag"|"drop"|
- *   "tear"|"reorder"|"stale", inject_rate, inject_lag_max_ms, inject_seed,
+ *   "tear"|"reorder"|"stale"|"hold", inject_rate, inject_lag_max_ms, inject_seed,
  *   secret, secret_file, allow_insecure, cuda "auto"|"required"|"off",
  *   cuda_library, transport "tcp"|"rdma"|"auto", require_rdma,
  *   verbs_library, rdma_device, rdma_gid_index, rdma_qps (1 to 16).
