@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,12 +32,7 @@ func TestEndurance(t *testing.T) {
 	if raceEnabled {
 		t.Skip("run without the race detector (make test runs it on its own)")
 	}
-	total := 3000
-	if v := os.Getenv("MCGUARD_ENDURANCE_HANDSHAKES"); v != "" {
-		var err error
-		total, err = strconv.Atoi(v)
-		require.NoError(t, err)
-	}
+	total := countFromEnv(t, "MCGUARD_ENDURANCE_HANDSHAKES", 3000)
 	const blocks, size = 32, 16 << 10
 	recv, err := Open(testConfig(t, `{"timeout_ms": 1000}`))
 	require.NoError(t, err)

@@ -38,6 +38,17 @@ func measure(t *testing.T) usage {
 	return usage{fds: len(fds), goroutines: runtime.NumGoroutine(), rssKiB: rss}
 }
 
+// countFromEnv is the count the variable name gives, else def.
+func countFromEnv(t testing.TB, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	require.NoError(t, err, name)
+	return n
+}
+
 // settled waits for goroutines and descriptors that are on their way out.
 func settled(t *testing.T, base usage) usage {
 	var u usage
@@ -60,12 +71,7 @@ func TestSoak(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the soak runs without -race (make test runs it separately); -race covers the same paths in the other tests")
 	}
-	cycles := 10000
-	if v := os.Getenv("MCGUARD_SOAK_CYCLES"); v != "" {
-		var err error
-		cycles, err = strconv.Atoi(v)
-		require.NoError(t, err)
-	}
+	cycles := countFromEnv(t, "MCGUARD_SOAK_CYCLES", 10000)
 	const size = 4096
 	src, dst := newMem(t, size), newMem(t, 64*size)
 	fill(src.b)
