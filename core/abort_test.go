@@ -130,3 +130,36 @@ func TestAbortUnconfirmedWhenTheReceiverIsGone(t *testing.T) {
 	require.Error(t, err)
 	require.Equal(t, AbortUnconfirmed, res.Abort)
 }
+
+// A data connection whose handshake predates a quiesce is sent the mark
+// when its hello is taken, and after its echo its writes go through: it
+// is never left behind (a quiesce marks only the connections bound then).
+func TestAConnectionBoundAfterAQuiesceCatchesUp(t *testing.T) {
+	m := newMem(t, 4096)
+	recv := openGuard(t, "")
+	require.NoError(t, recv.Register(m.addr(0), 4096))
+	hello := shakeHands(t, recv, randomBytes(nonceSize)) // the generation before the quiesce
+	require.NoError(t, recv.Quiesce([]SyncRange{{m.addr(0), 4096}}))
+	c := dataConn(t, recv, hello)
+	defer c.Close()
+	hdr := make([]byte, wire.HeaderSize)
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_, err := io.ReadFull(c, hdr)
+	require.NoError(t, err)
+	mark, err := wire.Decode(hdr)
+	require.NoError(t, err)
+	require.Equal(t, wire.OpMark, mark.Op, "the mark follows the hello's reply")
+	write := func(id uint64) wire.Status {
+		c.Write(frame(wire.Header{Op: wire.OpWrite, ID: id, Addr: m.addr(0), Len: 8}, []byte("GOTHERE!")))
+		_, err := io.ReadFull(c, hdr)
+		require.NoError(t, err)
+		h, _ := wire.Decode(hdr)
+		return h.Status
+	}
+	require.Equal(t, wire.StatusQuiesced, write(2), "before the echo: refused")
+	c.Write(frame(wire.Header{Op: wire.OpMark, ID: 3, Addr: mark.Addr}, nil))
+	_, err = io.ReadFull(c, hdr)
+	require.NoError(t, err)
+	require.Equal(t, wire.StatusOK, write(4), "after it: taken")
+	require.Equal(t, []byte("GOTHERE!"), m.b[:8])
+}

@@ -36,6 +36,7 @@ type link struct {
 	wmu     sync.Mutex    // orders the serve loop's replies and pushed marks on c
 	ack     atomic.Uint64 // the generation its sender has caught up with
 	aborted atomic.Bool   // its sender gave up on it: nothing it brought may land
+	bound   atomic.Bool   // its hello was taken: it may be sent marks
 	applyMu sync.Mutex    // held while one of its writes is applied
 }
 
@@ -107,21 +108,41 @@ func (t *target) quiesce(ctx context.Context, ranges []memory.Region) error {
 	t.mu.Lock()
 	links := make([]*link, 0, len(t.conns))
 	for _, l := range t.conns {
-		links = append(links, l)
+		if l.bound.Load() { // a link bound later catches up at its hello (bindLink)
+			links = append(links, l)
+		}
 	}
 	t.mu.Unlock()
-	var mark [wire.HeaderSize]byte
-	wire.Header{Op: wire.OpMark, Addr: g}.Encode(mark[:])
+	mark := markFrame(g)
 	// Pushed before quiesce returns, so that a sender told of the reuse
 	// afterwards finds the mark waiting (a sender that starts a transfer
 	// before the mark reaches it is refused, its transfer failing with
 	// MC_ERR_QUIESCED: it raced the quiesce).
 	var pushed sync.WaitGroup
 	for _, l := range links {
-		pushed.Go(func() { t.push(l, mark[:]) })
+		pushed.Go(func() { t.push(l, mark) })
 	}
 	pushed.Wait()
 	return t.pending.Wait(ctx, ranges)
+}
+
+func markFrame(g uint64) []byte {
+	mark := make([]byte, wire.HeaderSize)
+	wire.Header{Op: wire.OpMark, Addr: g}.Encode(mark)
+	return mark
+}
+
+// bindLink takes a link's hello: it has caught up with the generation of
+// its sender's handshake, and where a quiesce came since, it is sent a
+// mark at once (a quiesce skips links not yet bound). Bound is set before
+// the generation is read, and a quiesce raises the generation before it
+// reads bound: one of the two pushes the mark.
+func (t *target) bindLink(l *link, handshakeGen uint64) {
+	l.catchUp(handshakeGen, t.q.gen.Load())
+	l.bound.Store(true)
+	if g := t.q.gen.Load(); l.ack.Load() < g {
+		t.push(l, markFrame(g))
+	}
 }
 
 // push writes a mark to a link; a link that cannot take it in time is

@@ -195,7 +195,6 @@ func (t *target) serve(l *link) {
 			st, sender = t.hello(r, h.Len, challenge)
 			bound = st == wire.StatusOK
 			if bound {
-				l.catchUp(h.Addr, t.q.gen.Load()) // the generation of its handshake
 				t.claim(sender, l)
 			}
 		case !bound:
@@ -216,8 +215,11 @@ func (t *target) serve(l *link) {
 		if err != nil {
 			return
 		}
-		if err := t.reply(l, w, hdr, wire.Header{Op: h.Op | wire.Reply, Status: st, ID: h.ID, Addr: h.Addr, Len: n}, payload, r.Buffered() == 0); err != nil {
+		if err := t.reply(l, w, hdr, wire.Header{Op: h.Op | wire.Reply, Status: st, ID: h.ID, Addr: h.Addr, Len: n}, payload, r.Buffered() == 0 || h.Op == wire.OpHello); err != nil {
 			return
+		}
+		if h.Op == wire.OpHello && st == wire.StatusOK {
+			t.bindLink(l, h.Addr) // after the hello's reply: a mark it needs follows it
 		}
 		if st == wire.StatusUnauthorized {
 			return
