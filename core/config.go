@@ -2,13 +2,13 @@ package core
 
 import (
 	"fmt"
-	"log"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/mcguard/mcguard/core/config"
 	"github.com/mcguard/mcguard/core/fault"
+	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/transport/rdma"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -43,11 +43,13 @@ type Config struct {
 	Transport    string
 	RequireRDMA  bool
 	VerbsLibrary string
-	RDMADevice   string        // empty: the first device with an active port
-	RDMAGIDIndex int           // -1: the first RoCE v2 GID
-	RDMAQPs      int           // queue pairs per session that a batch's writes are striped over
-	Verify       verify.Config // the verification policy, and when notices are sent
-	Inject       fault.Config  // target-side fault injection, for tests and demos
+	RDMADevice   string // empty: the first device with an active port
+	RDMAGIDIndex int    // -1: the first RoCE v2 GID
+	RDMAQPs      int    // queue pairs per session that a batch's writes are striped over
+	// LogLevel, when set, is the process's log level (see core/logs).
+	LogLevel string
+	Verify   verify.Config // the verification policy, and when notices are sent
+	Inject   fault.Config  // target-side fault injection, for tests and demos
 }
 
 // DefaultConfig returns the settings used when nothing is configured.
@@ -91,6 +93,7 @@ func LoadConfig(getenv config.Getenv, configJSON string) (Config, error) {
 	l.String("rdma_device", []string{"MC_GUARD_RDMA_DEVICE"}, &c.RDMADevice)
 	l.Int("rdma_gid_index", []string{"MC_GUARD_RDMA_GID_INDEX"}, &c.RDMAGIDIndex, -1, 255)
 	l.Int("rdma_qps", []string{"MC_GUARD_RDMA_QPS"}, &c.RDMAQPs, 1, rdma.MaxQPs)
+	l.Choice("log_level", []string{"MC_GUARD_LOG_LEVEL"}, &c.LogLevel, logs.Levels, nil)
 	c.Verify = verify.Load(l)
 	l.Choice("inject", []string{"MC_GUARD_INJECT"}, &c.Inject.Mode, fault.Modes, map[string]string{"": "none", "off": "none"})
 	l.Float("inject_rate", []string{"MC_GUARD_INJECT_RATE"}, &c.Inject.Rate, 0, 1)
@@ -98,6 +101,10 @@ func LoadConfig(getenv config.Getenv, configJSON string) (Config, error) {
 	l.Int("inject_seed", []string{"MC_GUARD_INJECT_SEED"}, &c.Inject.Seed, 0, 1<<31-1)
 	if err := l.Err(); err != nil {
 		return Config{}, err
+	}
+	if c.LogLevel != "" {
+		lvl, _ := logs.ParseLevel(c.LogLevel) // a Choice of logs.Levels
+		logs.SetLevel(lvl)
 	}
 	host, _, err := parseHostPort(c.Listen, true)
 	if err != nil {
@@ -123,7 +130,7 @@ func LoadConfig(getenv config.Getenv, configJSON string) (Config, error) {
 		if !c.AllowInsecure {
 			return Config{}, fmt.Errorf("%w: listen %q reaches beyond this machine, and the guard has no secret: any peer could write into registered memory. Set secret (or secret_file, MC_GUARD_SECRET), or allow_insecure: true to accept that", ErrConfig, c.Listen)
 		}
-		log.Printf("mcguard: WARNING: listening on %s without a secret (allow_insecure): any peer that reaches it can read and write registered memory", c.Listen)
+		logs.Printf(logs.Warn, "listening on %s without a secret (allow_insecure): any peer that reaches it can read and write registered memory", c.Listen)
 	}
 	if c.RequireRDMA {
 		if c.Transport == "tcp" {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mcguard/mcguard/core/internal/heap"
+	"github.com/mcguard/mcguard/core/logs"
 	zmq "github.com/pebbe/zmq4"
 )
 
@@ -123,7 +123,7 @@ func (s *controlServer) serve(sock, events *zmq.Socket, handle func(peer, body [
 				continue
 			}
 			if _, err := sock.SendMessage(msg[0], "", handle(msg[0], msg[2])); err != nil {
-				log.Printf("mcguard: control reply failed: %v", err)
+				logs.Printf(logs.Info, "control reply failed: %v", err)
 			}
 		}
 	}

@@ -5,11 +5,11 @@ import (
 	"crypto/hmac"
 	"encoding/json"
 	"fmt"
-	"log"
 	"net"
 	"strings"
 	"time"
 
+	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
@@ -154,7 +154,7 @@ func (g *Guard) answerHandshake(peer, body []byte) []byte {
 func (g *Guard) answer(peer, body []byte) helloReply {
 	refuse := func(format string, args ...any) helloReply {
 		msg := fmt.Sprintf(format, args...)
-		log.Printf("mcguard: %s: refused a handshake: %s", g.Endpoint(), msg)
+		logs.Printf(logs.Info, "%s: refused a handshake: %s", g.Endpoint(), msg)
 		return helloReply{Proto: ProtocolVersion, Error: msg}
 	}
 	var req helloRequest

@@ -2,10 +2,10 @@ package core
 
 import (
 	"fmt"
-	"log"
 	"sync"
 
 	"github.com/mcguard/mcguard/core/cuda"
+	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/transport/rdma"
@@ -66,7 +66,7 @@ func (g *Guard) openDataPlanes(host string) error {
 	}
 	if g.cfg.Transport == "auto" && g.data.Name() == tcp.Name && len(why) > 0 {
 		// The probe is the same for every guard of the process: say it once.
-		autoFallbackLogged.Do(func() { log.Printf("mcguard: transport auto: using tcp, because: %v", why) })
+		autoFallbackLogged.Do(func() { logs.Printf(logs.Info, "transport auto: using tcp, because: %v", why) })
 	}
 	return nil
 }

@@ -7,6 +7,8 @@ extern "C" {
 #endif
 /* getenv of the live C environment (Go's os.Getenv sees a copy taken at load). */
 const char *mcg_getenv(const char *name);
+/* Calls a log sink (a C function pointer, which Go cannot call itself). */
+void mcg_call_log(mc_log_fn fn, int32_t level, const char *message, void *ctx);
 #ifdef __cplusplus
 }
 #endif

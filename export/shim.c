@@ -22,6 +22,13 @@ static const char mcg_forked_msg[] =
 
 const char *mcg_getenv(const char *name) { return getenv(name); }
 
+void mcg_call_log(mc_log_fn fn, int32_t level, const char *message, void *ctx) { fn(level, message, ctx); }
+
+mc_status mc_guard_set_log(int32_t level, mc_log_fn fn, void *ctx) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgSetLog(level, fn, ctx);
+}
+
 mc_status mc_guard_open(const char *config_json, mc_guard_t *out) {
     if (mcg_forked()) return MC_ERR_FORKED;
     return mcgOpen((char *)config_json, out);

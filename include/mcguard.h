@@ -88,6 +88,17 @@ typedef int32_t mc_status;
 #define MC_ABORT_CONFIRMED   1 /* the receiver confirmed that nothing more of it will land */
 #define MC_ABORT_UNCONFIRMED 2 /* unknown: the receiver must mc_guard_quiesce the ranges before reusing them */
 
+/* Log levels, for mc_guard_set_log and the log_level setting. */
+#define MC_LOG_ERROR 0
+#define MC_LOG_WARN  1 /* the default: only warnings (fault injection on, listening without a secret) and errors */
+#define MC_LOG_INFO  2 /* also refused handshakes, transport choices, accept retries */
+#define MC_LOG_DEBUG 3
+
+/* A log sink: a message (NUL-terminated, valid during the call only) at a
+ * level. It is called from the library's own threads, possibly several at
+ * once. */
+typedef void (*mc_log_fn)(int32_t level, const char *message, void *ctx);
+
 /* Options of one transfer. Set struct_size = sizeof(mc_transfer_opts) so
  * later versions can grow the struct; zero-initialise the rest; pass NULL
  * for the defaults. */
@@ -125,7 +136,8 @@ typedef struct mc_sync_opts {
  *   "auto"|"always"|"never", sync_timeout_ms, inject "none"|"lag"|"drop"|
  *   "tear"|"reorder"|"stale"|"hold", inject_rate, inject_lag_max_ms, inject_seed,
  *   secret, secret_file, allow_insecure, cuda "auto"|"required"|"off",
- *   cuda_library, transport "tcp"|"rdma"|"auto", require_rdma,
+ *   cuda_library, transport "tcp"|"rdma"|"auto", require_rdma, log_level
+ *   "error"|"warn"|"info"|"debug" (for the process),
  *   verbs_library, rdma_device, rdma_gid_index, rdma_qps (1 to 16).
  * The vLLM variables VLLM_MOONCAKE_TRANSFER_VERIFY[_TAIL_BYTES|
  * _MAX_RETRIES|_RETRY_SLEEP_S] are honoured too. On success *out is the
@@ -243,6 +255,12 @@ mc_status mc_guard_stats(mc_guard_t g, char *buf, size_t len, size_t *needed);
  * at most len-1 bytes and a NUL into buf (when len > 0) and returns the
  * full message length, like snprintf; "" and 0 if there is none. */
 size_t mc_guard_last_error(mc_guard_t g, char *buf, size_t len);
+
+/* Set where the library's messages go, for the whole process: level
+ * (MC_LOG_*; -1 keeps the current one; the log_level setting and
+ * MC_GUARD_LOG_LEVEL set it too) and fn with ctx (NULL: standard error,
+ * the default). MC_ERR_INVALID_ARG for an unknown level. */
+mc_status mc_guard_set_log(int32_t level, mc_log_fn fn, void *ctx);
 
 /* The library's version, "MAJOR.MINOR.PATCH"; a static string. */
 const char *mc_guard_version(void);

@@ -6,10 +6,11 @@ package fault
 
 import (
 	"bytes"
-	"log"
 	"math/rand"
 	"sync"
 	"time"
+
+	"github.com/mcguard/mcguard/core/logs"
 )
 
 // The modes.
@@ -71,7 +72,7 @@ func New(f Config, tailBytes int, where string) *Injector {
 	if f.Mode == None || f.Mode == "" {
 		return nil
 	}
-	log.Printf("mcguard: WARNING: FAULT INJECTION ON at %s: %s (rate %g, delays up to %v) — this target does not deliver what it acknowledges", where, f.Mode, f.Rate, f.LagMax)
+	logs.Printf(logs.Warn, "FAULT INJECTION ON at %s: %s (rate %g, delays up to %v) — this target does not deliver what it acknowledges", where, f.Mode, f.Rate, f.LagMax)
 	return &Injector{mode: f.Mode, rate: f.Rate, lagMax: f.LagMax, tailBytes: tailBytes, rng: rand.New(rand.NewSource(int64(f.Seed)))}
 }
 

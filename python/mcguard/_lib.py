@@ -1,6 +1,8 @@
 """Loading libmcguard.so and declaring every export's C signature."""
 
+import atexit
 import ctypes
+import logging
 import os
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,6 +41,10 @@ TRANSFER_NO_NOTICE = 1
 ABORT_STATES = {0: None, 1: "confirmed", 2: "unconfirmed"}  # MC_ABORT_*
 
 
+LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_char_p, ctypes.c_void_p)
+LOG_LEVELS = ["error", "warn", "info", "debug"]  # MC_LOG_*
+_PY_LEVELS = [logging.ERROR, logging.WARNING, logging.INFO, logging.DEBUG]
+
 _u64p = ctypes.POINTER(ctypes.c_uint64)
 _status = ctypes.c_int32
 _handle = ctypes.c_uint64
@@ -61,18 +67,38 @@ _SIGNATURES = {
                                  ctypes.POINTER(ctypes.c_size_t)]),
     "mc_guard_last_error": (ctypes.c_size_t, [_handle, ctypes.c_char_p, ctypes.c_size_t]),
     "mc_guard_version": (ctypes.c_char_p, []),
+    "mc_guard_set_log": (_status, [ctypes.c_int32, LOG_FN, ctypes.c_void_p]),
 }
 
 _lib = None
 
 
+def _to_logging(level, message, _ctx):
+    log = logging.getLogger("mcguard")
+    py = _PY_LEVELS[level] if 0 <= level < len(_PY_LEVELS) else logging.ERROR
+    if log.isEnabledFor(py):
+        log.log(py, message.decode(errors="replace"))
+
+
+_log_sink = LOG_FN(_to_logging)  # kept: the library calls it from its own threads
+
+
+def _stop_logging():
+    # No callback into an interpreter that is shutting down: back to stderr.
+    if _lib is not None:
+        _lib.mc_guard_set_log(-1, LOG_FN(), None)
+
+
 def lib():
-    """The loaded library, with argtypes and restype set for every export."""
+    """The loaded library, with argtypes and restype set for every export,
+    its messages routed into logging.getLogger("mcguard")."""
     global _lib
     if _lib is None:
         handle = ctypes.CDLL(library_path())
         for name, (restype, argtypes) in _SIGNATURES.items():
             fn = getattr(handle, name)
             fn.restype, fn.argtypes = restype, argtypes
+        handle.mc_guard_set_log(-1, _log_sink, None)
         _lib = handle
+        atexit.register(_stop_logging)
     return _lib

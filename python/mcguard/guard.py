@@ -343,5 +343,15 @@ class Guard:
             pass
 
 
+def set_log_level(level):
+    """The library's log level for the process: "error", "warn" (the
+    default), "info" or "debug". Its messages go to logging.getLogger("mcguard")."""
+    if level not in _lib.LOG_LEVELS:
+        raise MCGuardError(MC_ERR_INVALID_ARG, "log level %r is not one of %s" % (level, ", ".join(_lib.LOG_LEVELS)))
+    st = _lib.lib().mc_guard_set_log(_lib.LOG_LEVELS.index(level), _lib._log_sink, None)
+    if st != MC_OK:
+        raise MCGuardError(st, "mc_guard_set_log failed")
+
+
 def version():
     return _lib.lib().mc_guard_version().decode()

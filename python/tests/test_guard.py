@@ -384,3 +384,30 @@ def test_a_write_still_on_its_way_is_refused_after_a_quiesce(pair):
     assert e.status == mcguard.MC_ERR_QUIESCED and e.abort == "confirmed"
     time.sleep(0.1)
     assert dst.bytes() == b"\x5a" * 4096
+
+
+def test_messages_go_to_pythons_logging(guards, caplog):
+    from mcguard.models import nic_model_path
+    caplog.set_level("DEBUG", logger="mcguard")
+    guards(inject="lag")
+    assert any("FAULT INJECTION ON" in r.message and r.levelname == "WARNING" for r in caplog.records)
+    tcp_only = guards(transport="tcp")
+    rdma = guards(transport="rdma", verbs_library=nic_model_path(), connect_timeout_ms=500)
+
+    src = Buf(4096)
+    rdma.register(src.addr, 4096)
+    caplog.clear()
+    with pytest.raises(MCGuardError):
+        rdma.transfer(tcp_only.endpoint, [src.addr], [src.addr], [8])
+    assert not [r for r in caplog.records if "refused a handshake" in r.message], "info is not shown by default"
+    mcguard.set_log_level("info")
+    try:
+        with pytest.raises(MCGuardError):
+            rdma.transfer(tcp_only.endpoint, [src.addr], [src.addr], [8])
+        infos = [r for r in caplog.records if "refused a handshake" in r.message]
+        assert infos and infos[0].levelname == "INFO" and 'does not serve transport "rdma"' in infos[0].message
+    finally:
+        mcguard.set_log_level("warn")
+    with pytest.raises(MCGuardError) as e:
+        mcguard.set_log_level("loud")
+    assert e.value.status == mcguard.MC_ERR_INVALID_ARG

@@ -86,3 +86,8 @@ def test_struct_layouts_are_the_headers(name, cls, tmp_path):
 def test_the_package_exports_every_status():
     for code, name in STATUS_NAMES.items():
         assert getattr(mcguard, name) == code, name
+
+
+def test_log_levels_are_the_headers():
+    want = {name[len("MC_LOG_"):].lower(): v for name, v in defines("MC_LOG_").items()}
+    assert want == {name: i for i, name in enumerate(_lib.LOG_LEVELS)}

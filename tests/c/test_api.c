@@ -32,6 +32,12 @@ static int failures;
 
 enum { BLOCKS = 600, BLOCK = 4096, SIZE = BLOCKS * BLOCK };
 
+static int fault_warnings;
+
+static void on_log(int32_t level, const char *message, void *ctx) {
+    if (level == MC_LOG_WARN && strstr(message, "FAULT INJECTION ON") && ctx == &fault_warnings) fault_warnings++;
+}
+
 int main(void) {
     mc_guard_t sender = 0, receiver = 0;
     CHECK(strcmp(mc_guard_version(), MC_GUARD_VERSION_STRING) == 0);
@@ -85,6 +91,15 @@ int main(void) {
     opts.struct_size = (uint32_t)offsetof(mc_transfer_opts, deadline_ms) + 4;
     CHECK_STATUS(mc_guard_transfer(sender, endpoint, s, d, l, 1, &opts), MC_ERR_INVALID_ARG, sender, "struct_size");
     opts.struct_size = sizeof opts;
+
+    /* The log sink: the fault-injection warning reaches it, with ctx. */
+    CHECK_STATUS(mc_guard_set_log(MC_LOG_WARN, on_log, &fault_warnings), MC_OK, 0, "");
+    mc_guard_t faulty = 0;
+    CHECK_STATUS(mc_guard_open("{\"inject\": \"lag\"}", &faulty), MC_OK, 0, "");
+    CHECK(fault_warnings == 1);
+    CHECK_STATUS(mc_guard_close(faulty), MC_OK, faulty, "");
+    CHECK_STATUS(mc_guard_set_log(-1, NULL, NULL), MC_OK, 0, "");
+    CHECK_STATUS(mc_guard_set_log(7, NULL, NULL), MC_ERR_INVALID_ARG, 0, "log level 7");
 
     /* Error paths: each a named status and a message. */
     mc_guard_t bogus = 0;

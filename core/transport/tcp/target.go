@@ -8,13 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log"
 	"net"
 	"sync"
 	"time"
 
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/fault"
+	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
@@ -82,7 +82,7 @@ func (t *target) accept() {
 			return
 		}
 		if err != nil {
-			log.Printf("mcguard: target %s: accept: %v (retrying in %v)", t.addr(), err, backoff)
+			logs.Printf(logs.Info, "target %s: accept: %v (retrying in %v)", t.addr(), err, backoff)
 			time.Sleep(backoff)
 			backoff = acceptBackoff(backoff)
 			continue
@@ -315,7 +315,7 @@ func (t *target) write(l *link, addr, n uint64, r io.Reader, lagged *transport.P
 		return wire.StatusNotRegistered, err
 	}
 	if errors.Is(err, errs.Device) { // the payload was read; its copy to the GPU failed
-		log.Printf("mcguard: target: %v", err)
+		logs.Printf(logs.Info, "target: %v", err)
 		return wire.StatusDevice, nil
 	}
 	return wire.StatusOK, err
