@@ -46,6 +46,7 @@ deps-go:
 
 deps-python:
 	@$(PYTHON) -c "import pytest" 2>/dev/null || $(PYTHON) -m pip install -q pytest
+	@$(PYTHON) -c "import prometheus_client" 2>/dev/null || $(PYTHON) -m pip install -q prometheus-client
 
 ## build: build/libmcguard.so and its cgo-generated header build/libmcguard.h,
 ## and the software models of the CUDA driver and of an RDMA NIC the tests use

@@ -184,5 +184,6 @@ func (g *Guard) Quiesce(ranges []SyncRange) error {
 		}
 	}
 	g.stats.quiesces.Add(1)
+	g.metrics.quiesces.Add(1)
 	return nil
 }

@@ -47,6 +47,7 @@ type Guard struct {
 	cudaState    string        // for stats: why device memory does or does not work
 	nextTransfer atomic.Uint64 // starts at a random value: ids differ across senders
 	stats        counters
+	metrics      *guardMetrics
 }
 
 // Open starts a guard: its data planes and its control endpoint.
@@ -58,6 +59,7 @@ func Open(cfg Config) (*Guard, error) {
 	g := &Guard{cfg: cfg, sessions: map[string]*session{}, notices: newNoticeStore(), auth: newAuthority(cfg.Secret),
 		planeState: map[string]string{}}
 	g.nextTransfer.Store(mrand.Uint64() >> 1)
+	g.metrics = newGuardMetrics(g)
 	if err := g.loadCUDA(); err != nil {
 		return nil, err
 	}

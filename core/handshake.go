@@ -153,6 +153,7 @@ func (g *Guard) answerHandshake(peer, body []byte) []byte {
 
 func (g *Guard) answer(peer, body []byte) helloReply {
 	refuse := func(format string, args ...any) helloReply {
+		g.metrics.handshakes.Add(1, "refused")
 		msg := fmt.Sprintf(format, args...)
 		logs.Printf(logs.Info, "%s: refused a handshake: %s", g.Endpoint(), msg)
 		return helloReply{Proto: ProtocolVersion, Error: msg}
@@ -181,6 +182,7 @@ func (g *Guard) answer(peer, body []byte) helloReply {
 	var token, key []byte
 	switch {
 	case req.Op == "hello" && g.auth.secret != nil:
+		g.metrics.handshakes.Add(1, "challenged")
 		return helloReply{Proto: ProtocolVersion, Challenge: g.auth.challenge(peer)}
 	case req.Op == "hello":
 		token = randomBytes(wire.TokenSize)
@@ -190,6 +192,7 @@ func (g *Guard) answer(peer, body []byte) helloReply {
 	case req.Op == "auth" && g.auth.secret != nil:
 		proof, tok, k, err := g.auth.answer(peer, req)
 		if err != nil {
+			g.metrics.authFailures.Add(1)
 			return refuse("%v", err)
 		}
 		rep.MAC, token, key = proof, tok, k
@@ -202,6 +205,7 @@ func (g *Guard) answer(peer, body []byte) helloReply {
 		return refuse("%s: %v", plane.Name(), err)
 	}
 	rep.Answer = answer
+	g.metrics.handshakes.Add(1, "ok")
 	return rep
 }
 

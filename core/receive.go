@@ -42,6 +42,7 @@ func (g *Guard) receiveNotice(body []byte) []byte {
 		rep.Error = err.Error()
 	} else {
 		g.stats.noticesReceived.Add(1)
+		g.metrics.noticesReceived.Add(1)
 	}
 	out, _ := json.Marshal(rep)
 	return out
@@ -55,11 +56,12 @@ type SyncRange struct{ Addr, Len uint64 }
 // flight to them have landed, makes them safe to read (the device hook: a
 // full fence for host memory) and, when digests are given (one per range,
 // as the sender's mc_guard_transfer returned them), compares them.
-func (g *Guard) Sync(ranges []SyncRange, digests []uint64, stream uint64) error {
+func (g *Guard) Sync(ranges []SyncRange, digests []uint64, stream uint64) (err error) {
 	if err := g.enter(); err != nil {
 		return err
 	}
 	defer g.inflight.Done()
+	defer func() { g.metrics.syncs.Add(1, outcomeOf(err)) }()
 	if len(ranges) > MaxDescriptors {
 		return fmt.Errorf("%w: %d ranges, limit %d per call", ErrInvalidArg, len(ranges), MaxDescriptors)
 	}
@@ -80,11 +82,12 @@ func (g *Guard) Sync(ranges []SyncRange, digests []uint64, stream uint64) error 
 // completion notices: it waits (up to sync_timeout) for each transfer's
 // notice, then settles its ranges as Sync does, comparing digests when the
 // transfer was sent in digest mode.
-func (g *Guard) SyncTransfers(ids []uint64, stream uint64) error {
+func (g *Guard) SyncTransfers(ids []uint64, stream uint64) (err error) {
 	if err := g.enter(); err != nil {
 		return err
 	}
 	defer g.inflight.Done()
+	defer func() { g.metrics.syncs.Add(1, outcomeOf(err)) }()
 	if len(ids) == 0 || len(ids) > MaxDescriptors {
 		return fmt.Errorf("%w: %d transfer ids (1 to %d)", ErrInvalidArg, len(ids), MaxDescriptors)
 	}

@@ -39,7 +39,14 @@ func (g *Guard) Transfer(name string, descs []verify.Desc, opts TransferOptions)
 	}
 	defer g.inflight.Done()
 	g.stats.transfers.Add(1)
+	start := time.Now()
 	res, err := g.transfer(name, descs, opts)
+	mode := string(g.cfg.Verify.Mode)
+	if opts.Verify != nil {
+		mode = string(*opts.Verify)
+	}
+	g.metrics.transferSeconds.Observe(time.Since(start).Seconds(), mode)
+	defer func() { g.metrics.transfers.Add(1, mode, outcomeOf(err)) }()
 	if err != nil {
 		g.stats.failed.Add(1)
 		if res.Abort == AbortConfirmed {
@@ -47,8 +54,12 @@ func (g *Guard) Transfer(name string, descs []verify.Desc, opts TransferOptions)
 		} else if res.Abort == AbortUnconfirmed {
 			g.stats.abortsUnconfirmed.Add(1)
 		}
+		if res.Abort != AbortNone {
+			g.metrics.aborts.Add(1, res.Abort.String())
+		}
 		if errors.Is(err, ErrVerify) {
 			g.stats.verifyFailures.Add(1)
+			g.metrics.mismatches.Add(1)
 		}
 		if g.ctx.Err() != nil && !errors.Is(err, ErrClosed) {
 			err = fmt.Errorf("%w while the transfer was in flight: %v", ErrClosed, err)
@@ -171,6 +182,9 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 		g.stats.retries.Add(int64(d.Retries))
 		g.stats.resends.Add(int64(d.Resends))
 		g.stats.probed.Add(d.Probed)
+		g.metrics.retries.Add(int64(d.Retries))
+		g.metrics.resends.Add(int64(d.Resends))
+		g.metrics.verifySeconds.Observe(d.Checked.Seconds(), string(vcfg.Mode))
 		var mismatch *verify.MismatchError
 		if err != nil && !errors.As(err, &mismatch) {
 			s.disconnect() // the connection is in an unknown state
@@ -188,6 +202,8 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 	}
 	g.stats.descriptors.Add(int64(len(descs)))
 	g.stats.bytes.Add(int64(total))
+	g.metrics.descriptors.Add(int64(len(descs)), string(vcfg.Mode))
+	g.metrics.bytes.Add(int64(total), string(vcfg.Mode))
 	return res, nil
 }
 
@@ -215,6 +231,7 @@ func (g *Guard) notify(ctx context.Context, s *session, id uint64, mode verify.M
 			return err
 		}
 		g.stats.noticesSent.Add(1)
+		g.metrics.noticesSent.Add(1)
 	}
 	return nil
 }

@@ -26,7 +26,8 @@ var dataPlanes = []struct {
 	}},
 	{tcp.Name, func(g *Guard, host string) (transport.Transport, error) {
 		return tcp.New(tcp.Config{Host: host, Timeout: g.cfg.Timeout, Regions: g.regions, Tokens: g.auth.tokens.sender,
-			Faults: g.cfg.Inject, TailBytes: g.cfg.Verify.TailBytes})
+			Faults: g.cfg.Inject, TailBytes: g.cfg.Verify.TailBytes,
+			Refused: func(reason string) { g.metrics.refusedWrites.Add(1, reason) }})
 	}},
 }
 

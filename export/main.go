@@ -291,6 +291,17 @@ func mcgStats(h C.mc_guard_t, buf *C.char, n C.size_t, needed *C.size_t) C.mc_st
 	})
 }
 
+//export mcgMetrics
+func mcgMetrics(h C.mc_guard_t, buf *C.char, n C.size_t, needed *C.size_t) C.mc_status {
+	return run(h, "mc_guard_metrics", func(g *core.Guard) error {
+		text, err := g.Metrics()
+		if err != nil {
+			return err
+		}
+		return copyOut(string(text), buf, n, needed)
+	})
+}
+
 //export mcgLastError
 func mcgLastError(h C.mc_guard_t, buf *C.char, n C.size_t) (size C.size_t) {
 	defer func() {

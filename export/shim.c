@@ -99,6 +99,11 @@ mc_status mc_guard_stats(mc_guard_t g, char *buf, size_t len, size_t *needed) {
     return mcgStats(g, buf, len, needed);
 }
 
+mc_status mc_guard_metrics(mc_guard_t g, char *buf, size_t len, size_t *needed) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgMetrics(g, buf, len, needed);
+}
+
 size_t mc_guard_last_error(mc_guard_t g, char *buf, size_t len) {
     if (mcg_forked()) {
         size_t n = sizeof mcg_forked_msg - 1;

@@ -250,6 +250,11 @@ mc_status mc_guard_endpoint(mc_guard_t g, char *buf, size_t len);
  * requires (without the NUL), also when MC_ERR_BUFFER_TOO_SMALL. */
 mc_status mc_guard_stats(mc_guard_t g, char *buf, size_t len, size_t *needed);
 
+/* Copy the guard's metrics, in the Prometheus text exposition format
+ * (version 0.0.4: mcguard_* counters, gauges and histograms), into buf,
+ * NUL-terminated; needed as for mc_guard_stats. */
+mc_status mc_guard_metrics(mc_guard_t g, char *buf, size_t len, size_t *needed);
+
 /* The message of the last failed call this thread made with handle g
  * (g = 0: the last failed mc_guard_open on this thread). Copies
  * at most len-1 bytes and a NUL into buf (when len > 0) and returns the

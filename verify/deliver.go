@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Conn is what delivery needs of a data plane's connection to one target.
@@ -27,9 +28,10 @@ type Conn interface {
 
 // Delivery counts what Deliver did for one chunk, also when it failed.
 type Delivery struct {
-	Retries int   // polling rounds after the first read-back
-	Resends int   // rounds of writing descriptors again
-	Probed  int64 // bytes read back
+	Retries int           // polling rounds after the first read-back
+	Resends int           // rounds of writing descriptors again
+	Probed  int64         // bytes read back
+	Checked time.Duration // spent on the fence and verification, after the writes
 }
 
 // Deliver writes one chunk over conn and checks it as cfg says: read-back
@@ -41,14 +43,15 @@ type Delivery struct {
 // receiver's sync waits for the writes anyway). base is chunk[0]'s index
 // in the batch; a MismatchError names batch indices. Any other error
 // leaves conn in an unknown state: the caller drops it.
-func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []Desc, base int, local LocalFunc, scratch *Scratch, announce func() error) (Delivery, error) {
-	var d Delivery
+func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []Desc, base int, local LocalFunc, scratch *Scratch, announce func() error) (d Delivery, err error) {
 	if announce == nil {
 		announce = func() error { return nil }
 	}
 	if err := conn.Write(ctx, chunk, base); err != nil {
 		return d, err
 	}
+	start := time.Now()
+	defer func() { d.Checked = time.Since(start) }()
 	switch {
 	case cfg.Mode == Off:
 		return d, announce()

@@ -59,6 +59,8 @@ type Transport interface {
 	// Abort makes sure nothing more from the peer's connections lands (the
 	// sender gave up on a transfer); it returns once that holds.
 	Abort(peer Peer) error
+	// Connections counts the peers' connections served (for metrics).
+	Connections() int
 
 	// Close ends the target side and releases everything; the
 	// connections it dialed must be closed first.

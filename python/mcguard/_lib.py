@@ -68,6 +68,8 @@ _SIGNATURES = {
     "mc_guard_last_error": (ctypes.c_size_t, [_handle, ctypes.c_char_p, ctypes.c_size_t]),
     "mc_guard_version": (ctypes.c_char_p, []),
     "mc_guard_set_log": (_status, [ctypes.c_int32, LOG_FN, ctypes.c_void_p]),
+    "mc_guard_metrics": (_status, [_handle, ctypes.c_char_p, ctypes.c_size_t,
+                                   ctypes.POINTER(ctypes.c_size_t)]),
 }
 
 _lib = None

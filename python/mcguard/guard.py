@@ -308,16 +308,24 @@ class Guard:
         del ka, kl
         self._check(st)
 
-    def stats(self):
+    def _text(self, fn):
+        """The text an export like mc_guard_stats copies out, however long."""
         h = self._h()
         needed = ctypes.c_size_t(0)
         buf = ctypes.create_string_buffer(4096)
-        st = self._lib.mc_guard_stats(h, buf, len(buf), ctypes.byref(needed))
+        st = fn(h, buf, len(buf), ctypes.byref(needed))
         if st == MC_ERR_BUFFER_TOO_SMALL:
             buf = ctypes.create_string_buffer(needed.value + 1)
-            st = self._lib.mc_guard_stats(h, buf, len(buf), ctypes.byref(needed))
+            st = fn(h, buf, len(buf), ctypes.byref(needed))
         self._check(st)
-        return json.loads(buf.value.decode())
+        return buf.value.decode()
+
+    def stats(self):
+        return json.loads(self._text(self._lib.mc_guard_stats))
+
+    def metrics(self):
+        """The guard's metrics in the Prometheus text exposition format."""
+        return self._text(self._lib.mc_guard_metrics)
 
     def close(self):
         """Close the guard; idempotent from Python."""

@@ -88,6 +88,8 @@ def parse_args(argv=None):
     p.add_argument("--batches", type=int, default=0, help="stop each thread after this many batches (0: no limit)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="end with one JSON line")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve the prefill guard's Prometheus metrics on this port during the run (needs prometheus_client)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     a = p.parse_args(argv)
     for name in ("sessions", "threads", "blocks", "block_bytes", "batch"):
@@ -336,6 +338,12 @@ def prefill_main(parent, sessions, args):
     except MCGuardError as e:
         parent.send({"error": str(e)})
         return
+    if args.metrics_port:
+        from prometheus_client import CollectorRegistry, start_http_server
+        from .metrics import Collector
+        registry = CollectorRegistry()
+        registry.register(Collector(guard))
+        start_http_server(args.metrics_port, addr="127.0.0.1", registry=registry)
     bb, batch = args.block_bytes, args.batch
     size = args.threads * batch * bb
     region = (ctypes.c_char * size)()

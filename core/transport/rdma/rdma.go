@@ -289,6 +289,17 @@ func (t *Transport) Abort(peer transport.Peer) error {
 	return nil
 }
 
+// Connections counts the queue pairs kept for senders.
+func (t *Transport) Connections() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, qps := range t.peers {
+		n += len(qps)
+	}
+	return n
+}
+
 // Settle has nothing to wait for: the NIC writes without this CPU, and
 // what makes its writes safe to read is the sender's fence and, for GPU
 // memory, the guard's flush that follows.

@@ -37,6 +37,7 @@ type target struct {
 	// applyMu, which reads also take, so a read-back sees a held write
 	// either not at all or whole.
 	faults  *fault.Injector
+	refused func(reason string) // counts refusals, if set
 	applyMu sync.Mutex
 	closed  bool // under applyMu: held writes stop touching memory
 	late    sync.WaitGroup
@@ -62,7 +63,7 @@ func newTarget(cfg Config) (*target, error) {
 // serveOn runs a target on ln.
 func serveOn(ln net.Listener, cfg Config) *target {
 	t := &target{regions: cfg.Regions, tokens: cfg.Tokens, timeout: cfg.Timeout, ln: ln, conns: map[net.Conn]*link{}, senders: map[string]net.Conn{},
-		pending: transport.NewPending(), stop: make(chan struct{}), faults: fault.New(cfg.Faults, cfg.TailBytes, ln.Addr().String())}
+		pending: transport.NewPending(), stop: make(chan struct{}), refused: cfg.Refused, faults: fault.New(cfg.Faults, cfg.TailBytes, ln.Addr().String())}
 	t.wg.Add(1)
 	go t.accept()
 	return t
@@ -105,6 +106,12 @@ func (t *target) accept() {
 		t.mu.Unlock()
 		go t.serve(l)
 	}
+}
+
+// refusalNames name the statuses a target refuses with, for metrics.
+var refusalNames = map[wire.Status]string{
+	wire.StatusNotRegistered: "not_registered", wire.StatusBadRequest: "bad_request", wire.StatusUnauthorized: "unauthorized",
+	wire.StatusTooLarge: "too_large", wire.StatusDevice: "device", wire.StatusQuiesced: "quiesced",
 }
 
 // acceptBackoff is the wait after an Accept error that followed a wait of
@@ -214,6 +221,9 @@ func (t *target) serve(l *link) {
 		}
 		if err != nil {
 			return
+		}
+		if st != wire.StatusOK && t.refused != nil {
+			t.refused(refusalNames[st])
 		}
 		if err := t.reply(l, w, hdr, wire.Header{Op: h.Op | wire.Reply, Status: st, ID: h.ID, Addr: h.Addr, Len: n}, payload, r.Buffered() == 0 || h.Op == wire.OpHello); err != nil {
 			return

@@ -33,6 +33,8 @@ type Config struct {
 	Tokens    Tokens
 	Faults    fault.Config // target-side fault injection (off: fault.None)
 	TailBytes int          // the tail check's length, for the stale fault
+	// Refused, if set, counts the peer writes the target refuses, by reason.
+	Refused func(reason string)
 }
 
 // Transport is the TCP data plane of one guard.
@@ -103,6 +105,13 @@ func (t *Transport) Quiesce(ctx context.Context, ranges []memory.Region) error {
 func (t *Transport) Abort(peer transport.Peer) error {
 	t.target.abort(peer.Sender)
 	return nil
+}
+
+// Connections counts the data connections the target serves.
+func (t *Transport) Connections() int {
+	t.target.mu.Lock()
+	defer t.target.mu.Unlock()
+	return len(t.target.conns)
 }
 
 // Close stops the target; held writes are dropped.
