@@ -115,4 +115,5 @@ install: build
 
 clean:
 	rm -rf $(LIB) build/libmcguard.h $(CUDA_MODEL) $(NIC_MODEL) $(CTEST_DIR) build/install-tree
+	rm -rf build/lib.* build/bdist.* python/mcguard.egg-info
 	find python -name __pycache__ -type d -exec rm -rf {} +
