@@ -40,6 +40,9 @@ def test_the_installed_package_uses_its_own_library(installed):
     version, path = out.split()
     assert version == run([str(bin_dir / "mcguard"), "version"], cwd=away, env=env).strip()
     assert path.startswith(str(bin_dir.parent)), "the library inside the installed package"
+    plugins = run([str(bin_dir / "python"), "-c", "from importlib.metadata import entry_points; "
+                   "print([e.value for e in entry_points(group='vllm.general_plugins')])"], cwd=away, env=env)
+    assert "mcguard.vllm_plugin:register" in plugins, "vLLM finds the plugin"
 
 
 def test_a_two_process_transfer_from_the_installed_package(installed):

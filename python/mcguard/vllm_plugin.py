@@ -1,0 +1,99 @@
+"""vLLM without patching vLLM: a general plugin (entry point group
+vllm.general_plugins, which vLLM loads in every process it starts) that,
+when MC_GUARD_VLLM=1, makes vLLM's Mooncake connector construct
+mcguard's GuardedTransferEngine instead of Mooncake's TransferEngine.
+
+The connector does `from mooncake.engine import TransferEngine` when its
+module is imported, and later `TransferEngine()`. The plugin watches for
+that module (both places vLLM has kept it) and, as it finishes loading,
+replaces its TransferEngine name. Where Mooncake is not installed, it also
+provides `mooncake.engine` with GuardedTransferEngine as TransferEngine,
+so the connector's import succeeds.
+
+Without the plugin, the same switch is one line in the connector:
+    from mcguard.mooncake import GuardedTransferEngine as TransferEngine
+"""
+
+import importlib.abc
+import importlib.util
+import logging
+import os
+import sys
+import types
+
+log = logging.getLogger("mcguard.vllm")
+
+CONNECTOR_MODULES = (
+    "vllm.distributed.kv_transfer.kv_connector.v1.mooncake_connector",
+    "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector",
+)
+
+
+class _Patcher(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds the named modules through the other finders, runs them, then
+    sets attr on each to replacement."""
+
+    def __init__(self, names, attr, replacement):
+        self.names, self.attr, self.replacement = set(names), attr, replacement
+        self.patched = []
+
+    def find_spec(self, name, path, target=None):
+        if name not in self.names:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                self._inner = spec.loader
+                spec.loader = self
+                return spec
+        return None
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec) if hasattr(self._inner, "create_module") else None
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        setattr(module, self.attr, self.replacement)
+        self.patched.append(module.__name__)
+        log.info("mcguard: %s.%s is mcguard's %s", module.__name__, self.attr, self.replacement.__name__)
+
+
+def patch_on_import(names, attr, replacement):
+    """Set attr of each module in names to replacement as it is imported
+    (at once for those already imported). Returns the finder."""
+    patcher = _Patcher(names, attr, replacement)
+    for name in names:
+        if name in sys.modules:
+            setattr(sys.modules[name], attr, replacement)
+            patcher.patched.append(name)
+    sys.meta_path.insert(0, patcher)
+    return patcher
+
+
+def _provide_mooncake_engine(engine_cls):
+    """A mooncake.engine module with engine_cls as TransferEngine, where
+    Mooncake itself is not installed."""
+    try:
+        if importlib.util.find_spec("mooncake.engine") is not None:
+            return False
+    except ImportError:
+        pass
+    pkg = sys.modules.setdefault("mooncake", types.ModuleType("mooncake"))
+    pkg.__path__ = getattr(pkg, "__path__", [])
+    engine = types.ModuleType("mooncake.engine")
+    engine.TransferEngine = engine_cls
+    sys.modules["mooncake.engine"] = engine
+    pkg.engine = engine
+    return True
+
+
+def register():
+    """vLLM's entry point: active only with MC_GUARD_VLLM=1."""
+    if os.environ.get("MC_GUARD_VLLM", "").strip().lower() not in ("1", "true", "yes", "on"):
+        return None
+    from .mooncake import GuardedTransferEngine
+    if _provide_mooncake_engine(GuardedTransferEngine):
+        log.info("mcguard: Mooncake is not installed: mooncake.engine.TransferEngine is mcguard's")
+    return patch_on_import(CONNECTOR_MODULES, "TransferEngine", GuardedTransferEngine)

@@ -1,0 +1,86 @@
+"""The vLLM general plugin: with MC_GUARD_VLLM=1 the connector module's
+TransferEngine becomes GuardedTransferEngine as the module is imported.
+Tested on a stand-in module of the connector's shape here, and on vLLM's
+own module where vllm is importable."""
+
+import importlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PLUGIN_CHECK = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {tmp!r})
+    os.environ["MC_GUARD_VLLM"] = {flag!r}
+    from mcguard import vllm_plugin
+    from mcguard.mooncake import GuardedTransferEngine
+    vllm_plugin.CONNECTOR_MODULES = vllm_plugin.CONNECTOR_MODULES + ("fake_connector",)
+    vllm_plugin.register()
+    import fake_connector
+    print(fake_connector.TransferEngine is GuardedTransferEngine)
+    engine = fake_connector.make_engine()
+    print(type(engine).__name__, engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", ""))
+    engine.close() if hasattr(engine, "close") else None
+""")
+
+# What vLLM's connector does: the import at module level, the call later.
+FAKE_CONNECTOR = textwrap.dedent("""
+    from mooncake.engine import TransferEngine
+
+    def make_engine():
+        return TransferEngine()
+""")
+
+
+def run_check(tmp_path, flag):
+    (tmp_path / "fake_connector.py").write_text(FAKE_CONNECTOR)
+    p = subprocess.run([sys.executable, "-c", PLUGIN_CHECK.format(tmp=str(tmp_path), flag=flag)],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    return p
+
+
+def mooncake_installed():
+    try:
+        return importlib.util.find_spec("mooncake.engine") is not None
+    except ImportError:
+        return False
+
+
+def test_the_plugin_switches_the_connectors_engine(tmp_path):
+    p = run_check(tmp_path, "1")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["True", "GuardedTransferEngine 0"]
+
+
+def test_without_the_flag_the_plugin_does_nothing(tmp_path):
+    p = run_check(tmp_path, "0")
+    if mooncake_installed():
+        assert p.returncode == 0 and p.stdout.splitlines()[0] == "False"
+    else:
+        assert p.returncode != 0 and "No module named 'mooncake'" in p.stderr
+
+
+def test_on_vllms_own_connector_module():
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        pytest.skip("vllm is not installed here (too heavy for these machines); the stand-in above has its shape")
+    code = textwrap.dedent("""
+        import os; os.environ["MC_GUARD_VLLM"] = "1"
+        from mcguard import vllm_plugin
+        from mcguard.mooncake import GuardedTransferEngine
+        vllm_plugin.register()
+        import importlib
+        for name in vllm_plugin.CONNECTOR_MODULES:
+            try:
+                m = importlib.import_module(name)
+            except ModuleNotFoundError:
+                continue
+            print(name, m.TransferEngine is GuardedTransferEngine)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines and all(line.endswith("True") for line in lines), lines
