@@ -10,10 +10,16 @@ negative int on failure); batch_transfer_sync_write returns 0 only after
 the bytes were confirmed at the target.
 """
 
+import concurrent.futures
+import ctypes
+import enum
+import itertools
 import logging
+import mmap
+import socket
 import threading
 
-from .guard import MC_ERR_BAD_HANDLE, Guard, MCGuardError
+from .guard import MC_ERR_BAD_HANDLE, MC_ERR_TIMEOUT, Guard, MCGuardError, address_of
 
 log = logging.getLogger("mcguard.mooncake")
 
@@ -32,13 +38,41 @@ def listen_address(local_hostname):
     return ("[%s]:0" if ":" in host else "%s:0") % host
 
 
+class TransferOpcode(enum.IntEnum):
+    """Mooncake's TransferOpcode (engine.TransferOpcode.Read / .Write)."""
+    Read = 0
+    Write = 1
+
+
+Read, Write = TransferOpcode.Read, TransferOpcode.Write
+
+# Mooncake's transport_hint names (its TENT build's list). A hint names a
+# preference, so one for a transport this guard does not run is ignored, as
+# Mooncake's non-TENT build ignores every hint; a name outside the list is
+# an error, as in Mooncake's TENT build.
+TRANSPORT_HINTS = ("", "unspec", "rdma", "mnnvl", "shm", "nvlink", "gds", "io_uring", "tcp", "ascend",
+                   "sunrise_link")
+
+# Async batches waiting for get_batch_transfer_status / transfer_check_status.
+# Bounded so that a caller who never collects cannot grow the table forever.
+MAX_PENDING_BATCHES = 4096
+ASYNC_WORKERS = 8
+
+
 class GuardedTransferEngine:
+    TransferOpcode = TransferOpcode
+
     def __init__(self, config=None, **settings):
         self._config = dict(config or {})
         self._config.update(settings)
         self._guard = None
         self._closed = False
         self._local = threading.local()
+        self._mu = threading.Lock()
+        self._batches = {}  # batch id -> Future
+        self._batch_ids = itertools.count(1)
+        self._pool = None
+        self._managed = {}  # address -> mmap of allocate_managed_buffer
 
     @property
     def guard(self):
@@ -105,13 +139,40 @@ class GuardedTransferEngine:
             log.error("mcguard: %s failed: %s", what, e)
             return e.status if e.status < 0 else -1
 
-    def register_memory(self, buffer_addr, capacity):
+    def initialize_ext(self, local_hostname, metadata_server, protocol, device_name, metadata_type):
+        """Mooncake's initialize with the metadata type given apart; sessions
+        handshake peer to peer here, so only P2PHANDSHAKE means anything."""
+        return self.initialize(local_hostname, metadata_server, protocol, device_name)
+
+    def get_engine(self):
+        """The Guard under this engine (Mooncake returns its inner engine)."""
+        return self.guard
+
+    def get_engine_ptr(self):
+        """The guard's C handle, for code that passes the engine to C/C++
+        (mc_guard_* functions take it)."""
+        return self.guard._h()
+
+    def _hint(self, transport_hint, what):
+        """None when the hint is usable, else a ValueError (Mooncake's TENT
+        build raises invalid_argument for unknown names)."""
+        hint = transport_hint or ""
+        if hint not in TRANSPORT_HINTS:
+            raise ValueError("%s: unknown transport_hint %r (valid: %s, or empty for no hint)"
+                             % (what, transport_hint, ", ".join(h for h in TRANSPORT_HINTS if h)))
+        ours = self._guard.stats().get("transport") if self._guard is not None else None
+        if hint not in ("", "unspec") and hint != ours:
+            log.debug("mcguard: %s: transport_hint %r ignored: this guard runs %s", what, hint, ours)
+
+    def register_memory(self, buffer_addr, capacity, location="*"):
+        """location (Mooncake's NUMA or device name) is not used: the guard
+        finds what memory an address is."""
         return self._call("register_memory", lambda g: g.register(buffer_addr, capacity))
 
     def unregister_memory(self, buffer_addr):
         return self._call("unregister_memory", lambda g: g.unregister(buffer_addr))
 
-    def batch_register_memory(self, buffer_addresses, capacities):
+    def batch_register_memory(self, buffer_addresses, capacities, location="*"):
         if len(buffer_addresses) != len(capacities):
             log.error("mcguard: batch_register_memory: %d addresses, %d capacities",
                       len(buffer_addresses), len(capacities))
@@ -129,13 +190,93 @@ class GuardedTransferEngine:
                 return ret
         return 0
 
-    def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length):
-        return self.batch_transfer_sync_write(target_hostname, [buffer], [peer_buffer_address], [length])
+    def allocate_managed_buffer(self, length):
+        """Page-aligned memory, registered; its address, or 0 (logged).
+        Freed by free_managed_buffer or at close."""
+        if self._guard is None:
+            log.error("mcguard: allocate_managed_buffer: %s", self._why_no_guard())
+            return 0
+        try:
+            n = address_of(length, "length")
+            if n == 0:
+                raise ValueError("length is 0")
+            mem = mmap.mmap(-1, n)
+        except (MCGuardError, ValueError, OverflowError, OSError) as e:
+            log.error("mcguard: allocate_managed_buffer(%r): %s", length, e)
+            return 0
+        view = ctypes.c_char.from_buffer(mem)
+        addr = ctypes.addressof(view)
+        del view  # an export left alive would stop mem.close()
+        if self.register_memory(addr, n) != 0:
+            mem.close()
+            return 0
+        with self._mu:
+            self._managed[addr] = mem
+        return addr
 
-    def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses, lengths):
+    def free_managed_buffer(self, buffer_addr, length):
+        """0, or -1 (logged) for an address allocate_managed_buffer did not
+        give. Writes sent into it before the call are quiesced first, so a
+        late one cannot land in memory the process reuses."""
+        with self._mu:
+            mem = self._managed.get(buffer_addr)
+            if mem is None:
+                log.error("mcguard: free_managed_buffer: %r is not a managed buffer of this engine", buffer_addr)
+                return -1
+            del self._managed[buffer_addr]
+        ret = self._call("free_managed_buffer", lambda g: (g.quiesce([buffer_addr], [len(mem)]),
+                                                           g.unregister(buffer_addr)))
+        if ret == 0:
+            mem.close()
+        else:
+            with self._mu:  # still registered: keep it mapped until close
+                self._managed[buffer_addr] = mem
+        return ret
+
+    def _managed_range(self, addr, length, what):
+        """(mmap, offset, length) of [addr, addr+length) inside a managed
+        buffer, else ValueError: the bytes helpers touch only memory this
+        engine allocated."""
+        try:
+            addr, length = address_of(addr, what + " address"), address_of(length, what + " length")
+        except MCGuardError as e:
+            raise ValueError(str(e)) from None
+        with self._mu:
+            for base, mem in self._managed.items():
+                if base <= addr and addr + length <= base + len(mem):
+                    return mem, addr - base, length
+        raise ValueError("%s: [%#x, +%d) is not inside a managed buffer of this engine" % (what, addr, length))
+
+    def write_bytes_to_buffer(self, dest_address, src, length):
+        """Copy length bytes of src into a managed buffer; 0 or -1 (logged)."""
+        try:
+            data = bytes(src)
+            mem, off, n = self._managed_range(dest_address, length, "write_bytes_to_buffer")
+            if n > len(data):
+                raise ValueError("write_bytes_to_buffer: length %d is more than the %d bytes given" % (n, len(data)))
+            mem[off:off + n] = data[:n]
+            return 0
+        except (ValueError, TypeError) as e:
+            log.error("mcguard: %s", e)
+            return -1
+
+    def read_bytes_from_buffer(self, source_address, length):
+        """The length bytes at source_address, inside a managed buffer
+        (ValueError otherwise)."""
+        mem, off, n = self._managed_range(source_address, length, "read_bytes_from_buffer")
+        return bytes(mem[off:off + n])
+
+    def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length, transport_hint=""):
+        return self.batch_transfer_sync_write(target_hostname, [buffer], [peer_buffer_address], [length],
+                                              transport_hint)
+
+    def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                                  transport_hint=""):
         """Returns 0 once every descriptor is confirmed at the target, else
         negative. The transfer's id (for the receiver's sync_transfers) is
         then in last_transfer_id, per thread."""
+        self._hint(transport_hint, "batch_transfer_sync_write")
+
         def write(g):
             self._local.result = g.transfer(target_hostname, buffers, peer_buffer_addresses, lengths)
         self._local.result = None
@@ -146,6 +287,152 @@ class GuardedTransferEngine:
         """The id of this thread's last successful batch_transfer_sync_write."""
         r = getattr(self._local, "result", None)
         return r.id if r is not None else None
+
+    def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length, transport_hint=""):
+        return self.batch_transfer_sync_read(target_hostname, [buffer], [peer_buffer_address], [length],
+                                             transport_hint)
+
+    def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                                 transport_hint=""):
+        self._hint(transport_hint, "batch_transfer_sync_read")
+        return self._call("batch_transfer_sync_read",
+                          lambda g: g.read(target_hostname, buffers, peer_buffer_addresses, lengths))
+
+    def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode, notify=None,
+                      transport_hint=""):
+        return self.batch_transfer_sync(target_hostname, [buffer], [peer_buffer_address], [length], opcode,
+                                        notify, transport_hint)
+
+    def batch_transfer_sync(self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode,
+                            notify=None, transport_hint=""):
+        """WRITE or READ by opcode. Mooncake's notify (a name and message for
+        the target's get_notifies) has no counterpart here yet: a call that
+        passes one fails rather than drop it."""
+        if notify is not None:
+            log.error("mcguard: batch_transfer_sync: notify is not supported by mcguard; "
+                      "use the receiver's sync_transfers(last_transfer_id)")
+            return -1
+        op = self._opcode(opcode, "batch_transfer_sync")
+        if op is None:
+            return -1
+        if op == Write:
+            return self.batch_transfer_sync_write(target_hostname, buffers, peer_buffer_addresses, lengths,
+                                                  transport_hint)
+        return self.batch_transfer_sync_read(target_hostname, buffers, peer_buffer_addresses, lengths,
+                                             transport_hint)
+
+    @staticmethod
+    def _opcode(opcode, what):
+        try:
+            return TransferOpcode(int(opcode))
+        except (ValueError, TypeError):
+            log.error("mcguard: %s: opcode %r is neither TransferOpcode.Read nor .Write", what, opcode)
+            return None
+
+    # Asynchronous batches: each runs the synchronous call on a small pool;
+    # the caller collects it with get_batch_transfer_status or
+    # transfer_check_status, which forget it.
+    def _submit(self, what, call):
+        """A batch id (> 0) for call() running in the background, or None (logged)."""
+        if self._guard is None:
+            log.error("mcguard: %s: %s", what, self._why_no_guard())
+            return None
+        with self._mu:
+            if len(self._batches) >= MAX_PENDING_BATCHES:
+                log.error("mcguard: %s: %d batches were never collected (get_batch_transfer_status or "
+                          "transfer_check_status)", what, len(self._batches))
+                return None
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(ASYNC_WORKERS, "mcguard-async")
+            batch_id = next(self._batch_ids)
+            self._batches[batch_id] = self._pool.submit(call)
+        return batch_id
+
+    def batch_transfer_async(self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode,
+                             transport_hint=""):
+        """A batch id, or 0 on failure to submit (Mooncake's convention)."""
+        what = "batch_transfer_async"
+        self._hint(transport_hint, what)
+        if not len(buffers) == len(peer_buffer_addresses) == len(lengths):
+            log.error("mcguard: %s: buffers, peer_buffer_addresses and lengths have different sizes", what)
+            return 0
+        op = self._opcode(opcode, what)
+        if op is None:
+            return 0
+        buffers, peers, lengths = list(buffers), list(peer_buffer_addresses), list(lengths)
+        batch_id = self._submit(what, lambda: self.batch_transfer_sync(target_hostname, buffers, peers, lengths,
+                                                                        op, None, transport_hint))
+        return batch_id or 0
+
+    def batch_transfer_async_write(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                                   transport_hint=""):
+        return self.batch_transfer_async(target_hostname, buffers, peer_buffer_addresses, lengths, Write,
+                                         transport_hint)
+
+    def batch_transfer_async_read(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                                  transport_hint=""):
+        return self.batch_transfer_async(target_hostname, buffers, peer_buffer_addresses, lengths, Read,
+                                         transport_hint)
+
+    def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length, transport_hint=""):
+        """A batch id for transfer_check_status, or -1 (Mooncake's convention)."""
+        self._hint(transport_hint, "transfer_submit_write")
+        batch_id = self._submit("transfer_submit_write",
+                                lambda: self.batch_transfer_sync_write(target_hostname, [buffer],
+                                                                       [peer_buffer_address], [length]))
+        return batch_id or -1
+
+    def _take(self, batch_id, what):
+        with self._mu:
+            fut = self._batches.pop(batch_id, None)
+        if fut is None:
+            log.error("mcguard: %s: %r is not a pending batch of this engine", what, batch_id)
+        return fut
+
+    def get_batch_transfer_status(self, batch_ids):
+        """Wait for the batches: 0 when all completed with their bytes
+        confirmed, else -1. The ids are forgotten either way."""
+        futs = [self._take(b, "get_batch_transfer_status") for b in batch_ids]
+        if any(f is None for f in futs):
+            return -1
+        results = [f.result() for f in futs]
+        return 0 if all(r == 0 for r in results) else -1
+
+    def transfer_check_status(self, batch_id):
+        """1 completed, 0 still running, -1 failed, -2 timed out; a batch
+        is forgotten once it reports 1 or -1 (as in Mooncake)."""
+        with self._mu:
+            fut = self._batches.get(batch_id)
+        if fut is None:
+            log.error("mcguard: transfer_check_status: %r is not a pending batch of this engine", batch_id)
+            return -1
+        if not fut.done():
+            return 0
+        ret = fut.result()
+        if ret == MC_ERR_TIMEOUT:
+            return -2
+        with self._mu:
+            self._batches.pop(batch_id, None)
+        return 1 if ret == 0 else -1
+
+    def send_probe(self, peer_server_name):
+        """0 when the peer's guard accepts a connection, else -1 (logged);
+        SGLang uses this to take a peer off its failed list."""
+        try:
+            host, port = peer_server_name.strip().rsplit(":", 1)
+            host = host[1:-1] if host.startswith("[") else host
+            with socket.create_connection((host, int(port)), timeout=5):
+                return 0
+        except (ValueError, AttributeError, OSError) as e:
+            log.error("mcguard: send_probe(%r): %s", peer_server_name, e)
+            return -1
+
+    def warmup_efa_segment(self, segment_name):
+        """0: what Mooncake returns where its EFA transport is not installed,
+        as it never is here (sessions connect on first use)."""
+        log.debug("mcguard: warmup_efa_segment(%r): no EFA transport in mcguard; nothing to warm up",
+                  segment_name)
+        return 0
 
     # The receiver's half (decode side), after the prefill's OK: 0 or negative.
     def sync_transfers(self, transfer_ids, stream=0):
@@ -167,15 +454,17 @@ class GuardedTransferEngine:
         (each of their calls returns a negative status)."""
         return self._call("cancel", lambda g: g.cancel(target_hostname))
 
-    def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length):
-        return self.batch_transfer_sync_read(target_hostname, [buffer], [peer_buffer_address], [length])
-
-    def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses, lengths):
-        return self._call("batch_transfer_sync_read",
-                          lambda g: g.read(target_hostname, buffers, peer_buffer_addresses, lengths))
-
     def close(self):
         self._closed = True
+        with self._mu:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         if self._guard is not None:
             self._guard.close()
             self._guard = None
+        with self._mu:  # the guard is closed: nothing can write into them now
+            managed, self._managed = self._managed, {}
+            self._batches.clear()
+        for mem in managed.values():
+            mem.close()
