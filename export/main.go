@@ -394,3 +394,33 @@ func recoverInto(st *C.mc_status, h C.mc_guard_t, fn string) {
 		*st = C.MC_ERR_INTERNAL
 	}
 }
+
+//export mcgPeerRegions
+func mcgPeerRegions(h C.mc_guard_t, session *C.char, addr, length *C.uint64_t, capacity C.size_t, n *C.size_t) C.mc_status {
+	return run(h, "mc_guard_peer_regions", func(g *core.Guard) error {
+		if session == nil {
+			return fmt.Errorf("%w: session is NULL", core.ErrInvalidArg)
+		}
+		if capacity > 0 && (addr == nil || length == nil) {
+			return fmt.Errorf("%w: addr or len is NULL with capacity %d", core.ErrInvalidArg, capacity)
+		}
+		regions, err := g.PeerRegions(C.GoString(session))
+		if err != nil {
+			return err
+		}
+		if n != nil {
+			*n = C.size_t(len(regions))
+		}
+		if uint64(len(regions)) > uint64(capacity) {
+			return fmt.Errorf("%w: session has %d regions, room for %d", errBufferTooSmall, len(regions), uint64(capacity))
+		}
+		if len(regions) > 0 {
+			addrs := unsafe.Slice((*uint64)(unsafe.Pointer(addr)), len(regions))
+			lens := unsafe.Slice((*uint64)(unsafe.Pointer(length)), len(regions))
+			for i, r := range regions {
+				addrs[i], lens[i] = r.Addr, r.Len
+			}
+		}
+		return nil
+	})
+}

@@ -118,3 +118,9 @@ size_t mc_guard_last_error(mc_guard_t g, char *buf, size_t len) {
 }
 
 const char *mc_guard_version(void) { return MC_GUARD_VERSION_STRING; }
+
+mc_status mc_guard_peer_regions(mc_guard_t g, const char *session, uint64_t *addr, uint64_t *len, size_t cap,
+                                size_t *n) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgPeerRegions(g, (char *)session, addr, len, cap, n);
+}

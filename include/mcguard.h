@@ -245,6 +245,15 @@ mc_status mc_guard_quiesce(mc_guard_t g, const uint64_t *addr, const uint64_t *l
  * NUL-terminated string. MC_ERR_BUFFER_TOO_SMALL if it does not fit. */
 mc_status mc_guard_endpoint(mc_guard_t g, char *buf, size_t len);
 
+/* The regions session has registered, in the order it registered them,
+ * from a fresh handshake (connecting first if need be): up to cap of them
+ * into addr[] and len[]. *n (if not NULL) receives how many there are,
+ * also when MC_ERR_BUFFER_TOO_SMALL; cap 0 with NULL arrays asks only the
+ * count. Mooncake's get_first_buffer_address is addr[0]. Errors:
+ * MC_ERR_INVALID_ARG, MC_ERR_SESSION, MC_ERR_PEER, MC_ERR_TIMEOUT. */
+mc_status mc_guard_peer_regions(mc_guard_t g, const char *session, uint64_t *addr, uint64_t *len, size_t cap,
+                                size_t *n);
+
 /* Copy the guard's counters and settings as a JSON object into buf,
  * NUL-terminated. If needed is not NULL it receives the length the JSON
  * requires (without the NUL), also when MC_ERR_BUFFER_TOO_SMALL. */

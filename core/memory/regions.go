@@ -4,7 +4,9 @@
 package memory
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"unsafe"
@@ -26,6 +28,7 @@ type region struct {
 	Region
 	mem  cuda.Memory // Device: reached through the driver's staging copies
 	pins *pins
+	nth  uint64 // when it was registered, among the table's registrations
 }
 
 // pins counts a region's accesses in progress, so that Remove can wait for
@@ -105,6 +108,7 @@ type Regions struct {
 	gpu  *cuda.Driver // nil: no CUDA here, all memory is host memory
 	mu   sync.RWMutex
 	list []region // sorted by Addr, non-overlapping
+	adds uint64   // registrations so far, to order Snapshot
 }
 
 // New returns an empty table; gpu is the CUDA driver device memory is
@@ -130,7 +134,8 @@ func (t *Regions) AddMemory(addr, n uint64, mem cuda.Memory) error {
 	}
 	t.list = append(t.list, region{})
 	copy(t.list[i+1:], t.list[i:])
-	t.list[i] = region{Region: Region{Addr: addr, Len: n}, mem: mem, pins: newPins()}
+	t.adds++
+	t.list[i] = region{Region: Region{Addr: addr, Len: n}, mem: mem, pins: newPins(), nth: t.adds}
 	return nil
 }
 
@@ -156,12 +161,16 @@ func (t *Regions) Remove(addr uint64) error {
 	return nil
 }
 
-// Snapshot returns a copy of the table.
+// Snapshot returns a copy of the table in registration order: a peer's
+// handshake lists them so, and Mooncake's get_first_buffer_address is the
+// first registered.
 func (t *Regions) Snapshot() []Region {
 	t.mu.RLock()
-	defer t.mu.RUnlock()
-	out := make([]Region, len(t.list))
-	for i, r := range t.list {
+	byAge := slices.Clone(t.list)
+	t.mu.RUnlock()
+	slices.SortFunc(byAge, func(a, b region) int { return cmp.Compare(a.nth, b.nth) })
+	out := make([]Region, len(byAge))
+	for i, r := range byAge {
 		out[i] = r.Region
 	}
 	return out

@@ -22,7 +22,7 @@ import (
 
 const (
 	Magic      = 0x4D47 // "MG"
-	Version    = 2 // 2: the target's challenge, and a hello that proves a key
+	Version    = 2      // 2: the target's challenge, and a hello that proves a key
 	HeaderSize = 32
 
 	// MaxPayload bounds every payload, so a decoder never allocates or

@@ -295,6 +295,19 @@ class Guard:
         each raises MC_ERR_CANCELLED once its writes are cut off."""
         self._check(self._lib.mc_guard_cancel(self._h(), _session(session)))
 
+    def peer_regions(self, session):
+        """[(addr, len)] the session has registered, in registration order,
+        from a fresh handshake."""
+        h, name, n = self._h(), _session(session), ctypes.c_size_t(0)
+        while True:
+            cap = n.value
+            addrs, lens = (ctypes.c_uint64 * max(cap, 1))(), (ctypes.c_uint64 * max(cap, 1))()
+            st = self._lib.mc_guard_peer_regions(h, name, addrs, lens, cap, ctypes.byref(n))
+            if st == MC_ERR_BUFFER_TOO_SMALL and n.value > cap:
+                continue  # it registered more meanwhile
+            self._check(st)
+            return list(zip(addrs[:n.value], lens[:n.value]))
+
     def quiesce(self, addrs, lengths):
         """Receiver side, before reusing ranges whose transfer failed or whose
         request was aborted: returns once no write into them sent before the

@@ -415,6 +415,19 @@ class GuardedTransferEngine:
             self._batches.pop(batch_id, None)
         return 1 if ret == 0 else -1
 
+    def get_first_buffer_address(self, segment_name):
+        """The address of the first region segment_name registered, from a
+        fresh handshake; 0 (logged) when it has none or cannot be reached."""
+        if self._guard is None:
+            log.error("mcguard: get_first_buffer_address: %s", self._why_no_guard())
+            return 0
+        try:
+            regions = self._guard.peer_regions(segment_name)
+        except MCGuardError as e:
+            log.error("mcguard: get_first_buffer_address(%r) failed: %s", segment_name, e)
+            return 0
+        return regions[0][0] if regions else 0
+
     def send_probe(self, peer_server_name):
         """0 when the peer's guard accepts a connection, else -1 (logged);
         SGLang uses this to take a peer off its failed list."""

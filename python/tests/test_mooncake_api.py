@@ -146,6 +146,10 @@ def test_probe_engine_and_efa(pair):
     assert send.send_probe(closed) == -1
     assert send.send_probe("no-port") == -1
     assert send.warmup_efa_segment(recv.session) == 0
+    assert send.get_first_buffer_address(recv.session) == recv.addr
+    assert send.guard.peer_regions(recv.session) == [(recv.addr, SIZE)]
+    assert send.get_first_buffer_address(closed) == 0, "unreachable"
+    assert send.get_first_buffer_address(42) == 0, "not a session name"
     assert isinstance(send.get_engine(), Guard)
     assert isinstance(send.get_engine_ptr(), int) and send.get_engine_ptr() > 0
     assert int(TransferOpcode.Read) == 0 and int(TransferOpcode.Write) == 1

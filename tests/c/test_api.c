@@ -67,6 +67,19 @@ int main(void) {
     opts.verify = MC_VERIFY_DEFAULT;
     CHECK_STATUS(mc_guard_transfer(sender, endpoint, s, d, l, BLOCKS, &opts), MC_OK, sender, "");
     CHECK(opts.transfer_id > 0);
+
+    /* The receiver's regions, as Mooncake's get_first_buffer_address reads them. */
+    size_t nregions = 99;
+    CHECK_STATUS(mc_guard_peer_regions(sender, endpoint, NULL, NULL, 0, &nregions), MC_ERR_BUFFER_TOO_SMALL, sender,
+                 "room for 0");
+    CHECK(nregions == 1);
+    uint64_t region_addr = 0, region_len = 0;
+    CHECK_STATUS(mc_guard_peer_regions(sender, endpoint, &region_addr, &region_len, 1, &nregions), MC_OK, sender, "");
+    CHECK(nregions == 1 && region_addr == (uint64_t)(uintptr_t)dst && region_len == SIZE);
+    CHECK_STATUS(mc_guard_peer_regions(sender, endpoint, NULL, NULL, 1, &nregions), MC_ERR_INVALID_ARG, sender,
+                 "NULL");
+    CHECK_STATUS(mc_guard_peer_regions(sender, NULL, &region_addr, &region_len, 1, NULL), MC_ERR_INVALID_ARG, sender,
+                 "session is NULL");
     int same = 1;
     for (size_t i = 0; i < BLOCKS; i++)
         same &= memcmp(src + i * BLOCK, dst + (BLOCKS - 1 - i) * BLOCK, BLOCK) == 0;
