@@ -33,6 +33,7 @@ const (
 	labelKey       = "mcguard/4 key"
 	labelNotice    = "mcguard/4 notice"
 	labelAbort     = "mcguard/4 abort"
+	labelNotify    = "mcguard/4 notify"
 	secretMinBytes = 16
 )
 

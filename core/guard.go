@@ -43,6 +43,7 @@ type Guard struct {
 	inflight sync.WaitGroup
 
 	notices      *noticeStore
+	notifies     notifyQueue
 	auth         *authority
 	cudaState    string        // for stats: why device memory does or does not work
 	nextTransfer atomic.Uint64 // starts at a random value: ids differ across senders

@@ -50,6 +50,10 @@ type helloRequest struct {
 	// above the last one used under it, and MAC under the handshake's key.
 	Token []byte `json:"token,omitempty"`
 	Seq   uint64 `json:"seq,omitempty"`
+	// A "notify" (authenticated as an abort is) carries an application
+	// message for the receiver's Notifies.
+	Name string `json:"name,omitempty"`
+	Msg  string `json:"msg,omitempty"`
 }
 
 // helloReply tells a sender what it may write to and how its data plane
@@ -175,6 +179,12 @@ func (g *Guard) answer(peer, body []byte) helloReply {
 	if req.Op == "abort" {
 		if err := g.answerAbort(req); err != nil {
 			return refuse("abort: %v", err)
+		}
+		return helloReply{Proto: ProtocolVersion}
+	}
+	if req.Op == "notify" {
+		if err := g.answerNotify(req); err != nil {
+			return refuse("notify: %v", err)
 		}
 		return helloReply{Proto: ProtocolVersion}
 	}

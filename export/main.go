@@ -424,3 +424,41 @@ func mcgPeerRegions(h C.mc_guard_t, session *C.char, addr, length *C.uint64_t, c
 		return nil
 	})
 }
+
+//export mcgNotify
+func mcgNotify(h C.mc_guard_t, session, name, msg *C.char, msgLen C.size_t) C.mc_status {
+	return run(h, "mc_guard_notify", func(g *core.Guard) error {
+		if session == nil || name == nil || (msg == nil && msgLen > 0) {
+			return fmt.Errorf("%w: session, name or msg is NULL", core.ErrInvalidArg)
+		}
+		if uint64(msgLen) > core.MaxNotifyMsg {
+			return fmt.Errorf("%w: notify message of %d bytes, limit %d", core.ErrInvalidArg, uint64(msgLen), core.MaxNotifyMsg)
+		}
+		var body string
+		if msgLen > 0 {
+			body = C.GoStringN(msg, C.int(msgLen))
+		}
+		return g.Notify(C.GoString(session), core.Notify{Name: C.GoString(name), Msg: body})
+	})
+}
+
+//export mcgNotifies
+func mcgNotifies(h C.mc_guard_t, buf *C.char, n C.size_t, needed *C.size_t) C.mc_status {
+	return run(h, "mc_guard_notifies", func(g *core.Guard) error {
+		if buf == nil {
+			return fmt.Errorf("%w: buf is NULL", core.ErrInvalidArg)
+		}
+		room := int(min(uint64(n), 1<<40)) - 1 // the NUL
+		js, size, err := g.Notifies(room)
+		if err != nil {
+			return err
+		}
+		if js == nil {
+			if needed != nil {
+				*needed = C.size_t(size)
+			}
+			return fmt.Errorf("%w: %d bytes needed, buffer has %d (the notifies stay queued)", errBufferTooSmall, size+1, uint64(n))
+		}
+		return copyOut(string(js), buf, n, needed)
+	})
+}

@@ -124,3 +124,13 @@ mc_status mc_guard_peer_regions(mc_guard_t g, const char *session, uint64_t *add
     if (mcg_forked()) return MC_ERR_FORKED;
     return mcgPeerRegions(g, (char *)session, addr, len, cap, n);
 }
+
+mc_status mc_guard_notify(mc_guard_t g, const char *session, const char *name, const char *msg, size_t msg_len) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgNotify(g, (char *)session, (char *)name, (char *)msg, msg_len);
+}
+
+mc_status mc_guard_notifies(mc_guard_t g, char *buf, size_t len, size_t *needed) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgNotifies(g, buf, len, needed);
+}

@@ -254,6 +254,21 @@ mc_status mc_guard_endpoint(mc_guard_t g, char *buf, size_t len);
 mc_status mc_guard_peer_regions(mc_guard_t g, const char *session, uint64_t *addr, uint64_t *len, size_t cap,
                                 size_t *n);
 
+/* Mooncake's TransferNotify. Send name (NUL-terminated, at most 256 bytes)
+ * and msg (msg_len bytes, at most 64 KiB), both UTF-8, to session, where
+ * they wait for the receiver's mc_guard_notifies; returns once the
+ * receiver queued them. Send it after the transfer it tells about
+ * returned MC_OK. A receiver holds at most 1024 per sender and 64 MiB in
+ * all; past that its sends fail. Errors: MC_ERR_INVALID_ARG,
+ * MC_ERR_SESSION (refused), MC_ERR_PEER, MC_ERR_TIMEOUT. */
+mc_status mc_guard_notify(mc_guard_t g, const char *session, const char *name, const char *msg, size_t msg_len);
+
+/* Take the notifies received so far, oldest first, as a NUL-terminated
+ * JSON array of {"name": ..., "msg": ...} ("[]" when none). When the array
+ * does not fit, MC_ERR_BUFFER_TOO_SMALL, *needed (if not NULL) its length
+ * without the NUL, and the notifies stay queued. */
+mc_status mc_guard_notifies(mc_guard_t g, char *buf, size_t len, size_t *needed);
+
 /* Copy the guard's counters and settings as a JSON object into buf,
  * NUL-terminated. If needed is not NULL it receives the length the JSON
  * requires (without the NUL), also when MC_ERR_BUFFER_TOO_SMALL. */

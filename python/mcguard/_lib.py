@@ -70,6 +70,8 @@ _SIGNATURES = {
     "mc_guard_set_log": (_status, [ctypes.c_int32, LOG_FN, ctypes.c_void_p]),
     "mc_guard_metrics": (_status, [_handle, ctypes.c_char_p, ctypes.c_size_t,
                                    ctypes.POINTER(ctypes.c_size_t)]),
+    "mc_guard_notify": (_status, [_handle, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
+    "mc_guard_notifies": (_status, [_handle, ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
     "mc_guard_peer_regions": (_status, [_handle, ctypes.c_char_p, _u64p, _u64p, ctypes.c_size_t,
                                         ctypes.POINTER(ctypes.c_size_t)]),
 }

@@ -327,14 +327,31 @@ class Guard:
         needed = ctypes.c_size_t(0)
         buf = ctypes.create_string_buffer(4096)
         st = fn(h, buf, len(buf), ctypes.byref(needed))
-        if st == MC_ERR_BUFFER_TOO_SMALL:
-            buf = ctypes.create_string_buffer(needed.value + 1)
+        for _ in range(8):  # notifies may keep arriving between two calls
+            if st != MC_ERR_BUFFER_TOO_SMALL:
+                break
+            buf = ctypes.create_string_buffer(needed.value + 1 + 4096)
             st = fn(h, buf, len(buf), ctypes.byref(needed))
         self._check(st)
         return buf.value.decode()
 
     def stats(self):
         return json.loads(self._text(self._lib.mc_guard_stats))
+
+    def notify(self, session, name, msg):
+        """Send name and msg (str, or UTF-8 bytes for msg) to session's
+        notifies; returns once it queued them."""
+        if not isinstance(name, str) or "\0" in name:
+            raise MCGuardError(MC_ERR_INVALID_ARG, "notify name must be a str without NUL, not %r" % (name,))
+        if isinstance(msg, str):
+            msg = msg.encode()
+        if not isinstance(msg, (bytes, bytearray)):
+            raise MCGuardError(MC_ERR_INVALID_ARG, "notify msg must be str or bytes, not %s" % type(msg).__name__)
+        self._check(self._lib.mc_guard_notify(self._h(), _session(session), name.encode(), bytes(msg), len(msg)))
+
+    def notifies(self):
+        """[(name, msg)] received since the last call, oldest first."""
+        return [(n["name"], n["msg"]) for n in json.loads(self._text(self._lib.mc_guard_notifies))]
 
     def metrics(self):
         """The guard's metrics in the Prometheus text exposition format."""

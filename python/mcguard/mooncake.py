@@ -59,8 +59,20 @@ MAX_PENDING_BATCHES = 4096
 ASYNC_WORKERS = 8
 
 
+class TransferNotify:
+    """Mooncake's TransferNotify: a name and message the target takes with
+    get_notifies after the transfer."""
+
+    def __init__(self, name="", msg=""):
+        self.name, self.msg = name, msg
+
+    def __repr__(self):
+        return "TransferNotify(name=%r, msg=%r)" % (self.name, self.msg)
+
+
 class GuardedTransferEngine:
     TransferOpcode = TransferOpcode
+    TransferNotify = TransferNotify
 
     def __init__(self, config=None, **settings):
         self._config = dict(config or {})
@@ -305,21 +317,37 @@ class GuardedTransferEngine:
 
     def batch_transfer_sync(self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode,
                             notify=None, transport_hint=""):
-        """WRITE or READ by opcode. Mooncake's notify (a name and message for
-        the target's get_notifies) has no counterpart here yet: a call that
-        passes one fails rather than drop it."""
-        if notify is not None:
-            log.error("mcguard: batch_transfer_sync: notify is not supported by mcguard; "
-                      "use the receiver's sync_transfers(last_transfer_id)")
+        """WRITE or READ by opcode; with notify (a TransferNotify), once the
+        transfer succeeded, its name and msg go to the target's get_notifies,
+        and the call returns 0 only when the target queued them."""
+        if notify is not None and not (isinstance(getattr(notify, "name", None), str)
+                                       and isinstance(getattr(notify, "msg", None), (str, bytes))):
+            log.error("mcguard: batch_transfer_sync: notify %r is not a TransferNotify(name, msg)", notify)
             return -1
         op = self._opcode(opcode, "batch_transfer_sync")
         if op is None:
             return -1
         if op == Write:
-            return self.batch_transfer_sync_write(target_hostname, buffers, peer_buffer_addresses, lengths,
-                                                  transport_hint)
-        return self.batch_transfer_sync_read(target_hostname, buffers, peer_buffer_addresses, lengths,
-                                             transport_hint)
+            ret = self.batch_transfer_sync_write(target_hostname, buffers, peer_buffer_addresses, lengths,
+                                                 transport_hint)
+        else:
+            ret = self.batch_transfer_sync_read(target_hostname, buffers, peer_buffer_addresses, lengths,
+                                                transport_hint)
+        if ret != 0 or notify is None:
+            return ret
+        return self._call("notify", lambda g: g.notify(target_hostname, notify.name, notify.msg))
+
+    def get_notifies(self):
+        """The TransferNotify messages received since the last call, oldest
+        first ([] with the reason logged on failure, as Mooncake)."""
+        if self._guard is None:
+            log.error("mcguard: get_notifies: %s", self._why_no_guard())
+            return []
+        try:
+            return [TransferNotify(name, msg) for name, msg in self._guard.notifies()]
+        except MCGuardError as e:
+            log.error("mcguard: get_notifies failed: %s", e)
+            return []
 
     @staticmethod
     def _opcode(opcode, what):

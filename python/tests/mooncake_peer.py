@@ -7,6 +7,7 @@ Prints one JSON line {"session": ..., "addr": ...} for a managed buffer of
 SIZE bytes, then answers commands on stdin, one line each:
 "fill" writes random bytes into the buffer and prints their SHA-1;
 "hash" checks what landed (sync) and prints the buffer's SHA-1;
+"notifies" prints get_notifies() as a JSON list of [name, msg];
 "quit" exits.
 """
 
@@ -38,6 +39,8 @@ def main():
         elif cmd == "hash":
             assert engine.sync([addr], [size]) == 0
             print(hashlib.sha1(engine.read_bytes_from_buffer(addr, size)).hexdigest(), flush=True)
+        elif cmd == "notifies":
+            print(json.dumps([[n.name, n.msg] for n in engine.get_notifies()]), flush=True)
         elif cmd == "quit":
             break
     assert engine.free_managed_buffer(addr, size) == 0

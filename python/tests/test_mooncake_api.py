@@ -12,7 +12,7 @@ import time
 import pytest
 
 from mcguard import Guard
-from mcguard.mooncake import MAX_PENDING_BATCHES, GuardedTransferEngine, TransferOpcode
+from mcguard.mooncake import MAX_PENDING_BATCHES, GuardedTransferEngine, TransferNotify, TransferOpcode
 
 SIZE = 1 << 20
 PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mooncake_peer.py")
@@ -79,6 +79,25 @@ def test_sync_calls_with_opcode_and_hint(pair):
         send.transfer_sync_write(recv.session, src, recv.addr, 8, transport_hint="carrier-pigeon")
     assert send.transfer_sync(recv.session, src, recv.addr, 8, 7) == -1, "not an opcode"
     assert send.transfer_sync(recv.session, src, recv.addr, 8, TransferOpcode.Write, notify=object()) == -1
+
+
+def test_notify_reaches_get_notifies(pair):
+    send, src, recv = pair
+    data = fill(send, src)
+    assert recv.ask("notifies") == "[]"
+    assert send.transfer_sync(recv.session, src, recv.addr, SIZE, TransferOpcode.Write,
+                              notify=TransferNotify("req-1", "kv ready")) == 0
+    assert send.batch_transfer_sync(recv.session, [src], [recv.addr], [8], TransferOpcode.Write,
+                                    GuardedTransferEngine.TransferNotify(name="req-2", msg="caf\u00e9 " * 100)) == 0
+    assert recv.ask("hash") == sha1(data)
+    assert json.loads(recv.ask("notifies")) == [["req-1", "kv ready"], ["req-2", "caf\u00e9 " * 100]]
+    assert recv.ask("notifies") == "[]", "taken once"
+    # A transfer that fails sends no notify.
+    assert send.transfer_sync(recv.session, src, recv.addr + SIZE, 8, TransferOpcode.Write,
+                              notify=TransferNotify("req-3", "never")) < 0
+    assert send.transfer_sync(recv.session, src, recv.addr, 8, TransferOpcode.Write,
+                              notify=TransferNotify("n" * 300, "")) < 0, "name too long"
+    assert recv.ask("notifies") == "[]"
 
 
 def test_async_batches_and_their_status(pair):

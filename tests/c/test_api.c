@@ -80,6 +80,18 @@ int main(void) {
                  "NULL");
     CHECK_STATUS(mc_guard_peer_regions(sender, NULL, &region_addr, &region_len, 1, NULL), MC_ERR_INVALID_ARG, sender,
                  "session is NULL");
+
+    /* Notifies: sent after the transfer, taken once by the receiver. */
+    char notes[256];
+    size_t notes_len = 0;
+    CHECK_STATUS(mc_guard_notify(sender, endpoint, "req-7", "kv\0ready", 8), MC_OK, sender, "");
+    CHECK_STATUS(mc_guard_notifies(receiver, notes, 8, &notes_len), MC_ERR_BUFFER_TOO_SMALL, receiver, "stay queued");
+    CHECK_STATUS(mc_guard_notifies(receiver, notes, sizeof notes, &notes_len), MC_OK, receiver, "");
+    CHECK(strcmp(notes, "[{\"name\":\"req-7\",\"msg\":\"kv\\u0000ready\"}]") == 0 && notes_len == strlen(notes));
+    CHECK_STATUS(mc_guard_notifies(receiver, notes, sizeof notes, NULL), MC_OK, receiver, "");
+    CHECK(strcmp(notes, "[]") == 0);
+    CHECK_STATUS(mc_guard_notify(sender, endpoint, "req-8", NULL, 1), MC_ERR_INVALID_ARG, sender, "NULL");
+    CHECK_STATUS(mc_guard_notify(sender, endpoint, "req-8", "\xff", 1), MC_ERR_INVALID_ARG, sender, "UTF-8");
     int same = 1;
     for (size_t i = 0; i < BLOCKS; i++)
         same &= memcmp(src + i * BLOCK, dst + (BLOCKS - 1 - i) * BLOCK, BLOCK) == 0;

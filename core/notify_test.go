@@ -1,0 +1,73 @@
+package core
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func takeNotifies(t *testing.T, g *Guard) []Notify {
+	t.Helper()
+	js, _, err := g.Notifies(1 << 20)
+	require.NoError(t, err)
+	var out []Notify
+	require.NoError(t, json.Unmarshal(js, &out))
+	return out
+}
+
+func TestNotifiesArriveInOrderAndAreTakenOnce(t *testing.T) {
+	p := newPair(t, "", "", 4096)
+	require.Empty(t, takeNotifies(t, p.recv))
+	for _, n := range []Notify{{"a", "1"}, {"b", ""}, {"c", strings.Repeat("é", 1000)}} {
+		require.NoError(t, p.send.Notify(p.recv.Endpoint(), n))
+	}
+	// Too small a buffer keeps them queued.
+	js, size, err := p.recv.Notifies(10)
+	require.NoError(t, err)
+	require.Nil(t, js)
+	require.Greater(t, size, 10)
+	require.Equal(t, []Notify{{"a", "1"}, {"b", ""}, {"c", strings.Repeat("é", 1000)}}, takeNotifies(t, p.recv))
+	require.Empty(t, takeNotifies(t, p.recv))
+}
+
+func TestNotifyRefusesBadInputAndForgeries(t *testing.T) {
+	p := newPair(t, "", "", 4096)
+	ep := p.recv.Endpoint()
+	require.ErrorIs(t, p.send.Notify(ep, Notify{Name: strings.Repeat("n", MaxNotifyName+1)}), ErrInvalidArg)
+	require.ErrorIs(t, p.send.Notify(ep, Notify{Msg: strings.Repeat("m", MaxNotifyMsg+1)}), ErrInvalidArg)
+	require.ErrorIs(t, p.send.Notify(ep, Notify{Msg: "\xff"}), ErrInvalidArg)
+	require.ErrorIs(t, p.send.Notify("not a session", Notify{}), ErrInvalidArg)
+
+	// A notify whose MAC does not match its message (a tampered one) is refused.
+	require.NoError(t, p.send.Notify(ep, Notify{"real", "x"}))
+	s := p.send.session(ep)
+	s.mu.Lock()
+	token, key, seq := s.hello.Token, s.hello.key, s.seq+1
+	s.seq++
+	s.mu.Unlock()
+	forged := helloRequest{Proto: ProtocolVersion, Op: "notify", Nonce: randomBytes(nonceSize), Transport: "tcp",
+		Token: token, Seq: seq, MAC: notifyMAC(key, token, seq, Notify{"real", "x"}), Name: "real", Msg: "y"}
+	require.Error(t, p.recv.answerNotify(forged))
+	forged.Msg, forged.Seq = "x", seq // the right MAC, but a replayed sequence number
+	require.NoError(t, p.recv.answerNotify(forged))
+	require.Error(t, p.recv.answerNotify(forged), "replay")
+	require.Equal(t, []Notify{{"real", "x"}, {"real", "x"}}, takeNotifies(t, p.recv))
+}
+
+func TestNotifyQueueIsBoundedPerSender(t *testing.T) {
+	var q notifyQueue
+	for i := 0; i < maxNotifiesPerSender; i++ {
+		require.NoError(t, q.add("flooder", Notify{Name: "n"}))
+	}
+	require.Error(t, q.add("flooder", Notify{Name: "n"}), "the flooder is refused")
+	require.NoError(t, q.add("other", Notify{Name: "n"}), "others are not")
+	require.Error(t, q.add("big", Notify{Msg: strings.Repeat("m", maxNotifyBytes)}))
+	js, _, err := q.take(1 << 30)
+	require.NoError(t, err)
+	var out []Notify
+	require.NoError(t, json.Unmarshal(js, &out))
+	require.Len(t, out, maxNotifiesPerSender+1)
+	require.NoError(t, q.add("flooder", Notify{Name: "n"}), "taking frees room")
+}
