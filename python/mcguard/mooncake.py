@@ -20,6 +20,7 @@ import socket
 import threading
 
 from .guard import MC_ERR_BAD_HANDLE, MC_ERR_TIMEOUT, Guard, MCGuardError, address_of
+from .topology import local_topology
 
 log = logging.getLogger("mcguard.mooncake")
 
@@ -455,6 +456,11 @@ class GuardedTransferEngine:
             log.error("mcguard: get_first_buffer_address(%r) failed: %s", segment_name, e)
             return 0
         return regions[0][0] if regions else 0
+
+    def get_local_topology(self, device_name=None):
+        """This machine's NUMA nodes and RDMA devices as Mooncake's discovery
+        reports them (a JSON string); works before initialize, as Mooncake's."""
+        return local_topology(device_name)
 
     def send_probe(self, peer_server_name):
         """0 when the peer's guard accepts a connection, else -1 (logged);
