@@ -6,6 +6,9 @@ PYTHON   ?= python3
 GO       ?= go
 PREFIX   ?= /usr/local
 LIB      := build/libmcguard.so
+# Mooncake's own wheel (TCP, no CUDA), the peer the API parity test runs.
+MOONCAKE_VENV    := build/venv-mooncake
+MOONCAKE_VERSION := 0.3.13.post1
 CUDA_MODEL := build/libcudamodel.so
 NIC_MODEL  := build/libnicmodel.so
 APT_PKGS := pkg-config libzmq3-dev libibverbs-dev cmake g++ make libgtest-dev
@@ -18,7 +21,7 @@ export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 export MCGUARD_CUDA_MODEL := $(CURDIR)/$(CUDA_MODEL)
 export MCGUARD_NIC_MODEL  := $(CURDIR)/$(NIC_MODEL)
 
-.PHONY: device-check all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench fuzz soak endurance install clean
+.PHONY: device-check all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench fuzz soak endurance install clean mooncake-venv
 
 FUZZTIME ?= 30s
 FUZZ_WIRE := FuzzDecodeHeader FuzzDecodeRanges FuzzDecodeNotice
@@ -47,6 +50,14 @@ deps-go:
 deps-python:
 	@$(PYTHON) -c "import pytest" 2>/dev/null || $(PYTHON) -m pip install -q pytest
 	@$(PYTHON) -c "import prometheus_client" 2>/dev/null || $(PYTHON) -m pip install -q prometheus-client
+
+## mooncake-venv: Mooncake's wheel in build/venv-mooncake, for the test that
+## runs one script on Mooncake and on GuardedTransferEngine
+mooncake-venv: $(MOONCAKE_VENV)/.installed
+$(MOONCAKE_VENV)/.installed:
+	$(PYTHON) -m venv $(MOONCAKE_VENV)
+	$(MOONCAKE_VENV)/bin/pip install -q mooncake-transfer-engine-non-cuda==$(MOONCAKE_VERSION)
+	touch $@
 
 ## build: build/libmcguard.so and its cgo-generated header build/libmcguard.h,
 ## and the software models of the CUDA driver and of an RDMA NIC the tests use
@@ -86,7 +97,7 @@ test-c: $(LIB)
 	cmake --build $(CTEST_DIR)
 	cd $(CTEST_DIR) && ctest --output-on-failure
 
-test-python: $(LIB) $(CUDA_MODEL) $(NIC_MODEL) deps-python
+test-python: $(LIB) $(CUDA_MODEL) $(NIC_MODEL) deps-python mooncake-venv
 	$(PYTHON) -m pytest -q -rs python/tests
 
 ## demo: the PD stress on loopback with injected lag, verify=off beside verify=tail

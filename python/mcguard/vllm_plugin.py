@@ -82,8 +82,11 @@ def _provide_mooncake_engine(engine_cls):
         pass
     pkg = sys.modules.setdefault("mooncake", types.ModuleType("mooncake"))
     pkg.__path__ = getattr(pkg, "__path__", [])
+    from . import mooncake as ours
     engine = types.ModuleType("mooncake.engine")
     engine.TransferEngine = engine_cls
+    engine.TransferOpcode, engine.TransferNotify = ours.TransferOpcode, ours.TransferNotify
+    engine.Read, engine.Write = ours.TransferOpcode.Read, ours.TransferOpcode.Write
     sys.modules["mooncake.engine"] = engine
     pkg.engine = engine
     return True
