@@ -23,9 +23,13 @@ import types
 
 log = logging.getLogger("mcguard.vllm")
 
+# The modules that do `from mooncake.engine import TransferEngine`: the KV
+# connector (its path before and since vLLM moved it into v1/mooncake/) and,
+# in vLLM 0.34, the encoder-cache connector's transfer module.
 CONNECTOR_MODULES = (
     "vllm.distributed.kv_transfer.kv_connector.v1.mooncake_connector",
     "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector",
+    "vllm.distributed.ec_transfer.ec_connector.mooncake.transfer",
 )
 
 
