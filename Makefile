@@ -21,7 +21,7 @@ export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 export MCGUARD_CUDA_MODEL := $(CURDIR)/$(CUDA_MODEL)
 export MCGUARD_NIC_MODEL  := $(CURDIR)/$(NIC_MODEL)
 
-.PHONY: device-check all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench fuzz soak endurance install clean mooncake-venv
+.PHONY: device-check all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench fuzz soak endurance install clean mooncake-venv bench-peer
 
 FUZZTIME ?= 30s
 FUZZ_WIRE := FuzzDecodeHeader FuzzDecodeRanges FuzzDecodeNotice
@@ -58,6 +58,11 @@ $(MOONCAKE_VENV)/.installed:
 	$(PYTHON) -m venv $(MOONCAKE_VENV)
 	$(MOONCAKE_VENV)/bin/pip install -q mooncake-transfer-engine-non-cuda==$(MOONCAKE_VERSION)
 	touch $@
+
+## bench-peer: mcguard (off, tail, digest) beside Mooncake's TCP transport and
+## a raw socket pair, two processes each, rounds interleaved, SHA-1 checked
+bench-peer: build mooncake-venv
+	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.peerbench $(BENCH_PEER_ARGS)
 
 ## build: build/libmcguard.so and its cgo-generated header build/libmcguard.h,
 ## and the software models of the CUDA driver and of an RDMA NIC the tests use

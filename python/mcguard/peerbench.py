@@ -1,0 +1,261 @@
+"""make bench-peer: mcguard beside Mooncake's own TCP transport and a raw
+socket pair, moving the same bytes between two processes, rounds
+interleaved so each sees the same load; the destination is SHA-1 checked
+at the receiver after every engine's round.
+
+    python3 -m mcguard.peerbench [--rounds N] [--latency-iters N] [--sizes ...]
+
+Runs under a Python that can import mooncake.engine (make bench-peer uses
+build/venv-mooncake with python/ on the path); without Mooncake it
+compares mcguard with the socket pair only, and says so. Prints a progress
+line per round and ends with a table: per engine and size, the median
+(latency in µs for 1 x 4 KiB, GB/s for the batches) and the ratio to
+Mooncake in the same rounds.
+"""
+
+import argparse
+import ctypes
+import hashlib
+import json
+import mmap
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+SIZES = {"1x4KiB": (1, 4 << 10), "64x256KiB": (64, 256 << 10), "512x16KiB": (512, 16 << 10),
+         "4096x4KiB": (4096, 4 << 10), "1x64MiB": (1, 64 << 20)}
+REGION = 64 << 20
+# Mooncake's TCP transport refuses batches above its per-peer queue limit
+# (about 2048 by default): raised so 4096 x 4 KiB completes.
+MOONCAKE_ENV = {"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "16384", "MC_LOG_LEVEL": "ERROR", "GLOG_minloglevel": "2"}
+
+
+def engine_class(kind):
+    if kind == "mooncake":
+        from mooncake.engine import TransferEngine
+        return TransferEngine, {}
+    from .mooncake import GuardedTransferEngine
+    return GuardedTransferEngine, {"verify": kind.split("-", 1)[1]}
+
+
+# --- the receiving process ---------------------------------------------------
+
+def serve(kind):
+    """Receiver: one engine (or a socket) and one region; answers "hash
+    OFFSET LEN" with the SHA-1 of what landed, "quit" to stop."""
+    if kind == "socket":
+        return serve_socket()
+    cls, cfg = engine_class(kind)
+    engine = cls(**cfg) if cfg else cls()
+    if engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
+        sys.exit("initialize failed")
+    addr = engine.allocate_managed_buffer(REGION)
+    print(json.dumps({"session": "127.0.0.1:%d" % engine.get_rpc_port(), "addr": addr}), flush=True)
+    for line in sys.stdin:
+        cmd = line.split()
+        if cmd[0] == "hash":
+            off, n = int(cmd[1]), int(cmd[2])
+            print(hashlib.sha1(ctypes.string_at(addr + off, n)).hexdigest(), flush=True)
+        elif cmd[0] == "quit":
+            break
+
+
+def serve_socket():
+    mem = mmap.mmap(-1, REGION)
+    lst = socket.create_server(("127.0.0.1", 0))
+    print(json.dumps({"session": "127.0.0.1:%d" % lst.getsockname()[1], "addr": 0}), flush=True)
+    conn, _ = lst.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    view = memoryview(mem)
+    ctl = os.fdopen(0, "r")
+
+    def pump():  # each message: 8-byte length, then that many bytes at offset 0; answered with one byte
+        while True:
+            hdr = conn.recv(8, socket.MSG_WAITALL)
+            if len(hdr) < 8:
+                return
+            n, got = int.from_bytes(hdr, "little"), 0
+            while got < n:
+                k = conn.recv_into(view[got:n], n - got)
+                if k == 0:
+                    return
+                got += k
+            conn.sendall(b"\x01")
+    threading.Thread(target=pump, daemon=True).start()
+    for line in ctl:
+        cmd = line.split()
+        if cmd[0] == "hash":
+            off, n = int(cmd[1]), int(cmd[2])
+            print(hashlib.sha1(mem[off:off + n]).hexdigest(), flush=True)
+        elif cmd[0] == "quit":
+            break
+
+
+# --- the sending side ---------------------------------------------------------
+
+class Receiver:
+    def __init__(self, kind):
+        env = dict(os.environ, **MOONCAKE_ENV)
+        self.proc = subprocess.Popen([sys.executable, "-m", "mcguard.peerbench", "--serve", kind],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        hello = json.loads(self.proc.stdout.readline())
+        self.session, self.addr = hello["session"], hello["addr"]
+
+    def hash(self, off, n):
+        self.proc.stdin.write("hash %d %d\n" % (off, n))
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def close(self):
+        try:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+
+
+class Sender:
+    """One engine kind's sending half, with a source region of random bytes."""
+
+    def __init__(self, kind, recv):
+        self.kind, self.recv = kind, recv
+        if kind == "socket":
+            self.mem = mmap.mmap(-1, REGION)
+            self.mem[:] = os.urandom(REGION)
+            host, port = recv.session.rsplit(":", 1)
+            self.sock = socket.create_connection((host, int(port)))
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return
+        cls, cfg = engine_class(kind)
+        self.engine = cls(**cfg) if cfg else cls()
+        if self.engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
+            raise RuntimeError("%s: initialize failed" % kind)
+        self.src = self.engine.allocate_managed_buffer(REGION)
+        ctypes.memmove(self.src, os.urandom(REGION), REGION)
+
+    def source_hash(self, n):
+        if self.kind == "socket":
+            return hashlib.sha1(self.mem[:n]).hexdigest()
+        return hashlib.sha1(ctypes.string_at(self.src, n)).hexdigest()
+
+    def transfer(self, count, size):
+        """One batch of count descriptors of size bytes, src block i to dst block i."""
+        if self.kind == "socket":
+            n = count * size
+            self.sock.sendall(n.to_bytes(8, "little"))
+            self.sock.sendall(memoryview(self.mem)[:n])
+            if self.sock.recv(1) != b"\x01":
+                raise RuntimeError("socket receiver went away")
+            return
+        src = [self.src + i * size for i in range(count)]
+        dst = [self.recv.addr + i * size for i in range(count)]
+        ret = self.engine.batch_transfer_sync_write(self.recv.session, src, dst, [size] * count)
+        if ret != 0:
+            raise RuntimeError("%s: batch_transfer_sync_write returned %d" % (self.kind, ret))
+
+    def close(self):
+        if self.kind == "socket":
+            self.sock.close()
+        elif hasattr(self.engine, "close"):  # Mooncake's engine has none
+            self.engine.close()
+
+
+def measure(sender, name, count, size, iters, seconds):
+    """Latency samples (µs) for 1 x 4 KiB, else GB/s of repeated batches."""
+    sender.transfer(count, size)  # warm: connect, handshake
+    if name == "1x4KiB":
+        samples = []
+        for _ in range(iters):
+            t = time.perf_counter()
+            sender.transfer(count, size)
+            samples.append((time.perf_counter() - t) * 1e6)
+        return statistics.median(samples)
+    moved, start = 0, time.perf_counter()
+    while True:
+        sender.transfer(count, size)
+        moved += count * size
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return moved / elapsed / 1e9
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python3 -m mcguard.peerbench")
+    p.add_argument("--serve", help=argparse.SUPPRESS)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--latency-iters", type=int, default=1000)
+    p.add_argument("--seconds", type=float, default=1.0, help="per throughput measurement")
+    p.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
+    p.add_argument("--engines", nargs="*", default=["mooncake", "mcguard-off", "mcguard-tail", "mcguard-digest", "socket"])
+    a = p.parse_args(argv)
+    if a.serve:
+        return serve(a.serve)
+    engines = list(a.engines)
+    if "mooncake" in engines:
+        try:
+            import mooncake.engine  # noqa: F401
+        except ImportError:
+            print("mooncake.engine is not importable here (make bench-peer installs it): skipping Mooncake",
+                  file=sys.stderr)
+            engines.remove("mooncake")
+    os.environ.update(MOONCAKE_ENV)
+    pairs = {}
+    for kind in engines:
+        recv = Receiver(kind)
+        pairs[kind] = (Sender(kind, recv), recv)
+    results = {}  # (engine, size) -> [per-round figures]
+    bad = []
+    try:
+        for r in range(a.rounds):
+            for name in a.sizes:
+                count, size = SIZES[name]
+                for kind in engines:
+                    sender, recv = pairs[kind]
+                    fig = measure(sender, name, count, size, a.latency_iters, a.seconds)
+                    n = count * size
+                    if recv.hash(0, n) != sender.source_hash(n):
+                        bad.append((r, name, kind))
+                    results.setdefault((kind, name), []).append(fig)
+                    print("round %d/%d  %-10s %-15s %10.2f %s" % (r + 1, a.rounds, name, kind, fig,
+                                                                 "µs" if name == "1x4KiB" else "GB/s"),
+                          file=sys.stderr, flush=True)
+    finally:
+        for sender, recv in pairs.values():
+            sender.close()
+            recv.close()
+    print(summary(results, engines, a.sizes))
+    if bad:
+        print("DESTINATION MISMATCH (round, size, engine): %s" % bad)
+        return 1
+    print("every destination matched its source (SHA-1 at the receiver)")
+    return 0
+
+
+def summary(results, engines, sizes):
+    ref = "mooncake" if "mooncake" in engines else None
+    head = ["engine"] + ["%s %s" % (s, "µs" if s == "1x4KiB" else "GB/s") for s in sizes]
+    rows = [head]
+    for kind in engines:
+        row = [kind]
+        for s in sizes:
+            med = statistics.median(results[(kind, s)])
+            cell = "%.1f" % med if s == "1x4KiB" else "%.2f" % med
+            if ref and kind != ref:
+                cell += " (x%.2f)" % (med / statistics.median(results[(ref, s)]))
+            row.append(cell)
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    note = "medians over rounds; (xN) = ratio to Mooncake's median in the same rounds" if ref else \
+        "medians over rounds; Mooncake not run"
+    return "\n".join(lines + [note])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
