@@ -374,8 +374,18 @@ class GuardedTransferEngine:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(ASYNC_WORKERS, "mcguard-async")
             batch_id = next(self._batch_ids)
-            self._batches[batch_id] = self._pool.submit(call)
+            self._batches[batch_id] = self._pool.submit(self._settled, what, call)
         return batch_id
+
+    @staticmethod
+    def _settled(what, call):
+        """call()'s status; an exception (a bug, not a transfer's failure) is
+        logged and reported as -1, so status calls never raise."""
+        try:
+            return call()
+        except Exception:  # noqa: BLE001 - reported through the status, with its traceback logged
+            log.exception("mcguard: %s raised", what)
+            return -1
 
     def batch_transfer_async(self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode,
                              transport_hint=""):
@@ -506,10 +516,14 @@ class GuardedTransferEngine:
         with self._mu:
             pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=True)
+        # Closing the guard fails the batches still running (MC_ERR_CLOSED)
+        # instead of waiting for them.
         if self._guard is not None:
             self._guard.close()
             self._guard = None
+        if pool is not None:
+            pool.shutdown(wait=True)
         with self._mu:  # the guard is closed: nothing can write into them now
             managed, self._managed = self._managed, {}
             self._batches.clear()

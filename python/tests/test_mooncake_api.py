@@ -202,3 +202,15 @@ def test_calls_before_initialize_fail_cleanly():
     assert e.transfer_check_status(1) == -1
     assert e.get_batch_transfer_status([1]) == -1
     assert e.free_managed_buffer(1, 1) == -1
+
+
+def test_close_with_batches_in_flight_fails_them_without_waiting(pair):
+    send, src, recv = pair
+    fill(send, src)
+    ids = [send.batch_transfer_async_write(recv.session, [src], [recv.addr], [SIZE]) for _ in range(32)]
+    assert all(i > 0 for i in ids)
+    t = time.monotonic()
+    send.close()
+    assert time.monotonic() - t < 30
+    assert send.get_batch_transfer_status(ids) == -1, "forgotten at close"
+    assert send.batch_transfer_async_write(recv.session, [src], [recv.addr], [8]) == 0, "closed"
