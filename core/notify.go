@@ -59,14 +59,13 @@ func (g *Guard) Notify(name string, n Notify) error {
 	if err := n.check(); err != nil {
 		return err
 	}
-	s := g.session(name)
-	ctx, stop := s.callContext(g.ctx, 0)
+	ctx, stop := g.session(name).callContext(g.ctx, 0)
 	defer stop()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.connect(ctx, g); err != nil {
+	s, err := g.lockSession(ctx, name, nil)
+	if err != nil {
 		return callErr(ctx, err)
 	}
+	defer s.mu.Unlock()
 	sock, _, err := newReqSocket(ctx, g.zctx, s.name, g.cfg.ConnectTimeout)
 	if err != nil {
 		return callErr(ctx, err)

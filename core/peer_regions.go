@@ -17,9 +17,9 @@ func (g *Guard) PeerRegions(name string) ([]memory.Region, error) {
 	if err := validSessionName(name); err != nil {
 		return nil, err
 	}
-	ctx, stop := g.session(name).callContext(g.ctx, 0)
-	defer stop()
 	s := g.session(name)
+	ctx, stop := s.callContext(g.ctx, 0)
+	defer stop()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.conn != nil {

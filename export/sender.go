@@ -1,0 +1,169 @@
+// The sender's exports: transfers, reads, cancel, and what a sender asks
+// of a session (its regions, a notify).
+
+package main
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../include
+#include "mcguard.h"
+#include "mcguard_internal.h"
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"fmt"
+	"time"
+	"unsafe"
+
+	"github.com/mcguard/mcguard/core"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// cArray views a C array of n uint64s; n has been checked against the limit.
+func cArray(p *C.uint64_t, n int) []uint64 {
+	return unsafe.Slice((*uint64)(unsafe.Pointer(p)), n)
+}
+
+// verifyModes maps MC_VERIFY_* to modes, in the header's numbering.
+var verifyModes = map[C.int32_t]verify.Mode{C.MC_VERIFY_OFF: verify.Off, C.MC_VERIFY_TAIL: verify.Tail,
+	C.MC_VERIFY_SAMPLE: verify.Sample, C.MC_VERIFY_FULL: verify.Full, C.MC_VERIFY_DIGEST: verify.Digest}
+
+// batchArgs checks and decodes the arguments mc_guard_transfer and
+// mc_guard_read share: a session name and n (local, remote, len) triples.
+func batchArgs(session *C.char, local, remote, length *C.uint64_t, n C.size_t) (string, []verify.Desc, error) {
+	switch {
+	case session == nil:
+		return "", nil, fmt.Errorf("%w: session is NULL", core.ErrInvalidArg)
+	case n == 0:
+		return "", nil, fmt.Errorf("%w: n is 0: a batch needs at least one descriptor", core.ErrInvalidArg)
+	case n > core.MaxDescriptors:
+		return "", nil, fmt.Errorf("%w: n = %d is over MC_GUARD_MAX_DESCRIPTORS (%d)", core.ErrInvalidArg, uint64(n), core.MaxDescriptors)
+	case local == nil || remote == nil || length == nil:
+		return "", nil, fmt.Errorf("%w: the address and length arrays must not be NULL", core.ErrInvalidArg)
+	}
+	k := int(n)
+	l, r, ln := cArray(local, k), cArray(remote, k), cArray(length, k)
+	descs := make([]verify.Desc, k)
+	for i := range descs {
+		descs[i] = verify.Desc{Src: l[i], Dst: r[i], Len: ln[i]}
+	}
+	return C.GoString(session), descs, nil
+}
+
+//export mcgTransfer
+func mcgTransfer(h C.mc_guard_t, session *C.char, src, dst, length *C.uint64_t, n C.size_t, opts *C.mc_transfer_opts) C.mc_status {
+	return run(h, "mc_guard_transfer", func(g *core.Guard) error {
+		name, descs, err := batchArgs(session, src, dst, length, n)
+		if err != nil {
+			return err
+		}
+		var o core.TransferOptions
+		// A 0.2 caller's struct ends before deadline_ms; it is still taken.
+		v02 := C.uint32_t(unsafe.Offsetof(opts.deadline_ms))
+		grown := opts != nil && opts.struct_size >= C.uint32_t(unsafe.Sizeof(*opts))
+		if opts != nil {
+			if opts.struct_size < v02 || (opts.struct_size > v02 && !grown) {
+				return fmt.Errorf("%w: opts->struct_size is %d, want sizeof(mc_transfer_opts) = %d", core.ErrInvalidArg, opts.struct_size, unsafe.Sizeof(*opts))
+			}
+			if grown {
+				if opts.deadline_ms > C.uint64_t(24*time.Hour/time.Millisecond) {
+					return fmt.Errorf("%w: opts->deadline_ms = %d is over a day", core.ErrInvalidArg, uint64(opts.deadline_ms))
+				}
+				o.Deadline = time.Duration(opts.deadline_ms) * time.Millisecond
+			}
+			if opts.verify != C.MC_VERIFY_DEFAULT {
+				m, ok := verifyModes[opts.verify]
+				if !ok {
+					return fmt.Errorf("%w: opts->verify = %d is not an MC_VERIFY_* value", core.ErrInvalidArg, opts.verify)
+				}
+				o.Verify = &m
+			}
+			if opts.digests != nil {
+				o.Digests = cArray(opts.digests, len(descs))
+			}
+			o.NoNotice = opts.flags&C.MC_TRANSFER_NO_NOTICE != 0
+		}
+		res, err := g.Transfer(name, descs, o)
+		if grown {
+			opts.abort_state = C.int32_t(res.Abort)
+		}
+		if err != nil {
+			return err
+		}
+		if opts != nil {
+			opts.transfer_id = C.uint64_t(res.ID)
+			opts.retries = C.uint64_t(res.Retries)
+			opts.resends = C.uint64_t(res.Resends)
+		}
+		return nil
+	})
+}
+
+//export mcgRead
+func mcgRead(h C.mc_guard_t, session *C.char, local, remote, length *C.uint64_t, n C.size_t) C.mc_status {
+	return run(h, "mc_guard_read", func(g *core.Guard) error {
+		name, descs, err := batchArgs(session, local, remote, length, n)
+		if err != nil {
+			return err
+		}
+		return g.Read(name, descs)
+	})
+}
+
+//export mcgCancel
+func mcgCancel(h C.mc_guard_t, session *C.char) C.mc_status {
+	return run(h, "mc_guard_cancel", func(g *core.Guard) error {
+		if session == nil {
+			return fmt.Errorf("%w: session is NULL", core.ErrInvalidArg)
+		}
+		return g.Cancel(C.GoString(session))
+	})
+}
+
+//export mcgPeerRegions
+func mcgPeerRegions(h C.mc_guard_t, session *C.char, addr, length *C.uint64_t, capacity C.size_t, n *C.size_t) C.mc_status {
+	return run(h, "mc_guard_peer_regions", func(g *core.Guard) error {
+		if session == nil {
+			return fmt.Errorf("%w: session is NULL", core.ErrInvalidArg)
+		}
+		if capacity > 0 && (addr == nil || length == nil) {
+			return fmt.Errorf("%w: addr or len is NULL with capacity %d", core.ErrInvalidArg, capacity)
+		}
+		regions, err := g.PeerRegions(C.GoString(session))
+		if err != nil {
+			return err
+		}
+		if n != nil {
+			*n = C.size_t(len(regions))
+		}
+		if uint64(len(regions)) > uint64(capacity) {
+			return fmt.Errorf("%w: session has %d regions, room for %d", errBufferTooSmall, len(regions), uint64(capacity))
+		}
+		if len(regions) > 0 {
+			addrs := unsafe.Slice((*uint64)(unsafe.Pointer(addr)), len(regions))
+			lens := unsafe.Slice((*uint64)(unsafe.Pointer(length)), len(regions))
+			for i, r := range regions {
+				addrs[i], lens[i] = r.Addr, r.Len
+			}
+		}
+		return nil
+	})
+}
+
+//export mcgNotify
+func mcgNotify(h C.mc_guard_t, session, name, msg *C.char, msgLen C.size_t) C.mc_status {
+	return run(h, "mc_guard_notify", func(g *core.Guard) error {
+		if session == nil || name == nil || (msg == nil && msgLen > 0) {
+			return fmt.Errorf("%w: session, name or msg is NULL", core.ErrInvalidArg)
+		}
+		if uint64(msgLen) > core.MaxNotifyMsg {
+			return fmt.Errorf("%w: notify message of %d bytes, limit %d", core.ErrInvalidArg, uint64(msgLen), core.MaxNotifyMsg)
+		}
+		var body string
+		if msgLen > 0 {
+			body = C.GoStringN(msg, C.int(msgLen))
+		}
+		return g.Notify(C.GoString(session), core.Notify{Name: C.GoString(name), Msg: body})
+	})
+}

@@ -1,0 +1,94 @@
+// How every export ends: the handle looked up, a panic turned into
+// MC_ERR_INTERNAL, an error into its status and the thread's last message.
+
+package main
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../include
+#include "mcguard.h"
+#include "mcguard_internal.h"
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/mcguard/mcguard/core"
+)
+
+// run is what every export on a guard shares: recover a panic, look up
+// the handle, run body, and map its error to a status and a message.
+func run(h C.mc_guard_t, fn string, body func(g *core.Guard) error) (st C.mc_status) {
+	defer recoverInto(&st, h, fn)
+	g, err := handles.get(uint64(h))
+	if err == nil {
+		err = body(g)
+	}
+	if err != nil {
+		return fail(h, err)
+	}
+	return C.MC_OK
+}
+
+// fail records err as this thread's last error for h and returns its status.
+func fail(h C.mc_guard_t, err error) C.mc_status {
+	lastErrors.set(uint64(h), "mcguard: "+err.Error())
+	return statusOf(err)
+}
+
+// recoverInto turns a panic in an export into MC_ERR_INTERNAL.
+func recoverInto(st *C.mc_status, h C.mc_guard_t, fn string) {
+	if r := recover(); r != nil {
+		lastErrors.set(uint64(h), fmt.Sprintf("mcguard: internal error in %s: %v", fn, r))
+		*st = C.MC_ERR_INTERNAL
+	}
+}
+
+// statusOf maps an error to its status. ErrClosed comes first: a transfer
+// cut off by close wraps both it and the I/O error that close caused.
+func statusOf(err error) C.mc_status {
+	table := []struct {
+		err error
+		st  C.mc_status
+	}{
+		{core.ErrClosed, C.MC_ERR_CLOSED},
+		{core.ErrCancelled, C.MC_ERR_CANCELLED},
+		{errBadHandle, C.MC_ERR_BAD_HANDLE},
+		{errBufferTooSmall, C.MC_ERR_BUFFER_TOO_SMALL},
+		{core.ErrInvalidArg, C.MC_ERR_INVALID_ARG},
+		{core.ErrConfig, C.MC_ERR_CONFIG},
+		{core.ErrNotRegistered, C.MC_ERR_NOT_REGISTERED},
+		{core.ErrDevice, C.MC_ERR_DEVICE},
+		{core.ErrVerify, C.MC_ERR_VERIFY},
+		{core.ErrQuiesced, C.MC_ERR_QUIESCED},
+		{core.ErrTimeout, C.MC_ERR_TIMEOUT},
+		{core.ErrSession, C.MC_ERR_SESSION},
+		{core.ErrPeer, C.MC_ERR_PEER},
+	}
+	for _, e := range table {
+		if errors.Is(err, e.err) {
+			return e.st
+		}
+	}
+	return C.MC_ERR_INTERNAL
+}
+
+//export mcgLastError
+func mcgLastError(h C.mc_guard_t, buf *C.char, n C.size_t) (size C.size_t) {
+	defer func() {
+		if recover() != nil {
+			size = 0
+		}
+	}()
+	msg := lastErrors.get(uint64(h))
+	if buf != nil && n > 0 {
+		k := min(len(msg), int(n)-1)
+		out := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
+		copy(out, msg[:k])
+		out[k] = 0
+	}
+	return C.size_t(len(msg))
+}
