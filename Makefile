@@ -55,6 +55,11 @@ deps-python:
 ## runs one script on Mooncake and on GuardedTransferEngine
 mooncake-venv: $(MOONCAKE_VENV)/.installed
 $(MOONCAKE_VENV)/.installed:
+	@# Debian's own python3 makes virtual environments only with python3-venv.
+	@$(PYTHON) -c "import ensurepip" 2>/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then echo "installing: python3-venv"; \
+	    (apt-get install -y --no-install-recommends python3-venv || (apt-get update && apt-get install -y --no-install-recommends python3-venv)) >/dev/null; \
+	  else echo "$(PYTHON) cannot make a virtual environment; run: sudo apt-get install -y python3-venv"; exit 1; fi; }
 	$(PYTHON) -m venv $(MOONCAKE_VENV)
 	$(MOONCAKE_VENV)/bin/pip install -q mooncake-transfer-engine-non-cuda==$(MOONCAKE_VERSION)
 	touch $@
