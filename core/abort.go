@@ -118,20 +118,20 @@ func abortMAC(key, token []byte, seq uint64) []byte {
 // session's lands, over the control channel.
 func (g *Guard) abortRemote(s *session) AbortState {
 	s.disconnect()
-	if len(s.hello.Token) == 0 {
+	if len(s.hello.Token) == 0 || g.engine != nil { // an engine's writes pass no guard at the target
 		return AbortUnconfirmed
 	}
 	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.ConnectTimeout)
 	defer cancel()
-	sock, _, err := newReqSocket(ctx, g.zctx, s.name, g.cfg.ConnectTimeout)
+	sock, _, err := newReqSocket(ctx, g.zctx, s.control, g.cfg.ConnectTimeout)
 	if err != nil {
 		return AbortUnconfirmed
 	}
 	defer sock.Close()
 	s.seq++
-	req := helloRequest{Proto: ProtocolVersion, Op: "abort", Nonce: randomBytes(nonceSize), Transport: g.data.Name(),
+	req := helloRequest{Proto: ProtocolVersion, Op: "abort", Nonce: randomBytes(nonceSize), Transport: g.handshakeTransport(),
 		Token: s.hello.Token, Seq: s.seq, MAC: abortMAC(s.hello.key, s.hello.Token, s.seq)}
-	if _, err := handshakeStep(ctx, sock, s.name, g.cfg.ConnectTimeout, req); err != nil {
+	if _, err := handshakeStep(ctx, sock, s.control, g.cfg.ConnectTimeout, req); err != nil {
 		return AbortUnconfirmed
 	}
 	return AbortConfirmed

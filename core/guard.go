@@ -12,7 +12,9 @@ import (
 
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/transport/engine"
 	"github.com/mcguard/mcguard/core/wire"
+	"github.com/mcguard/mcguard/verify"
 )
 
 // MaxDescriptors bounds one call's batch; larger counts are refused
@@ -33,6 +35,10 @@ type Guard struct {
 	planes     []transport.Transport
 	data       transport.Transport
 	planeState map[string]string
+	// engine is data when the application's engine moves the bytes
+	// (OpenWithEngine); engineOps is what it handed over.
+	engine    *engine.Plane
+	engineOps *engine.Ops
 
 	ctx    context.Context // cancelled by Close: aborts every wait
 	cancel context.CancelFunc
@@ -53,12 +59,20 @@ type Guard struct {
 
 // Open starts a guard: its data planes and its control endpoint.
 func Open(cfg Config) (*Guard, error) {
+	return open(cfg, nil)
+}
+
+// open starts a guard; ops is the application's engine, or nil.
+func open(cfg Config, ops *engine.Ops) (*Guard, error) {
 	host, _, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("%w: listen %q: %v", ErrConfig, cfg.Listen, err)
 	}
+	if cfg.Verify.SliceBytes == verify.SliceAuto {
+		cfg.Verify.SliceBytes = 0 // own data planes move a descriptor in order
+	}
 	g := &Guard{cfg: cfg, sessions: map[string]*session{}, notices: newNoticeStore(), auth: newAuthority(cfg.Secret),
-		planeState: map[string]string{}}
+		planeState: map[string]string{}, engineOps: ops}
 	g.nextTransfer.Store(mrand.Uint64() >> 1)
 	g.metrics = newGuardMetrics(g)
 	if err := g.loadCUDA(); err != nil {
@@ -147,7 +161,10 @@ func (g *Guard) session(name string) *session {
 	defer g.mu.Unlock()
 	s, ok := g.sessions[name]
 	if !ok {
-		s = &session{name: name, sender: randomBytes(nonceSize)}
+		s = &session{name: name, sender: randomBytes(nonceSize), control: name}
+		if g.engine != nil {
+			s.control = "" // until SetPeerGuard names it
+		}
 		g.sessions[name] = s
 	}
 	return s

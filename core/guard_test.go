@@ -56,6 +56,7 @@ func openGuard(t *testing.T, js string) *Guard {
 type pair struct {
 	send, recv *Guard
 	src, dst   *mem
+	session    string // the sender's name for the receiver
 }
 
 func newPair(t *testing.T, sendJS, recvJS string, size int) *pair {
@@ -65,6 +66,7 @@ func newPair(t *testing.T, sendJS, recvJS string, size int) *pair {
 	p.send, p.recv = openGuard(t, sendJS), openGuard(t, recvJS)
 	require.NoError(t, p.send.Register(p.src.addr(0), uint64(size)))
 	require.NoError(t, p.recv.Register(p.dst.addr(0), uint64(size)))
+	p.session = p.recv.Endpoint()
 	return p
 }
 

@@ -66,15 +66,18 @@ func (g *Guard) Notify(name string, n Notify) error {
 		return callErr(ctx, err)
 	}
 	defer s.mu.Unlock()
-	sock, _, err := newReqSocket(ctx, g.zctx, s.name, g.cfg.ConnectTimeout)
+	if err := s.greet(ctx, g); err != nil {
+		return callErr(ctx, err)
+	}
+	sock, _, err := newReqSocket(ctx, g.zctx, s.control, g.cfg.ConnectTimeout)
 	if err != nil {
 		return callErr(ctx, err)
 	}
 	defer sock.Close()
 	s.seq++
-	req := helloRequest{Proto: ProtocolVersion, Op: "notify", Nonce: randomBytes(nonceSize), Transport: g.data.Name(),
+	req := helloRequest{Proto: ProtocolVersion, Op: "notify", Nonce: randomBytes(nonceSize), Transport: g.handshakeTransport(),
 		Token: s.hello.Token, Seq: s.seq, MAC: notifyMAC(s.hello.key, s.hello.Token, s.seq, n), Name: n.Name, Msg: n.Msg}
-	if _, err := handshakeStep(ctx, sock, s.name, g.cfg.Timeout, req); err != nil {
+	if _, err := handshakeStep(ctx, sock, s.control, g.cfg.Timeout, req); err != nil {
 		// The receiver may have forgotten this handshake: the next call
 		// handshakes again.
 		s.disconnect()

@@ -22,6 +22,12 @@ func (g *Guard) PeerRegions(name string) ([]memory.Region, error) {
 	defer stop()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if g.engine != nil {
+		if err := s.refresh(ctx, g); err != nil {
+			return nil, callErr(ctx, err)
+		}
+		return slices.Clone(s.hello.Regions), nil
+	}
 	if s.conn != nil {
 		// It may have registered more, or fewer, since; a connection that
 		// cannot refresh (the peer restarted, forgot our token) starts over.

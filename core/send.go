@@ -104,7 +104,7 @@ func (g *Guard) lockSession(ctx context.Context, name string, descs []verify.Des
 	s := g.session(name)
 	s.mu.Lock()
 	err := s.connect(ctx, g)
-	if err == nil {
+	if err == nil && g.engine == nil { // an engine checks its peers' tables itself
 		if i := s.checkDst(descs); i >= 0 {
 			if err = s.refresh(ctx, g); err == nil {
 				if i = s.checkDst(descs); i >= 0 {
@@ -210,6 +210,9 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 // notify sends one chunk's completion notice to the session's guard and
 // waits for it to be recorded there.
 func (g *Guard) notify(ctx context.Context, s *session, id uint64, mode verify.Mode, total, base int, chunk []verify.Desc, digests []uint64) error {
+	if err := s.greet(ctx, g); err != nil {
+		return err
+	}
 	for off := 0; off < len(chunk); off += wire.MaxNoticeDescs {
 		part := chunk[off:min(off+wire.MaxNoticeDescs, len(chunk))]
 		n := wire.Notice{ID: id, Mode: modeIndex(mode), Total: total, Base: base + off, Descs: make([]wire.NoticeDesc, len(part))}

@@ -21,6 +21,10 @@ type session struct {
 	name   string
 	sender []byte // this session's id at the peer, kept across reconnects
 	mu     sync.Mutex
+	// control is the peer guard's endpoint, for handshakes and notices:
+	// the session's name, except over an engine, where the name is the
+	// engine's and the peer's guard (if any) is set with SetPeerGuard.
+	control string
 
 	cmu      sync.Mutex // the transfers in flight, to cancel (not under mu: they may wait for it)
 	nextCall uint64
@@ -38,6 +42,12 @@ type session struct {
 // over the guard's data plane.
 func (s *session) connect(ctx context.Context, g *Guard) error {
 	if s.conn != nil {
+		return nil
+	}
+	if g.engine != nil {
+		// The engine knows its peers: the handshake with the peer's guard
+		// waits until a notice needs it (greet).
+		s.conn = g.engine.Conn(s.name)
 		return nil
 	}
 	d, err := g.data.Dial()
@@ -60,16 +70,30 @@ func (s *session) connect(ctx context.Context, g *Guard) error {
 // refresh fetches the region table again, for a destination that the last
 // handshake did not list (the receiver may have registered more since).
 func (s *session) refresh(ctx context.Context, g *Guard) error {
-	rep, err := handshake(ctx, g.zctx, s.name, g.cfg.ConnectTimeout, g.cfg.Secret, helloRequest{Sender: s.sender, Transport: g.data.Name()})
+	if s.control == "" {
+		return fmt.Errorf("%w: session %s is reached through the %s engine, and this guard does not know where its peer's guard listens (mc_guard_set_peer_guard): completion notices, notifies and the peer's region table need it; without one, use a read-back mode, or notify \"never\" and forward the digests to the receiver's mc_guard_sync yourself", ErrConfig, s.name, g.engine.Engine())
+	}
+	rep, err := handshake(ctx, g.zctx, s.control, g.cfg.ConnectTimeout, g.cfg.Secret, helloRequest{Sender: s.sender, Transport: g.handshakeTransport()})
 	if err != nil {
 		return err
 	}
-	if err := s.conn.Refresh(rep.Answer, rep.Regions); err != nil {
-		return err
+	if s.conn != nil {
+		if err := s.conn.Refresh(rep.Answer, rep.Regions); err != nil {
+			return err
+		}
 	}
 	// The newest token: the receiver keeps only a few per sender.
 	s.hello.Regions, s.hello.Token, s.hello.key, s.seq = rep.Regions, rep.Token, rep.key, 0
 	return nil
+}
+
+// greet makes sure the session has a handshake with the peer's guard, for
+// its control channel: connect made one, except over an engine.
+func (s *session) greet(ctx context.Context, g *Guard) error {
+	if len(s.hello.Token) > 0 {
+		return nil
+	}
+	return s.refresh(ctx, g)
 }
 
 // errUnknownToken: the peer no longer knows this session's handshake.
@@ -94,13 +118,13 @@ func (s *session) disconnect() {
 // ZeroMQ asks for when a socket changes threads).
 func (s *session) notify(ctx context.Context, zctx *zmq.Context, cfg *Config, body []byte) error {
 	if s.notices == nil {
-		sock, _, err := newReqSocket(ctx, zctx, s.name, cfg.ConnectTimeout)
+		sock, _, err := newReqSocket(ctx, zctx, s.control, cfg.ConnectTimeout)
 		if err != nil {
 			return err
 		}
 		s.notices = sock
 	}
-	raw, err := request(ctx, s.notices, s.name, "completion notice", body, cfg.Timeout)
+	raw, err := request(ctx, s.notices, s.control, "completion notice", body, cfg.Timeout)
 	if err != nil {
 		s.notices.Close() // a REQ that missed its reply cannot be reused
 		s.notices = nil

@@ -5,9 +5,11 @@ import (
 	"sync"
 
 	"github.com/mcguard/mcguard/core/cuda"
+	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/transport/engine"
 	"github.com/mcguard/mcguard/core/transport/rdma"
 	"github.com/mcguard/mcguard/core/transport/tcp"
 )
@@ -17,16 +19,31 @@ import (
 // under core/transport. TCP comes last and every guard serves it: it is
 // the fallback, and peers whose own data plane is TCP reach any guard.
 var dataPlanes = []struct {
-	name string
-	open func(g *Guard, host string) (transport.Transport, error)
+	name  string
+	named bool // opened only where the configuration names it, never by auto
+	open  func(g *Guard, host string) (transport.Transport, error)
 }{
-	{rdma.Name, func(g *Guard, _ string) (transport.Transport, error) {
+	{engine.Name, true, func(g *Guard, _ string) (transport.Transport, error) {
+		if g.engineOps == nil {
+			return nil, fmt.Errorf("%w: transport engine is the application's own engine, handed over with mc_guard_open_with_transport", ErrConfig)
+		}
+		p, err := engine.Open(engine.Config{Ops: *g.engineOps, Faults: g.cfg.Inject, Linger: g.cfg.Timeout})
+		if err == nil {
+			g.engine = p
+		}
+		return p, err
+	}},
+	{rdma.Name, false, func(g *Guard, _ string) (transport.Transport, error) {
 		return rdma.Open(rdma.Config{Library: g.cfg.VerbsLibrary, Device: g.cfg.RDMADevice, GIDIndex: g.cfg.RDMAGIDIndex,
 			QPs: g.cfg.RDMAQPs, Timeout: g.cfg.Timeout, GPU: g.regions.GPU()})
 	}},
-	{tcp.Name, func(g *Guard, host string) (transport.Transport, error) {
+	{tcp.Name, false, func(g *Guard, host string) (transport.Transport, error) {
+		faults := g.cfg.Inject
+		if g.engine != nil {
+			faults = fault.Config{} // injected at the engine's callbacks instead
+		}
 		return tcp.New(tcp.Config{Host: host, Timeout: g.cfg.Timeout, Regions: g.regions, Tokens: g.auth.tokens.sender,
-			Faults: g.cfg.Inject, TailBytes: g.cfg.Verify.TailBytes,
+			Faults: faults, TailBytes: g.cfg.Verify.TailBytes,
 			Refused: func(reason string) { g.metrics.refusedWrites.Add(1, reason) }})
 	}},
 }
@@ -38,7 +55,7 @@ var dataPlanes = []struct {
 func (g *Guard) openDataPlanes(host string) error {
 	var why []string
 	for _, dp := range dataPlanes {
-		if dp.name != tcp.Name && g.cfg.Transport != dp.name && g.cfg.Transport != "auto" {
+		if dp.name != tcp.Name && g.cfg.Transport != dp.name && (g.cfg.Transport != "auto" || dp.named) {
 			g.planeState[dp.name] = "not probed (transport " + g.cfg.Transport + ")"
 			continue
 		}
@@ -73,6 +90,16 @@ func (g *Guard) openDataPlanes(host string) error {
 }
 
 var autoFallbackLogged sync.Once
+
+// handshakeTransport is the data plane a handshake names: the one the
+// guard sends over, or over an engine TCP, which every guard serves (the
+// handshake is then for the control channel only, and offers nothing).
+func (g *Guard) handshakeTransport() string {
+	if g.engine != nil {
+		return tcp.Name
+	}
+	return g.data.Name()
+}
 
 // loadCUDA finds the driver as cfg.CUDA says; the region table reaches
 // device memory through it.

@@ -87,8 +87,7 @@ type span struct{ off, n uint64 }
 func spans(cfg Config, n, seed uint64, out []span) []span {
 	switch cfg.Mode {
 	case Tail:
-		k := min(uint64(cfg.TailBytes), n)
-		return append(out, span{n - k, k})
+		return sliceTails(cfg, n, out)
 	case Full:
 		for off := uint64(0); off < n; off += maxProbe {
 			out = append(out, span{off, min(maxProbe, n-off)})
@@ -100,12 +99,33 @@ func spans(cfg Config, n, seed uint64, out []span) []span {
 		if head+tail+uint64(cfg.SampleStripes)*stripe >= n {
 			return append(out, span{0, n}) // as cheap as sampling: read it all
 		}
-		out = append(out, span{0, head}, span{n - tail, tail})
+		if cfg.SliceBytes > 0 && n > uint64(cfg.SliceBytes) {
+			tail = uint64(cfg.TailBytes) * ((n + uint64(cfg.SliceBytes) - 1) / uint64(cfg.SliceBytes))
+			if head+tail+uint64(cfg.SampleStripes)*stripe >= n {
+				return append(out, span{0, n})
+			}
+		}
+		out = sliceTails(cfg, n, append(out, span{0, head}))
 		r := splitmix{seed}
 		for i := 0; i < cfg.SampleStripes; i++ {
 			out = append(out, span{r.next() % (n - stripe + 1), stripe})
 		}
 		return out
+	}
+	return out
+}
+
+// sliceTails appends the tail of a descriptor of length n: its last
+// TailBytes, or with SliceBytes the last TailBytes of every slice.
+func sliceTails(cfg Config, n uint64, out []span) []span {
+	slice := n
+	if cfg.SliceBytes > 0 {
+		slice = uint64(cfg.SliceBytes)
+	}
+	for start := uint64(0); start < n; start += slice {
+		end := min(start+slice, n)
+		k := min(uint64(cfg.TailBytes), end-start)
+		out = append(out, span{end - k, k})
 	}
 	return out
 }

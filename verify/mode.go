@@ -58,12 +58,23 @@ type Config struct {
 	MaxResends    int
 	// Notify is one of NotifyAuto, NotifyAlways, NotifyNever.
 	Notify string
+	// SliceBytes > 0 makes tail and sample check the tail of every
+	// SliceBytes slice of a descriptor, not only its last: for engines
+	// that cut a request into slices and move them on different paths, so
+	// the last bytes arriving say nothing of the rest. 0 checks each
+	// descriptor whole; SliceAuto leaves it to the data plane (an
+	// engine's own slice size, else 0).
+	SliceBytes int
 }
+
+// SliceAuto is SliceBytes unset: the data plane decides.
+const SliceAuto = -1
 
 // Defaults are the vLLM guard's defaults, and sample's.
 func Defaults() Config {
 	return Config{Mode: Tail, TailBytes: 64, SampleStripes: 4, SampleBytes: 64,
-		MaxRetries: 500, RetrySleep: time.Millisecond, OnMismatch: Fail, MaxResends: 3, Notify: NotifyAuto}
+		MaxRetries: 500, RetrySleep: time.Millisecond, OnMismatch: Fail, MaxResends: 3, Notify: NotifyAuto,
+		SliceBytes: SliceAuto}
 }
 
 const vllmPrefix = "VLLM_MOONCAKE_TRANSFER_VERIFY"
@@ -89,6 +100,7 @@ func Load(l *config.Loader) Config {
 	l.Choice("on_mismatch", []string{"MC_GUARD_ON_MISMATCH"}, &c.OnMismatch, []string{Fail, Resend}, nil)
 	l.Int("max_resends", []string{"MC_GUARD_MAX_RESENDS"}, &c.MaxResends, 0, 1000)
 	l.Choice("notify", []string{"MC_GUARD_NOTIFY"}, &c.Notify, []string{NotifyAuto, NotifyAlways, NotifyNever}, nil)
+	l.Int("slice_bytes", []string{"MC_GUARD_SLICE_BYTES"}, &c.SliceBytes, 0, 1<<40)
 	return c
 }
 

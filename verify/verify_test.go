@@ -244,3 +244,41 @@ func TestSampleCatchesAHoleThatTailMisses(t *testing.T) {
 	_, err = Check(context.Background(), cfg, 0, d, localOf(src), f.read, &Scratch{})
 	require.ErrorIs(t, err, ErrMismatch, "sample reads the head too")
 }
+
+func TestSliceBytesChecksTheTailOfEverySlice(t *testing.T) {
+	cfg := Defaults()
+	cfg.SliceBytes = 64 << 10
+	n := uint64(200 << 10) // three whole slices and a short last one
+	want := []span{{64<<10 - 64, 64}, {128<<10 - 64, 64}, {192<<10 - 64, 64}, {n - 64, 64}}
+	require.Equal(t, want, spans(cfg, n, 1, nil))
+	require.Equal(t, []span{{100 - 64, 64}}, spans(cfg, 100, 1, nil), "a descriptor within one slice: its tail")
+	cfg.SliceBytes = 0
+	require.Equal(t, []span{{n - 64, 64}}, spans(cfg, n, 1, nil), "0: the descriptor's tail only")
+
+	cfg.Mode, cfg.SliceBytes = Sample, 64<<10
+	a := spans(cfg, n, 1, nil)
+	require.Equal(t, span{0, 64}, a[0], "head")
+	require.Equal(t, want, a[1:5], "then every slice's tail")
+	require.Len(t, a, 5+cfg.SampleStripes)
+}
+
+func TestSliceBytesCatchesAMissingMiddleSlice(t *testing.T) {
+	src := make([]byte, 256<<10)
+	for i := range src {
+		src[i] = byte(i*13 + 5)
+	}
+	f := &fakeTarget{mem: map[uint64]byte{}, after: -1}
+	for i := range src {
+		if i < 64<<10 || i >= 128<<10 { // the second slice never arrived
+			f.mem[uint64(i)] = src[i]
+		}
+	}
+	d := []Desc{{Src: 0, Dst: 0, Len: uint64(len(src))}}
+	cfg := Defaults()
+	cfg.MaxRetries = 0
+	_, err := Check(context.Background(), cfg, 0, d, localOf(src), f.read, &Scratch{})
+	require.NoError(t, err, "the descriptor's tail arrived")
+	cfg.SliceBytes = 64 << 10
+	_, err = Check(context.Background(), cfg, 0, d, localOf(src), f.read, &Scratch{})
+	require.ErrorIs(t, err, ErrMismatch, "the second slice's tail did not")
+}

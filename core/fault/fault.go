@@ -106,28 +106,39 @@ func (f *Injector) Holds() bool { return f != nil && (f.mode == Lag || f.mode ==
 // (a prefix, all, or none) and whether the write is held for later.
 // dstTail is the destination's current last tailBytes (stale only).
 func (f *Injector) Fate(payload, dstTail []byte) (now []byte, hold bool) {
-	switch f.mode {
-	case Lag, Reorder:
-		return nil, true
-	case Hold:
-		if f.hit() {
-			return nil, true
-		}
-	case Drop:
-		if f.hit() {
-			return nil, false
-		}
-	case Tear:
-		if f.hit() {
-			return payload[:f.prefix(uint64(len(payload)))], false
-		}
-	case Stale:
+	if f.mode == Stale {
 		k := min(f.tailBytes, len(payload))
 		if bytes.Equal(payload[len(payload)-k:], dstTail) && f.hit() {
 			return nil, false
 		}
+		return payload, false
 	}
-	return payload, false
+	n, hold := f.Cut(uint64(len(payload)))
+	return payload[:n], hold
+}
+
+// Cut is the fate of a write known only by its length n, as where writes
+// are handed to an engine: how many of its leading bytes are written now,
+// and whether it is held for later. Stale needs the bytes; Cut writes
+// every byte under it.
+func (f *Injector) Cut(n uint64) (now uint64, hold bool) {
+	switch f.mode {
+	case Lag, Reorder:
+		return 0, true
+	case Hold:
+		if f.hit() {
+			return 0, true
+		}
+	case Drop:
+		if f.hit() {
+			return 0, false
+		}
+	case Tear:
+		if f.hit() {
+			return f.prefix(n), false
+		}
+	}
+	return n, false
 }
 
 // Mode is the injector's mode (None for no injector).

@@ -316,6 +316,10 @@ func BytesAt(addr, n uint64) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(uintptr(addr))), n)
 }
 
+// AddrOf is the address of b's first byte, for memory outside the Go heap
+// (mmap) that is handed to C by address.
+func AddrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
+
 // Devices returns the device ordinals of the registered regions that
 // ranges touch.
 func (t *Regions) Devices(ranges []Region) []int {

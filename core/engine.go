@@ -1,0 +1,93 @@
+package core
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/mcguard/mcguard/core/transport/engine"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// A guard over the application's own engine: the engine moves the bytes,
+// the guard verifies through it (core/transport/engine).
+
+// OpenWithEngine opens a guard whose data plane is ops, the application's
+// engine. It still listens for handshakes and notices (a peer guard's
+// digests) and serves TCP to peers that send over mcguard's own.
+func OpenWithEngine(cfg Config, ops engine.Ops) (*Guard, error) {
+	if cfg.RequireRDMA {
+		return nil, fmt.Errorf("%w: require_rdma asks for mcguard's RDMA data plane, and this guard sends through the application's engine: drop require_rdma", ErrConfig)
+	}
+	if cfg.Transport != "auto" && cfg.Transport != engine.Name {
+		return nil, fmt.Errorf("%w: transport %q names mcguard's own data plane, and this guard sends through the application's engine: leave transport unset", ErrConfig, cfg.Transport)
+	}
+	cfg.Transport = engine.Name
+	if cfg.Verify.SliceBytes == verify.SliceAuto {
+		cfg.Verify.SliceBytes = engineSliceBytes(ops.Name, os.Getenv)
+	}
+	return open(cfg, &ops)
+}
+
+// mooncakeSliceSize is Mooncake's default slice (its MC_SLICE_SIZE unset).
+const mooncakeSliceSize = 65536
+
+// engineSliceBytes is the slice size the engine cuts requests into, where
+// known: Mooncake's MC_SLICE_SIZE read as Mooncake reads it (atoi; a value
+// that is not positive keeps 64 KiB).
+func engineSliceBytes(name string, getenv func(string) string) int {
+	if !strings.EqualFold(name, "mooncake") {
+		return 0
+	}
+	if v := atoi(getenv("MC_SLICE_SIZE")); v > 0 {
+		return v
+	}
+	return mooncakeSliceSize
+}
+
+// atoi is C's: leading blanks, a sign, then digits up to the first other
+// character; 0 when there are none.
+func atoi(s string) int {
+	s = strings.TrimLeft(s, " \t\n\v\f\r")
+	end := 0
+	if end < len(s) && (s[end] == '+' || s[end] == '-') {
+		end++
+	}
+	for end < len(s) && s[end] >= '0' && s[end] <= '9' {
+		end++
+	}
+	v, err := strconv.Atoi(s[:end])
+	if err != nil {
+		return 0
+	}
+	return v
+}
+
+// SetPeerGuard tells a guard over an engine where the guard of the peer
+// it names session listens: completion notices (digest mode), notifies
+// and the peer's region table go there. Over mcguard's own data planes
+// the session's name is that endpoint already.
+func (g *Guard) SetPeerGuard(session, endpoint string) error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	defer g.inflight.Done()
+	if err := validSessionName(session); err != nil {
+		return err
+	}
+	if err := validSessionName(endpoint); err != nil {
+		return fmt.Errorf("peer guard endpoint: %w", err)
+	}
+	if g.engine == nil {
+		return fmt.Errorf("%w: this guard sends over mcguard's %s data plane, where the session's name is its guard's endpoint; SetPeerGuard is for guards over an engine", ErrInvalidArg, g.data.Name())
+	}
+	s := g.session(session)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.control != endpoint {
+		s.disconnect()
+		s.control, s.hello, s.seq = endpoint, helloReply{}, 0
+	}
+	return nil
+}

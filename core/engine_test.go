@@ -1,0 +1,261 @@
+package core
+
+import (
+	"bytes"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/transport/engine"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// fakeEngines is an in-process transfer engine shared by every guard of a
+// test, with Mooncake's rules: both ends of a transfer must be registered
+// with the engine (locally, and at the peer it names), and a request is
+// cut into slices that each may go astray (lose).
+type fakeEngines struct {
+	mu    sync.Mutex
+	nodes map[string]map[uint64]uint64 // engine name -> registered regions
+	// lose, if set, says whether one slice of a write is lost.
+	lose      func(off uint64) bool
+	sliceSize uint64
+	calls     int
+}
+
+func newFakeEngines() *fakeEngines {
+	return &fakeEngines{nodes: map[string]map[uint64]uint64{}, sliceSize: 64 << 10}
+}
+
+func (f *fakeEngines) registered(node string, addr, n uint64) bool {
+	for a, l := range f.nodes[node] {
+		if addr >= a && addr+n <= a+l {
+			return true
+		}
+	}
+	return false
+}
+
+func (f *fakeEngines) register(node string, addr, n uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.nodes[node] == nil {
+		f.nodes[node] = map[uint64]uint64{}
+	}
+	f.nodes[node][addr] = n
+	return nil
+}
+
+// ops is the engine as node sees it.
+func (f *fakeEngines) ops(node, name string) engine.Ops {
+	move := func(write bool) engine.Batch {
+		return func(session string, local, remote, n []uint64) error {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.calls++
+			if _, ok := f.nodes[session]; !ok {
+				return fmt.Errorf("no segment named %q", session)
+			}
+			for i := range n {
+				if !f.registered(node, local[i], n[i]) || !f.registered(session, remote[i], n[i]) {
+					return fmt.Errorf("descriptor %d: memory not registered with the engine", i)
+				}
+				src, dst := memory.BytesAt(local[i], n[i]), memory.BytesAt(remote[i], n[i])
+				if !write {
+					src, dst = dst, src
+				}
+				for off := uint64(0); off < n[i]; off += f.sliceSize {
+					end := min(off+f.sliceSize, n[i])
+					if write && f.lose != nil && f.lose(off) {
+						continue
+					}
+					copy(dst[off:end], src[off:end])
+				}
+			}
+			return nil
+		}
+	}
+	return engine.Ops{Name: name, Write: move(true), Read: move(false),
+		Register: func(addr, n uint64) error { return f.register(node, addr, n) },
+		Unregister: func(addr uint64) error {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			delete(f.nodes[node], addr)
+			return nil
+		}}
+}
+
+// newEnginePair is a sender over the fake engine (node "prefill") writing
+// to node "decode" whose memory its guard, a plain one, registered too:
+// the sender knows that guard as the peer's (SetPeerGuard).
+func newEnginePair(t *testing.T, sendJS, recvJS string, size int, f *fakeEngines) *pair {
+	p := &pair{src: newMem(t, size), dst: newMem(t, size), session: "decode:1"}
+	g, err := OpenWithEngine(testConfig(t, sendJS), f.ops("prefill", "fake"))
+	require.NoError(t, err)
+	t.Cleanup(func() { g.Close() })
+	p.send, p.recv = g, openGuard(t, recvJS)
+	require.NoError(t, p.send.Register(p.src.addr(0), uint64(size)))
+	require.NoError(t, p.recv.Register(p.dst.addr(0), uint64(size)))
+	require.NoError(t, f.register(p.session, p.dst.addr(0), uint64(size)))
+	require.NoError(t, p.send.SetPeerGuard(p.session, p.recv.Endpoint()))
+	return p
+}
+
+func TestEngineMovesAndVerifiesInEveryMode(t *testing.T) {
+	f := newFakeEngines()
+	p := newEnginePair(t, `{"verify": "tail"}`, "", 64*4096, f)
+	require.True(t, f.registered("prefill", p.src.addr(0), 64*4096), "the guard registered its source with the engine")
+	for _, mode := range verify.Modes {
+		fill(p.src.b)
+		res, err := p.send.Transfer(p.session, p.blocks(64, 4096), TransferOptions{Verify: ptr(mode)})
+		require.NoError(t, err, mode)
+		if mode == verify.Digest {
+			require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0), "the peer's guard compares the digests")
+		}
+		require.True(t, bytes.Equal(p.src.b, p.dst.b), mode)
+	}
+	st := stats(t, p.send)
+	require.Equal(t, "engine", st["transport"])
+	require.EqualValues(t, 1, st["notices_sent"])
+}
+
+func TestEngineReadBacksLandInRegisteredScratch(t *testing.T) {
+	f := newFakeEngines()
+	p := newEnginePair(t, `{"verify": "full"}`, "", 1<<20, f)
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.session, p.blocks(1, 1<<20), TransferOptions{})
+	require.NoError(t, err, "the fake engine refuses reads into memory not registered with it")
+	f.mu.Lock()
+	regions := len(f.nodes["prefill"])
+	f.mu.Unlock()
+	require.Equal(t, 2, regions, "the source and the session's scratch")
+	require.NoError(t, p.send.Close())
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	require.Len(t, f.nodes["prefill"], 1, "closing the session let the scratch go")
+}
+
+func TestEngineSliceAwareTailCatchesALostSlice(t *testing.T) {
+	f := newFakeEngines()
+	f.lose = func(off uint64) bool { return off == 64<<10 } // every descriptor's second slice
+	sendJS := `{"verify": "tail", "max_retries": 2, "retry_sleep_s": 0.001}`
+	p := newEnginePair(t, sendJS, "", 4*(256<<10), f)
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.session, p.blocks(4, 256<<10), TransferOptions{})
+	require.NoError(t, err, "an engine whose slice size mcguard does not know: the descriptors' tails arrived")
+	require.False(t, bytes.Equal(p.src.b, p.dst.b), "and the bytes are wrong: why slice_bytes exists")
+
+	g, err := OpenWithEngine(testConfig(t, sendJS), f.ops("prefill2", "mooncake"))
+	require.NoError(t, err)
+	defer g.Close()
+	require.Equal(t, 64<<10, g.Config().Verify.SliceBytes, "over Mooncake: its slice size")
+	require.NoError(t, g.Register(p.src.addr(0), uint64(len(p.src.b))))
+	fill(p.src.b)
+	_, err = g.Transfer(p.session, p.blocks(4, 256<<10), TransferOptions{})
+	require.ErrorIs(t, err, ErrVerify, "every slice's tail is checked")
+	require.Contains(t, err.Error(), "4 descriptor(s)")
+}
+
+func TestEngineSliceBytesFollowsMooncake(t *testing.T) {
+	env := func(v string) func(string) string { return func(string) string { return v } }
+	require.Equal(t, 65536, engineSliceBytes("mooncake", env("")))
+	require.Equal(t, 131072, engineSliceBytes("Mooncake", env("131072")))
+	require.Equal(t, 64, engineSliceBytes("mooncake", env(" 64k")), "atoi reads up to the first non-digit")
+	require.Equal(t, 65536, engineSliceBytes("mooncake", env("0")), "not positive: Mooncake keeps 64 KiB")
+	require.Equal(t, 65536, engineSliceBytes("mooncake", env("lots")))
+	require.Equal(t, 0, engineSliceBytes("nixl", env("131072")), "another engine: whole descriptors")
+	cfg := testConfig(t, `{"slice_bytes": 4096}`)
+	g, err := OpenWithEngine(cfg, newFakeEngines().ops("x", "mooncake"))
+	require.NoError(t, err)
+	defer g.Close()
+	require.Equal(t, 4096, g.Config().Verify.SliceBytes, "a setting wins")
+}
+
+func TestEngineDigestNeedsThePeersGuardOrForwardedDigests(t *testing.T) {
+	f := newFakeEngines()
+	p := newEnginePair(t, `{"verify": "digest"}`, "", 8*4096, f)
+	g, err := OpenWithEngine(testConfig(t, `{"verify": "digest"}`), f.ops("lone", "fake"))
+	require.NoError(t, err)
+	defer g.Close()
+	require.NoError(t, g.Register(p.src.addr(0), uint64(len(p.src.b))))
+	fill(p.src.b)
+	_, err = g.Transfer(p.session, p.blocks(8, 4096), TransferOptions{})
+	require.ErrorIs(t, err, ErrConfig)
+	require.Contains(t, err.Error(), "mc_guard_set_peer_guard")
+
+	digests := make([]uint64, 8)
+	_, err = g.Transfer(p.session, p.blocks(8, 4096), TransferOptions{NoNotice: true, Digests: digests})
+	require.NoError(t, err, "the application forwards the digests itself")
+	ranges := make([]SyncRange, 8)
+	for i, d := range p.blocks(8, 4096) {
+		ranges[i] = SyncRange{d.Dst, d.Len}
+	}
+	require.NoError(t, p.recv.Sync(ranges, digests, 0))
+	require.True(t, bytes.Equal(p.src.b, p.dst.b))
+}
+
+func TestEngineErrorsAreReportedWithTheEnginesMessage(t *testing.T) {
+	f := newFakeEngines()
+	p := newEnginePair(t, `{"verify": "tail"}`, "", 4096, f)
+	res, err := p.send.Transfer("nobody:9", p.blocks(1, 4096), TransferOptions{})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), `no segment named "nobody:9"`)
+	require.Equal(t, AbortUnconfirmed, res.Abort, "the engine's writes pass no guard that could confirm an abort")
+	_, err = p.send.Transfer(p.session, []verify.Desc{{Src: p.src.addr(0), Dst: p.dst.addr(0) + 8192, Len: 64}}, TransferOptions{})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "not registered with the engine")
+	err = p.send.Quiesce([]SyncRange{{p.src.addr(0), 64}})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "quiesce is not available over an engine")
+	require.ErrorIs(t, p.recv.SetPeerGuard("a:1", "b:2"), ErrInvalidArg, "only for guards over an engine")
+}
+
+func TestEngineHungCallEndsAtTheDeadline(t *testing.T) {
+	f := newFakeEngines()
+	release := make(chan struct{})
+	ops := f.ops("prefill", "fake")
+	write := ops.Write
+	ops.Write = func(session string, local, remote, n []uint64) error {
+		<-release
+		return write(session, local, remote, n)
+	}
+	g, err := OpenWithEngine(testConfig(t, `{"timeout_ms": 300}`), ops)
+	require.NoError(t, err)
+	m := newMem(t, 4096)
+	require.NoError(t, g.Register(m.addr(0), 4096))
+	require.NoError(t, f.register("decode:1", m.addr(0), 4096))
+	start := time.Now()
+	_, err = g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{Deadline: 100 * time.Millisecond})
+	require.ErrorIs(t, err, ErrTimeout)
+	require.Contains(t, err.Error(), "may still land")
+	require.Less(t, time.Since(start), 2*time.Second)
+	start = time.Now()
+	require.NoError(t, g.Close(), "close waits for the engine call at most its linger time")
+	require.Less(t, time.Since(start), 2*time.Second)
+	close(release)
+}
+
+func TestOpenWithEngineRefusesBadSettings(t *testing.T) {
+	f := newFakeEngines()
+	for js, want := range map[string]error{
+		`{"transport": "tcp"}`:   ErrConfig,
+		`{"require_rdma": true}`: ErrConfig,
+		`{"inject": "stale"}`:    ErrConfig,
+	} {
+		_, err := OpenWithEngine(testConfig(t, js), f.ops("x", "fake"))
+		require.ErrorIs(t, err, want, js)
+	}
+	ops := f.ops("x", "fake")
+	ops.Read = nil
+	_, err := OpenWithEngine(testConfig(t, ""), ops)
+	require.ErrorIs(t, err, ErrConfig)
+	require.Contains(t, err.Error(), "needs both a write and a read callback")
+	g, err := Open(testConfig(t, `{"transport": "auto"}`))
+	require.NoError(t, err, "auto never picks the engine")
+	require.NotEqual(t, "engine", stats(t, g)["transport"])
+	g.Close()
+}

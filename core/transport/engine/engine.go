@@ -1,0 +1,219 @@
+// Package engine is the data plane an application brings: a transfer
+// engine it already runs (Mooncake's, NIXL, its own verbs), reached
+// through write and read batch callbacks. The engine moves the bytes; the
+// guard around it serialises sessions, verifies by reading back through
+// the same engine, and keeps the scratch those reads land in registered
+// with it. Nothing here can see the engine's wire, so there is no fence
+// unless the application gives one, and read-backs poll.
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/mcguard/mcguard/core/cuda"
+	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/fault"
+	"github.com/mcguard/mcguard/core/logs"
+	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/transport"
+)
+
+// Name is what stats call this data plane.
+const Name = "engine"
+
+// Batch is one call into the engine: n[i] bytes between local[i] and
+// remote[i] at session (the engine's own name for the peer).
+type Batch func(session string, local, remote, n []uint64) error
+
+// Ops is the engine, as the application hands it over. Write and Read are
+// required; the rest may be nil. Calls for different sessions may run at
+// once, from any goroutine; calls for one session come one at a time,
+// except writes that fault injection holds back and hands over later.
+type Ops struct {
+	// Name says which engine this is ("mooncake", ...), for stats and for
+	// defaults that follow the engine (Mooncake's slice size).
+	Name string
+	// Write and Read move a batch and return once the engine reports it
+	// complete (which this library then checks).
+	Write, Read Batch
+	// Register and Unregister make memory the engine's, so that it can
+	// be a source or receive read-backs (the guard's scratch).
+	Register   func(addr, n uint64) error
+	Unregister func(addr uint64) error
+	// Fence, if the engine has one, returns once every write it
+	// completed to session is in place there.
+	Fence func(session string) error
+}
+
+// Config opens the data plane.
+type Config struct {
+	Ops    Ops
+	Faults fault.Config // injected at the callback layer: lag, drop, tear, reorder, hold
+	// Linger bounds how long Close waits for engine calls still running
+	// (ones a cancelled transfer left behind).
+	Linger time.Duration
+}
+
+// Plane is the engine data plane: the sender's side only. The engine
+// delivers to the peer by itself, so this guard has nothing to accept,
+// settle or quiesce for it.
+type Plane struct {
+	ops    Ops
+	faults *fault.Injector
+	linger time.Duration
+
+	mu     sync.Mutex
+	closed bool
+	calls  sync.WaitGroup // engine calls running, held writes included
+}
+
+// Open checks ops and returns the data plane.
+func Open(cfg Config) (*Plane, error) {
+	if cfg.Ops.Write == nil || cfg.Ops.Read == nil {
+		return nil, fmt.Errorf("%w: an engine data plane needs both a write and a read callback", errs.InvalidArg)
+	}
+	if cfg.Faults.Mode == fault.Stale {
+		return nil, fmt.Errorf("%w: inject stale needs the destination's bytes, which an engine's callbacks do not show; over an engine use lag, drop, tear, reorder or hold", errs.Config)
+	}
+	p := &Plane{ops: cfg.Ops, linger: cfg.Linger}
+	p.faults = fault.New(cfg.Faults, 0, "the engine callbacks ("+cfg.Ops.Name+")")
+	return p, nil
+}
+
+// Name implements transport.Transport.
+func (p *Plane) Name() string { return Name }
+
+// Engine is the engine's own name ("mooncake", ...).
+func (p *Plane) Engine() string { return p.ops.Name }
+
+// Describe implements transport.Transport.
+func (p *Plane) Describe() string {
+	fence := "no fence: read-backs poll"
+	if p.ops.Fence != nil {
+		fence = "with the engine's fence"
+	}
+	name := p.ops.Name
+	if name == "" {
+		name = "unnamed"
+	}
+	return fmt.Sprintf("%s engine through callbacks (%s)", name, fence)
+}
+
+// Register hands a region the guard registered to the engine too.
+func (p *Plane) Register(addr, n uint64, _ cuda.Memory) error {
+	if p.ops.Register == nil {
+		return nil
+	}
+	if err := p.ops.Register(addr, n); err != nil {
+		return fmt.Errorf("the engine refused to register [%#x, +%d): %w", addr, n, err)
+	}
+	return nil
+}
+
+// Unregister hands the region back; the guard's own table has let go of it
+// already, so a refusal is only logged.
+func (p *Plane) Unregister(addr uint64) {
+	if p.ops.Unregister == nil {
+		return
+	}
+	if err := p.ops.Unregister(addr); err != nil {
+		logs.Printf(logs.Warn, "the engine refused to unregister %#x: %v", addr, err)
+	}
+}
+
+// Dial is not how this data plane connects: a session over an engine needs
+// no handshake (core calls Conn).
+func (p *Plane) Dial() (transport.Dialer, error) {
+	return nil, fmt.Errorf("%w: the engine data plane connects through the engine, not a handshake", errs.InvalidArg)
+}
+
+// Accept: peers write into this guard over their engine, not through it.
+func (p *Plane) Accept(transport.Peer, []byte, []memory.Region) ([]byte, error) {
+	return nil, fmt.Errorf("the engine data plane accepts nothing: peers reach this guard's memory through their engine")
+}
+
+// Settle has nothing to wait for: the engine's writes pass no code of ours
+// at the target, and the sender reports them complete only after its
+// engine did.
+func (p *Plane) Settle(context.Context, []memory.Region) error { return nil }
+
+// Quiesce cannot be promised: the engine writes without this library.
+func (p *Plane) Quiesce(context.Context, []memory.Region) error {
+	return fmt.Errorf("quiesce is not available over an engine data plane (%s): its writes do not pass through mcguard, so nothing here can refuse a late one; before reusing the ranges, wait until the sender's transfer has returned and its engine has nothing in flight", p.Describe())
+}
+
+// Abort: the peer's engine writes without us; nothing to cut off here.
+func (p *Plane) Abort(transport.Peer) error { return nil }
+
+// Connections implements transport.Transport.
+func (p *Plane) Connections() int { return 0 }
+
+// Close waits, up to the linger time, for engine calls still running, and
+// refuses new ones: the application may tear its engine down afterwards.
+func (p *Plane) Close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	done := make(chan struct{})
+	go func() { p.calls.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(p.linger):
+		logs.Printf(logs.Warn, "engine data plane closed with engine calls still running after %v (a cancelled transfer's); they may still write", p.linger)
+	}
+}
+
+// begin admits one engine call unless the plane is closed.
+func (p *Plane) begin() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return fmt.Errorf("%w: the engine data plane is closed", errs.Closed)
+	}
+	p.calls.Add(1)
+	return nil
+}
+
+// call runs one engine call and returns its error, or ctx's once ctx ends:
+// the call itself cannot be interrupted and finishes on its own, after
+// which done runs (to release what it wrote into).
+func (p *Plane) call(ctx context.Context, fn func() error, done func()) error {
+	if err := p.begin(); err != nil {
+		return err
+	}
+	res := make(chan error, 1)
+	go func() {
+		defer p.calls.Done()
+		err := fn()
+		if done != nil {
+			done()
+		}
+		res <- err
+	}()
+	select {
+	case err := <-res:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("%w: gave up waiting for the engine (its call goes on and may still land): %v", errs.Timeout, context.Cause(ctx))
+	}
+}
+
+// hold hands a write to the engine after a delay, as fault injection asks:
+// the transfer was told it completed long before.
+func (p *Plane) hold(session string, local, remote, n uint64) {
+	if p.begin() != nil {
+		return
+	}
+	time.AfterFunc(p.faults.Delay(), func() {
+		defer p.calls.Done()
+		p.mu.Lock()
+		closed := p.closed
+		p.mu.Unlock()
+		if !closed {
+			_ = p.ops.Write(session, []uint64{local}, []uint64{remote}, []uint64{n})
+		}
+	})
+}
