@@ -94,7 +94,7 @@ func (g *Guard) Cancel(session string) error {
 		return err
 	}
 	defer g.inflight.Done()
-	if err := validSessionName(session); err != nil {
+	if err := g.checkSession(session); err != nil {
 		return err
 	}
 	g.mu.Lock()

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Addresses: a guard listens on, and sessions name, "host:port" where host
@@ -34,6 +37,23 @@ func parseHostPort(s string, zeroOK bool) (host string, port int, err error) {
 func validSessionName(name string) error {
 	if _, _, err := parseHostPort(name, false); err != nil {
 		return fmt.Errorf("%w: session %q is not \"host:port\" (%v); an IPv6 host goes in brackets: \"[::1]:5000\"", ErrInvalidArg, name, err)
+	}
+	return nil
+}
+
+// maxEngineSession bounds the name of a session over an engine.
+const maxEngineSession = 1024
+
+// checkSession validates a session's name: over mcguard's own data planes
+// the peer guard's "host:port"; over an engine, the engine's own name for
+// the peer (Mooncake's "host:port" or segment name, a NIXL agent's
+// name), which only needs to be printable text.
+func (g *Guard) checkSession(name string) error {
+	if g.engine == nil {
+		return validSessionName(name)
+	}
+	if name == "" || len(name) > maxEngineSession || !utf8.ValidString(name) || strings.ContainsFunc(name, unicode.IsControl) {
+		return fmt.Errorf("%w: session %q: an engine's peer name must be 1 to %d bytes of printable UTF-8", ErrInvalidArg, name, maxEngineSession)
 	}
 	return nil
 }

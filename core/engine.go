@@ -73,7 +73,7 @@ func (g *Guard) SetPeerGuard(session, endpoint string) error {
 		return err
 	}
 	defer g.inflight.Done()
-	if err := validSessionName(session); err != nil {
+	if err := g.checkSession(session); err != nil {
 		return err
 	}
 	if err := validSessionName(endpoint); err != nil {

@@ -53,7 +53,7 @@ func (g *Guard) Notify(name string, n Notify) error {
 		return err
 	}
 	defer g.inflight.Done()
-	if err := validSessionName(name); err != nil {
+	if err := g.checkSession(name); err != nil {
 		return err
 	}
 	if err := n.check(); err != nil {

@@ -14,7 +14,7 @@ func (g *Guard) PeerRegions(name string) ([]memory.Region, error) {
 		return nil, err
 	}
 	defer g.inflight.Done()
-	if err := validSessionName(name); err != nil {
+	if err := g.checkSession(name); err != nil {
 		return nil, err
 	}
 	s := g.session(name)

@@ -79,7 +79,7 @@ func (g *Guard) checkBatch(name string, descs []verify.Desc) (uint64, error) {
 	if len(descs) > MaxDescriptors {
 		return 0, fmt.Errorf("%w: %d descriptors, limit %d per call", ErrInvalidArg, len(descs), MaxDescriptors)
 	}
-	if err := validSessionName(name); err != nil {
+	if err := g.checkSession(name); err != nil {
 		return 0, err
 	}
 	var total uint64

@@ -24,6 +24,35 @@ const char *mcg_getenv(const char *name) { return getenv(name); }
 
 void mcg_call_log(mc_log_fn fn, int32_t level, const char *message, void *ctx) { fn(level, message, ctx); }
 
+mc_status mcg_call_batch(mc_transport_batch_fn fn, void *ctx, const char *session, const uint64_t *local,
+                         const uint64_t *remote, const uint64_t *len, size_t n, char *msg, size_t msg_len) {
+    return fn(ctx, session, local, remote, len, n, msg, msg_len);
+}
+
+mc_status mcg_call_register(mc_transport_register_fn fn, void *ctx, uint64_t addr, uint64_t len, char *msg,
+                            size_t msg_len) {
+    return fn(ctx, addr, len, msg, msg_len);
+}
+
+mc_status mcg_call_unregister(mc_transport_unregister_fn fn, void *ctx, uint64_t addr, char *msg, size_t msg_len) {
+    return fn(ctx, addr, msg, msg_len);
+}
+
+mc_status mcg_call_fence(mc_transport_fence_fn fn, void *ctx, const char *session, char *msg, size_t msg_len) {
+    return fn(ctx, session, msg, msg_len);
+}
+
+mc_status mc_guard_open_with_transport(const char *config_json, const mc_transport_ops *ops, void *ctx,
+                                       mc_guard_t *out) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgOpenWithTransport((char *)config_json, (mc_transport_ops *)ops, ctx, out);
+}
+
+mc_status mc_guard_set_peer_guard(mc_guard_t g, const char *session, const char *endpoint) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgSetPeerGuard(g, (char *)session, (char *)endpoint);
+}
+
 mc_status mc_guard_set_log(int32_t level, mc_log_fn fn, void *ctx) {
     if (mcg_forked()) return MC_ERR_FORKED;
     return mcgSetLog(level, fn, ctx);

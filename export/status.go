@@ -47,33 +47,52 @@ func recoverInto(st *C.mc_status, h C.mc_guard_t, fn string) {
 	}
 }
 
-// statusOf maps an error to its status. ErrClosed comes first: a transfer
-// cut off by close wraps both it and the I/O error that close caused.
+// statuses pairs errors with their statuses, in the order statusOf tries
+// them. ErrClosed comes first: a transfer cut off by close wraps both it
+// and the I/O error that close caused.
+var statuses = []struct {
+	err error
+	st  C.mc_status
+}{
+	{core.ErrClosed, C.MC_ERR_CLOSED},
+	{core.ErrCancelled, C.MC_ERR_CANCELLED},
+	{errBadHandle, C.MC_ERR_BAD_HANDLE},
+	{errBufferTooSmall, C.MC_ERR_BUFFER_TOO_SMALL},
+	{core.ErrInvalidArg, C.MC_ERR_INVALID_ARG},
+	{core.ErrConfig, C.MC_ERR_CONFIG},
+	{core.ErrNotRegistered, C.MC_ERR_NOT_REGISTERED},
+	{core.ErrDevice, C.MC_ERR_DEVICE},
+	{core.ErrVerify, C.MC_ERR_VERIFY},
+	{core.ErrQuiesced, C.MC_ERR_QUIESCED},
+	{core.ErrTimeout, C.MC_ERR_TIMEOUT},
+	{core.ErrSession, C.MC_ERR_SESSION},
+	{core.ErrPeer, C.MC_ERR_PEER},
+}
+
+// statusOf maps an error to its status.
 func statusOf(err error) C.mc_status {
-	table := []struct {
-		err error
-		st  C.mc_status
-	}{
-		{core.ErrClosed, C.MC_ERR_CLOSED},
-		{core.ErrCancelled, C.MC_ERR_CANCELLED},
-		{errBadHandle, C.MC_ERR_BAD_HANDLE},
-		{errBufferTooSmall, C.MC_ERR_BUFFER_TOO_SMALL},
-		{core.ErrInvalidArg, C.MC_ERR_INVALID_ARG},
-		{core.ErrConfig, C.MC_ERR_CONFIG},
-		{core.ErrNotRegistered, C.MC_ERR_NOT_REGISTERED},
-		{core.ErrDevice, C.MC_ERR_DEVICE},
-		{core.ErrVerify, C.MC_ERR_VERIFY},
-		{core.ErrQuiesced, C.MC_ERR_QUIESCED},
-		{core.ErrTimeout, C.MC_ERR_TIMEOUT},
-		{core.ErrSession, C.MC_ERR_SESSION},
-		{core.ErrPeer, C.MC_ERR_PEER},
-	}
-	for _, e := range table {
+	for _, e := range statuses {
 		if errors.Is(err, e.err) {
 			return e.st
 		}
 	}
 	return C.MC_ERR_INTERNAL
+}
+
+// errorOf maps a status an application's callback returned to the error
+// it stands for, among those a data plane can mean (MC_ERR_PEER for the
+// rest: a callback must not make a transfer look verified, closed or
+// cancelled).
+func errorOf(st C.mc_status) error {
+	switch st {
+	case C.MC_ERR_INVALID_ARG, C.MC_ERR_NOT_REGISTERED, C.MC_ERR_SESSION, C.MC_ERR_TIMEOUT, C.MC_ERR_DEVICE:
+		for _, e := range statuses {
+			if e.st == st {
+				return e.err
+			}
+		}
+	}
+	return core.ErrPeer
 }
 
 //export mcgLastError

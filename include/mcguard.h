@@ -126,6 +126,45 @@ typedef struct mc_sync_opts {
     const uint64_t *digests;  /* mc_guard_sync only: n digests to compare, or NULL */
 } mc_sync_opts;
 
+/* The application's own transfer engine as a guard's data plane
+ * (mc_guard_open_with_transport): the engine moves the bytes, the guard
+ * verifies them by reading back through it. Every callback gets the ctx
+ * given at open, returns MC_OK or a negative MC_ERR_* (MC_ERR_PEER,
+ * MC_ERR_TIMEOUT, MC_ERR_NOT_REGISTERED...; anything else reads as
+ * MC_ERR_PEER) and on failure may write a NUL-terminated message of at
+ * most msg_len bytes into msg. The arrays are valid during the call only.
+ * Callbacks run on the library's own threads: calls for different
+ * sessions may run at once; calls for one session come one at a time,
+ * except writes that fault injection (inject) holds back. A call that
+ * outlives a transfer's deadline, or its cancel, is not interrupted: the
+ * transfer fails and the call finishes on its own. */
+
+/* Move n ranges: len[i] bytes between local[i] (this process's memory,
+ * registered with the engine) and remote[i] at session (the engine's name
+ * for the peer), local to remote for write, remote to local for read;
+ * return once the engine reports all of them complete. */
+typedef mc_status (*mc_transport_batch_fn)(void *ctx, const char *session, const uint64_t *local,
+                                          const uint64_t *remote, const uint64_t *len, size_t n,
+                                          char *msg, size_t msg_len);
+/* Make [addr, addr+len) the engine's (a source, or read-back scratch). */
+typedef mc_status (*mc_transport_register_fn)(void *ctx, uint64_t addr, uint64_t len, char *msg, size_t msg_len);
+typedef mc_status (*mc_transport_unregister_fn)(void *ctx, uint64_t addr, char *msg, size_t msg_len);
+/* Return once every write the engine completed to session is in place. */
+typedef mc_status (*mc_transport_fence_fn)(void *ctx, const char *session, char *msg, size_t msg_len);
+
+/* Set struct_size = sizeof(mc_transport_ops); write and read are
+ * required, the rest may be NULL. */
+typedef struct mc_transport_ops {
+    uint32_t struct_size;
+    uint32_t reserved;
+    const char *name;                             /* "mooncake", ... (copied at open; may be NULL) */
+    mc_transport_batch_fn write;
+    mc_transport_batch_fn read;
+    mc_transport_register_fn register_memory;     /* optional: every mc_guard_register, and scratch */
+    mc_transport_unregister_fn unregister_memory; /* optional */
+    mc_transport_fence_fn fence;                  /* optional: without it read-backs poll */
+} mc_transport_ops;
+
 /* Open a guard. config_json may be NULL or "" for defaults, else a JSON
  * object; keys (and MC_GUARD_* variables; JSON wins over environment):
  *   listen "host:port" (default "127.0.0.1:0"; an IPv4 address, a bracketed
@@ -143,6 +182,29 @@ typedef struct mc_sync_opts {
  * _MAX_RETRIES|_RETRY_SLEEP_S] are honoured too. On success *out is the
  * new handle. MC_ERR_CONFIG names every bad key or value. */
 mc_status mc_guard_open(const char *config_json, mc_guard_t *out);
+
+/* Open a guard whose data plane is the application's engine (ops, called
+ * with ctx; ops is copied, its callbacks and ctx must stay valid until
+ * mc_guard_close returns). config_json as for mc_guard_open, except
+ * transport and require_rdma; slice_bytes defaults to the engine's slice
+ * size where known (name "mooncake": MC_SLICE_SIZE, else 64 KiB), so tail
+ * and sample check the tail of every slice; inject faults the callbacks
+ * (lag, drop, tear, reorder, hold). Sessions are the engine's names for
+ * its peers, reached without a handshake: read-back modes need nothing
+ * from the receiver. Digest mode's notices need the peer's guard
+ * (mc_guard_set_peer_guard), or notify "never" and the digests forwarded
+ * to the receiver's mc_guard_sync. mc_guard_quiesce fails on such a
+ * guard (MC_ERR_TIMEOUT, saying why): the engine's writes do not pass
+ * through mcguard. Errors: as mc_guard_open; MC_ERR_CONFIG also for ops
+ * without write or read. */
+mc_status mc_guard_open_with_transport(const char *config_json, const mc_transport_ops *ops, void *ctx,
+                                       mc_guard_t *out);
+
+/* For a guard over an engine: the peer the engine calls session has a
+ * guard listening at endpoint ("host:port", its mc_guard_endpoint), where
+ * completion notices, notifies and region-table requests go.
+ * MC_ERR_INVALID_ARG on a guard over mcguard's own data plane. */
+mc_status mc_guard_set_peer_guard(mc_guard_t g, const char *session, const char *endpoint);
 
 /* Close a guard. Transfers in flight on other threads fail with
  * MC_ERR_CLOSED; close waits for them. The handle is invalid afterwards
