@@ -50,6 +50,9 @@ type Config struct {
 	LogLevel string
 	Verify   verify.Config // the verification policy, and when notices are sent
 	Inject   fault.Config  // target-side fault injection, for tests and demos
+	// Getenv is the environment the settings were read from (the live C
+	// one under the C ABI), for settings read later: an engine's own.
+	Getenv config.Getenv
 }
 
 // DefaultConfig returns the settings used when nothing is configured.
@@ -76,6 +79,7 @@ func LoadConfig(getenv config.Getenv, configJSON string) (Config, error) {
 		return Config{}, err
 	}
 	c := DefaultConfig()
+	c.Getenv = getenv
 	l.String("listen", []string{"MC_GUARD_LISTEN"}, &c.Listen)
 	l.Int("max_batch", []string{"MC_GUARD_MAX_BATCH"}, &c.MaxBatch, 1, 1<<16)
 	l.Millis("timeout_ms", []string{"MC_GUARD_TIMEOUT_MS"}, &c.Timeout, time.Hour)

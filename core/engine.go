@@ -25,7 +25,11 @@ func OpenWithEngine(cfg Config, ops engine.Ops) (*Guard, error) {
 	}
 	cfg.Transport = engine.Name
 	if cfg.Verify.SliceBytes == verify.SliceAuto {
-		cfg.Verify.SliceBytes = engineSliceBytes(ops.Name, os.Getenv)
+		getenv := os.Getenv
+		if cfg.Getenv != nil {
+			getenv = func(name string) string { v, _ := cfg.Getenv(name); return v }
+		}
+		cfg.Verify.SliceBytes = engineSliceBytes(ops.Name, getenv)
 	}
 	return open(cfg, &ops)
 }

@@ -28,6 +28,7 @@ func (g *Guard) Stats() ([]byte, error) {
 		"inject":             g.cfg.Inject.Mode,
 		"transport":          g.data.Name(),
 		"max_batch":          g.cfg.MaxBatch,
+		"slice_bytes":        g.cfg.Verify.SliceBytes,
 		"sessions":           nsessions,
 		"regions":            len(g.regions.Snapshot()),
 		"transfers":          g.stats.transfers.Load(),

@@ -38,6 +38,22 @@ class SyncOpts(ctypes.Structure):
 
 TRANSFER_NO_NOTICE = 1
 
+# mc_transport_ops: an engine's callbacks (msg is a char buffer, passed as
+# its address so a callback can write into it).
+BATCH_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64),
+                            ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,
+                            ctypes.c_void_p, ctypes.c_size_t)
+REGISTER_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p,
+                               ctypes.c_size_t)
+UNREGISTER_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t)
+FENCE_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
+
+
+class TransportOps(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32), ("name", ctypes.c_char_p),
+                ("write", BATCH_FN), ("read", BATCH_FN), ("register_memory", REGISTER_FN),
+                ("unregister_memory", UNREGISTER_FN), ("fence", FENCE_FN)]
+
 ABORT_STATES = {0: None, 1: "confirmed", 2: "unconfirmed"}  # MC_ABORT_*
 
 
@@ -51,6 +67,9 @@ _handle = ctypes.c_uint64
 
 _SIGNATURES = {
     "mc_guard_open": (_status, [ctypes.c_char_p, ctypes.POINTER(_handle)]),
+    "mc_guard_open_with_transport": (_status, [ctypes.c_char_p, ctypes.POINTER(TransportOps), ctypes.c_void_p,
+                                               ctypes.POINTER(_handle)]),
+    "mc_guard_set_peer_guard": (_status, [_handle, ctypes.c_char_p, ctypes.c_char_p]),
     "mc_guard_close": (_status, [_handle]),
     "mc_guard_register": (_status, [_handle, ctypes.c_void_p, ctypes.c_size_t]),
     "mc_guard_register_device": (_status, [_handle, ctypes.c_void_p, ctypes.c_size_t]),

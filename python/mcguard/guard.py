@@ -29,6 +29,12 @@ STATUS_NAMES = {
 }
 globals().update({name: code for code, name in STATUS_NAMES.items()})
 
+# Callbacks of guards over an engine: live ones, and retired ones kept
+# (small: the engine itself is let go) because a late call may return
+# through them after close.
+_live_callbacks = set()
+_retired_callbacks = []
+
 VERIFY_MODES = {None: -1, "off": 0, "tail": 1, "sample": 2, "full": 3, "digest": 4}
 
 
@@ -159,7 +165,10 @@ class Guard:
         g.transfer("10.0.0.2:4567", src_ptrs, dst_ptrs, lengths)
     """
 
-    def __init__(self, config=None, **settings):
+    def __init__(self, config=None, transport=None, **settings):
+        """transport, if given, is the application's own engine
+        (mcguard.engine.Engine, e.g. MooncakeEngine(te)): it moves the
+        bytes and the guard verifies through it."""
         _check_not_forked()
         self._lib = _lib.lib()
         if isinstance(config, str):
@@ -169,7 +178,23 @@ class Guard:
         handle = ctypes.c_uint64(0)
         self._handle = 0
         self._closed = False
-        self._check(self._lib.mc_guard_open(json.dumps(cfg).encode(), ctypes.byref(handle)), 0)
+        self._callbacks = None
+        if transport is None:
+            self._check(self._lib.mc_guard_open(json.dumps(cfg).encode(), ctypes.byref(handle)), 0)
+        else:
+            from .engine import Callbacks
+            try:
+                self._callbacks = Callbacks(transport)
+            except TypeError as e:
+                raise MCGuardError(MC_ERR_INVALID_ARG, str(e)) from None
+            _live_callbacks.add(self._callbacks)
+            try:
+                self._check(self._lib.mc_guard_open_with_transport(json.dumps(cfg).encode(),
+                                                                   ctypes.byref(self._callbacks.ops), None,
+                                                                   ctypes.byref(handle)), 0)
+            except MCGuardError:
+                self._retire_callbacks()
+                raise
         self._handle = handle.value
         self._lock = threading.Lock()
         buf = ctypes.create_string_buffer(256)
@@ -365,7 +390,25 @@ class Guard:
             self._closed = True
         if _forked_child:
             return  # the parent owns it; a child must not call in
-        self._check(self._lib.mc_guard_close(self._handle))
+        try:
+            self._check(self._lib.mc_guard_close(self._handle))
+        finally:
+            self._retire_callbacks()
+
+    def _retire_callbacks(self):
+        """After close: the engine is no longer called and may go; the
+        ctypes callbacks stay alive, since a call a cancelled transfer left
+        running may still return through them."""
+        if self._callbacks is not None:
+            self._callbacks.detach()
+            _live_callbacks.discard(self._callbacks)
+            _retired_callbacks.append(self._callbacks)
+            self._callbacks = None
+
+    def set_peer_guard(self, session, endpoint):
+        """For a guard over an engine: the peer that the engine calls session
+        has a guard at endpoint ("host:port"), where digest notices go."""
+        self._check(self._lib.mc_guard_set_peer_guard(self._h(), _session(session), _session(endpoint)))
 
     def __enter__(self):
         return self

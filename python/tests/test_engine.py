@@ -1,0 +1,159 @@
+"""A guard over an engine written in Python (mcguard.engine.Engine): the
+callbacks, their failures and exceptions, and the verification on top.
+The real Mooncake engine is in test_mooncake_engine.py."""
+
+import ctypes
+import hashlib
+import os
+import threading
+import time
+
+import pytest
+
+from mcguard import Guard, MCGuardError
+from mcguard.engine import Engine
+
+
+class LoopEngine(Engine):
+    """An in-process engine over this process's memory: "peers" are named
+    segments. With lag_s, a write is acknowledged at once and lands later."""
+
+    name = "loop"
+
+    def __init__(self, lag_s=0.0):
+        self.lag_s = lag_s
+        self.local, self.segments = {}, {}
+        self.calls = {"write": 0, "read": 0, "register": 0, "unregister": 0}
+        self.timers = []
+
+    def _inside(self, regions, addr, n):
+        return any(a <= addr and addr + n <= a + size for a, size in regions.items())
+
+    def _check(self, session, local, remote, lengths):
+        if session not in self.segments:
+            raise KeyError("no segment named %s" % session)
+        for i, (l, r, n) in enumerate(zip(local, remote, lengths)):
+            if not self._inside(self.local, l, n) or not self._inside(self.segments[session], r, n):
+                return -4  # MC_ERR_NOT_REGISTERED
+        return 0
+
+    def write(self, session, local, remote, lengths):
+        self.calls["write"] += 1
+        ret = self._check(session, local, remote, lengths)
+        if ret:
+            return ret
+        for l, r, n in zip(local, remote, lengths):
+            if self.lag_s:
+                data = ctypes.string_at(l, n)
+                t = threading.Timer(self.lag_s, ctypes.memmove, args=(r, data, n))
+                self.timers.append(t)
+                t.start()
+            else:
+                ctypes.memmove(r, l, n)
+
+    def read(self, session, local, remote, lengths):
+        self.calls["read"] += 1
+        ret = self._check(session, local, remote, lengths)
+        if ret:
+            return ret
+        for l, r, n in zip(local, remote, lengths):
+            ctypes.memmove(l, r, n)
+
+    def register(self, addr, length):
+        self.calls["register"] += 1
+        self.local[addr] = length
+
+    def unregister(self, addr):
+        self.calls["unregister"] += 1
+        self.local.pop(addr, None)
+
+
+BLOCK, N = 4096, 16
+
+
+@pytest.fixture
+def pd():
+    """A guard over a LoopEngine and a peer segment "decode:7"."""
+    engines = []
+
+    def make(lag_s=0.0, **settings):
+        eng = LoopEngine(lag_s)
+        src, dst = ctypes.create_string_buffer(BLOCK * N), ctypes.create_string_buffer(BLOCK * N)
+        eng.segments["decode:7"] = {ctypes.addressof(dst): BLOCK * N}
+        g = Guard(transport=eng, **settings)
+        g.register(ctypes.addressof(src), BLOCK * N)
+        engines.append((g, eng, src, dst))  # the buffers outlive late writes
+        srcs = [ctypes.addressof(src) + i * BLOCK for i in range(N)]
+        dsts = [ctypes.addressof(dst) + i * BLOCK for i in range(N)]
+        return g, eng, src, dst, srcs, dsts
+    yield make
+    for g, eng, _src, _dst in engines:
+        g.close()
+        for t in eng.timers:
+            t.join()
+
+
+def test_tail_over_a_lagging_engine_returns_once_the_bytes_landed(pd):
+    g, eng, src, dst, srcs, dsts = pd(lag_s=0.01, verify="tail")
+    for _ in range(3):
+        src.raw = os.urandom(BLOCK * N)
+        res = g.transfer("decode:7", srcs, dsts, [BLOCK] * N)
+        assert hashlib.sha1(dst.raw).digest() == hashlib.sha1(src.raw).digest()
+        assert res.retries > 0, "it polled while the engine delivered"
+    assert eng.calls["register"] >= 2, "the source and the session's read-back scratch"
+    assert g.stats()["transport"] == "engine"
+
+
+def test_off_over_a_lagging_engine_returns_before_the_bytes_land(pd):
+    g, eng, src, dst, srcs, dsts = pd(lag_s=0.05, verify="off")
+    src.raw = os.urandom(BLOCK * N)
+    g.transfer("decode:7", srcs, dsts, [BLOCK] * N)
+    assert dst.raw != src.raw
+
+
+def test_engine_failures_come_back_as_statuses_with_the_reason(pd):
+    g, eng, src, dst, srcs, dsts = pd(verify="tail")
+    with pytest.raises(MCGuardError) as e:
+        g.transfer("nobody:1", srcs, dsts, [BLOCK] * N)
+    assert e.value.name == "MC_ERR_PEER"
+    assert "loop.write raised KeyError" in e.value.message and "no segment named nobody:1" in e.value.message
+    assert e.value.abort == "unconfirmed"
+    with pytest.raises(MCGuardError) as e:
+        g.transfer("decode:7", srcs[:1], [dsts[0] + BLOCK * N], [BLOCK])
+    assert e.value.name == "MC_ERR_NOT_REGISTERED", "the engine's own status"
+    assert "loop.write returned -4" in e.value.message
+
+    def boom(*_):
+        raise SystemExit("even this")
+    eng.write = boom
+    with pytest.raises(MCGuardError) as e:
+        g.transfer("decode:7", srcs, dsts, [BLOCK] * N)
+    assert e.value.name == "MC_ERR_PEER" and "raised SystemExit: even this" in e.value.message
+    eng.write = lambda *_: True
+    with pytest.raises(MCGuardError) as e:
+        g.transfer("decode:7", srcs, dsts, [BLOCK] * N)
+    assert "returned True" in e.value.message, "only 0 or None is success"
+
+
+def test_a_closed_guard_lets_its_engine_go(pd):
+    g, eng, src, dst, srcs, dsts = pd(verify="tail")
+    cb = g._callbacks
+    g.close()
+    assert cb.engine is None
+
+
+def test_bad_engines_and_settings_are_refused():
+    with pytest.raises(MCGuardError) as e:
+        Guard(transport=object())
+    assert e.value.name == "MC_ERR_INVALID_ARG"
+    with pytest.raises(MCGuardError) as e:
+        Guard({"transport": "tcp"}, transport=LoopEngine())
+    assert e.value.name == "MC_ERR_CONFIG"
+
+
+def test_slice_bytes_over_mooncake_follows_mc_slice_size(monkeypatch):
+    class Named(LoopEngine):
+        name = "mooncake"
+    monkeypatch.setenv("MC_SLICE_SIZE", "131072")
+    with Guard(transport=Named()) as g:
+        assert g.stats()["slice_bytes"] == 131072
