@@ -65,16 +65,31 @@ class MooncakeEngine(Engine):
         self.engine = engine
 
     def write(self, session, local, remote, lengths):
-        return self.engine.batch_transfer_sync_write(session, local, remote, lengths)
+        self._check(self.engine.batch_transfer_sync_write(session, local, remote, lengths),
+                    "batch_transfer_sync_write", session, " Mooncake does not cancel a failed or timed-out "
+                    "batch's slices: bytes of it may still land")
 
     def read(self, session, local, remote, lengths):
-        return self.engine.batch_transfer_sync_read(session, local, remote, lengths)
+        self._check(self.engine.batch_transfer_sync_read(session, local, remote, lengths),
+                    "batch_transfer_sync_read", session)
 
     def register(self, addr, length):
-        return self.engine.register_memory(addr, length)
+        self._check(self.engine.register_memory(addr, length), "register_memory", "%#x+%d" % (addr, length))
 
     def unregister(self, addr):
-        return self.engine.unregister_memory(addr)
+        self._check(self.engine.unregister_memory(addr), "unregister_memory", "%#x" % addr)
+
+    @staticmethod
+    def _check(ret, call, what, consequence=""):
+        """Mooncake answers -1 for every failure (its log says which): an
+        EngineError, never one of mcguard's statuses."""
+        if ret != 0:
+            raise EngineError("Mooncake's %s (%s) returned %r; Mooncake's log says why.%s"
+                              % (call, what, ret, consequence))
+
+
+class EngineError(Exception):
+    """An engine's call failed; the message is the transfer's."""
 
 
 def _put_message(msg, msg_len, text):
@@ -128,6 +143,9 @@ class Callbacks:
             self.calls += 1
         try:
             ret = getattr(engine, method)(*args)
+        except EngineError as e:
+            _put_message(msg, msg_len, str(e))
+            return _MC_ERR_PEER
         except BaseException as e:  # noqa: BLE001 - a callback must return a status, never unwind into C
             log.error("mcguard: %s engine's %s raised", self.name, method, exc_info=True)
             _put_message(msg, msg_len, "%s.%s raised %s: %s" % (self.name, method, type(e).__name__, e))

@@ -8,6 +8,17 @@
 Same method names, arguments and return conventions (0 on success, a
 negative int on failure); batch_transfer_sync_write returns 0 only after
 the bytes were confirmed at the target.
+
+Over mcguard's own data plane (the default) or over Mooncake's engine,
+kept as the data plane (engine=):
+
+    from mooncake.engine import TransferEngine
+    te = GuardedTransferEngine(engine=TransferEngine())
+    te.initialize(host, "P2PHANDSHAKE", "rdma", "mlx5_0")   # Mooncake's initialize, then the guard's
+
+Mooncake then moves every byte and the guard verifies them by reading back
+through it; sessions are Mooncake's target names. Digest mode needs the
+peer's guard: set_peer_guard(target, its get_guard_endpoint()).
 """
 
 import concurrent.futures
@@ -19,6 +30,7 @@ import mmap
 import socket
 import threading
 
+from .engine import MooncakeEngine
 from .guard import MC_ERR_BAD_HANDLE, MC_ERR_TIMEOUT, Guard, MCGuardError, address_of
 from .topology import local_topology
 
@@ -71,13 +83,29 @@ class TransferNotify:
         return "TransferNotify(name=%r, msg=%r)" % (self.name, self.msg)
 
 
+class _MooncakeData(MooncakeEngine):
+    """Mooncake's engine as the guard's data plane, with the location a
+    register_memory call gave (per thread) passed on to Mooncake."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.where = threading.local()
+
+    def register(self, addr, length):
+        return self.engine.register_memory(addr, length, getattr(self.where, "location", "*"))
+
+
 class GuardedTransferEngine:
     TransferOpcode = TransferOpcode
     TransferNotify = TransferNotify
 
-    def __init__(self, config=None, **settings):
+    def __init__(self, config=None, engine=None, **settings):
+        """engine, if given, is a Mooncake TransferEngine (initialized or
+        not) that stays the data plane: the guard verifies through it."""
         self._config = dict(config or {})
         self._config.update(settings)
+        self._engine = engine
+        self._mooncake = None if engine is None else _MooncakeData(engine)
         self._guard = None
         self._closed = False
         self._local = threading.local()
@@ -89,9 +117,27 @@ class GuardedTransferEngine:
 
     @property
     def guard(self):
-        if self._guard is None:
+        if self._opened() is None:
             raise MCGuardError(MC_ERR_BAD_HANDLE, self._why_no_guard())
         return self._guard
+
+    def _opened(self):
+        """The guard; over an engine its owner initialized, opened on first
+        use (listening where the settings say, else on loopback)."""
+        if self._guard is None and self._engine is not None and not self._closed:
+            with self._mu:
+                if self._guard is None:
+                    self._open_guard(dict(self._config))
+        return self._guard
+
+    def _open_guard(self, cfg):
+        if self._mooncake is not None:
+            for key in ("transport", "require_rdma"):
+                if cfg.pop(key, None) is not None:
+                    log.warning("mcguard: %s ignored: Mooncake's engine is the data plane", key)
+            self._guard = Guard(cfg, transport=self._mooncake)
+        else:
+            self._guard = Guard(cfg)
 
     def _why_no_guard(self):
         return "this engine is closed" if self._closed else "initialize() was not called"
@@ -104,6 +150,8 @@ class GuardedTransferEngine:
         silent fallback is what hid Mooncake users' corruption). Of a
         device_name list ("mlx5_0,mlx5_1") the first is used. A transport or
         rdma_device given in the engine's own settings wins."""
+        if self._engine is not None:
+            return self._initialize_engine(local_hostname, metadata_server, protocol, device_name)
         if metadata_server not in ("P2PHANDSHAKE", "", None):
             log.warning("mcguard: metadata server %r ignored: sessions handshake peer to peer", metadata_server)
         cfg = dict(self._config)
@@ -122,14 +170,44 @@ class GuardedTransferEngine:
             return -1
         cfg.setdefault("listen", listen_address(local_hostname))
         try:
-            self._guard = Guard(cfg)
+            self._open_guard(cfg)
         except MCGuardError as e:
             log.error("mcguard: initialize failed: %s", e)
             return -1
         return 0
 
+    def _initialize_engine(self, local_hostname, metadata_server, protocol, device_name):
+        """Mooncake's initialize, as given (any protocol and metadata server
+        it takes), then the guard, listening on the same host."""
+        ret = self._engine.initialize(local_hostname, metadata_server, protocol, device_name)
+        if ret != 0:
+            log.error("mcguard: Mooncake's initialize returned %d", ret)
+            return ret
+        cfg = dict(self._config)
+        cfg.setdefault("listen", listen_address(local_hostname))
+        try:
+            with self._mu:
+                self._open_guard(cfg)
+        except MCGuardError as e:
+            log.error("mcguard: initialize failed: %s", e)
+            return -1
+        return 0
+
+    def set_peer_guard(self, target_hostname, endpoint):
+        """Over Mooncake's engine: the peer Mooncake calls target_hostname has
+        its guard at endpoint (that peer's get_guard_endpoint()); digest
+        mode's notices go there. 0 or negative."""
+        return self._call("set_peer_guard", lambda g: g.set_peer_guard(target_hostname, endpoint))
+
+    def get_guard_endpoint(self):
+        """This engine's guard's "host:port", for peers' set_peer_guard."""
+        return self.guard.endpoint
+
     def get_rpc_port(self):
-        """The guard's port, or -1 (logged) before initialize or after close."""
+        """The guard's port (over Mooncake's engine: Mooncake's), or -1
+        (logged) before initialize or after close."""
+        if self._engine is not None and not self._closed:
+            return self._engine.get_rpc_port()
         if self._guard is None:
             log.error("mcguard: get_rpc_port: %s", self._why_no_guard())
             return -1
@@ -142,6 +220,11 @@ class GuardedTransferEngine:
         """fn(guard), as Mooncake reports: 0, or a negative status with the
         reason logged. Bad arguments, calls before initialize and after
         close are failures too, never exceptions."""
+        try:
+            self._opened()
+        except MCGuardError as e:
+            log.error("mcguard: %s: the guard over Mooncake's engine did not open: %s", what, e)
+            return e.status
         if self._guard is None:
             log.error("mcguard: %s: %s", what, self._why_no_guard())
             return -1
@@ -158,13 +241,15 @@ class GuardedTransferEngine:
         return self.initialize(local_hostname, metadata_server, protocol, device_name)
 
     def get_engine(self):
-        """The Guard under this engine (Mooncake returns its inner engine)."""
-        return self.guard
+        """Mooncake's engine under this one where it wraps one, else the
+        Guard (Mooncake returns its inner engine)."""
+        return self._engine.get_engine() if self._engine is not None else self.guard
 
     def get_engine_ptr(self):
-        """The guard's C handle, for code that passes the engine to C/C++
-        (mc_guard_* functions take it)."""
-        return self.guard._h()
+        """Mooncake's engine pointer where it wraps one, else the guard's C
+        handle, for code that passes the engine to C/C++ (mc_guard_*
+        functions take it)."""
+        return self._engine.get_engine_ptr() if self._engine is not None else self.guard._h()
 
     def _hint(self, transport_hint, what):
         """None when the hint is usable, else a ValueError (Mooncake's TENT
@@ -178,9 +263,16 @@ class GuardedTransferEngine:
             log.debug("mcguard: %s: transport_hint %r ignored: this guard runs %s", what, hint, ours)
 
     def register_memory(self, buffer_addr, capacity, location="*"):
-        """location (Mooncake's NUMA or device name) is not used: the guard
-        finds what memory an address is."""
-        return self._call("register_memory", lambda g: g.register(buffer_addr, capacity))
+        """location (Mooncake's NUMA or device name) goes to Mooncake's
+        engine where it wraps one; mcguard's own finds what memory an
+        address is."""
+        if self._mooncake is not None:
+            self._mooncake.where.location = location
+        try:
+            return self._call("register_memory", lambda g: g.register(buffer_addr, capacity))
+        finally:
+            if self._mooncake is not None:
+                self._mooncake.where.location = "*"
 
     def unregister_memory(self, buffer_addr):
         return self._call("unregister_memory", lambda g: g.unregister(buffer_addr))
@@ -456,7 +548,10 @@ class GuardedTransferEngine:
 
     def get_first_buffer_address(self, segment_name):
         """The address of the first region segment_name registered, from a
-        fresh handshake; 0 (logged) when it has none or cannot be reached."""
+        fresh handshake (over Mooncake's engine: Mooncake's answer); 0
+        (logged) when it has none or cannot be reached."""
+        if self._engine is not None:
+            return self._engine.get_first_buffer_address(segment_name)
         if self._guard is None:
             log.error("mcguard: get_first_buffer_address: %s", self._why_no_guard())
             return 0
@@ -473,8 +568,11 @@ class GuardedTransferEngine:
         return local_topology(device_name)
 
     def send_probe(self, peer_server_name):
-        """0 when the peer's guard accepts a connection, else -1 (logged);
-        SGLang uses this to take a peer off its failed list."""
+        """0 when the peer's guard (over Mooncake's engine: the peer's
+        Mooncake) accepts a connection, else -1 (logged); SGLang uses this
+        to take a peer off its failed list."""
+        if self._engine is not None:
+            return self._engine.send_probe(peer_server_name)
         try:
             host, port = peer_server_name.strip().rsplit(":", 1)
             host = host[1:-1] if host.startswith("[") else host
@@ -486,7 +584,10 @@ class GuardedTransferEngine:
 
     def warmup_efa_segment(self, segment_name):
         """0: what Mooncake returns where its EFA transport is not installed,
-        as it never is here (sessions connect on first use)."""
+        as it never is here (sessions connect on first use); over Mooncake's
+        engine, Mooncake's answer."""
+        if self._engine is not None:
+            return self._engine.warmup_efa_segment(segment_name)
         log.debug("mcguard: warmup_efa_segment(%r): no EFA transport in mcguard; nothing to warm up",
                   segment_name)
         return 0
@@ -527,5 +628,7 @@ class GuardedTransferEngine:
         with self._mu:  # the guard is closed: nothing can write into them now
             managed, self._managed = self._managed, {}
             self._batches.clear()
-        for mem in managed.values():
+        for addr, mem in managed.items():
+            if self._engine is not None:  # Mooncake's engine outlives us: take them back from it
+                self._engine.unregister_memory(addr)
             mem.close()

@@ -73,10 +73,12 @@ def parse_args(argv=None):
                    help="--abort: the decode side quiesces aborted blocks before it reuses them")
     p.add_argument("--abort-rate", type=float, default=0.2,
                    help="--abort: fraction of requests each side aborts")
-    p.add_argument("--transport", choices=["tcp", "rdma", "auto", "rdma-model"], default="tcp",
+    p.add_argument("--transport", choices=["tcp", "rdma", "auto", "rdma-model", "mooncake"], default="tcp",
                    help="rdma fails with the reason where there is no usable RDMA device; rdma-model runs "
                         "the RDMA transport on the software NIC (tests/nicmodel), where --inject lag "
-                        "delays the visibility of completed WRITEs")
+                        "delays the visibility of completed WRITEs; mooncake moves the bytes with Mooncake's "
+                        "own engine (its wheel, TCP, P2PHANDSHAKE) under the guard, faults injected at the "
+                        "guard's callbacks into it")
     p.add_argument("--rdma-qps", type=int, default=1,
                    help="RDMA: queue pairs per session that each batch's writes are striped over (1 to 16)")
     p.add_argument("--sessions", type=int, default=2, help="decode processes, one session each")
@@ -102,6 +104,13 @@ def parse_args(argv=None):
         p.error("--rdma-qps must be 1 to 16")
     if a.transport == "rdma-model" and a.inject not in ("none", "lag"):
         p.error("--transport rdma-model injects only lag (the NIC model's delayed visibility)")
+    if a.transport == "mooncake":
+        if a.inject == "stale":
+            p.error("--transport mooncake: stale needs the destination's bytes, which the callbacks into "
+                    "Mooncake do not see; use lag, drop, tear, reorder or hold")
+        if a.abort:
+            p.error("--transport mooncake: --abort needs the receiver's quiesce, which cannot stop "
+                    "Mooncake's own writes")
     if a.abort and a.inject == "none":
         # The race needs bytes that arrive late: held writes over TCP, the
         # NIC model's posted writes over RDMA.
@@ -128,11 +137,36 @@ def parse_args(argv=None):
 
 def transport_config(args):
     """The guard settings that select args.transport."""
+    if args.transport == "mooncake":
+        return {}  # the data plane is the engine handed to the guard
     if args.transport == "rdma-model":
         return {"transport": "rdma", "verbs_library": args.nic_model, "rdma_qps": args.rdma_qps}
     if args.transport == "tcp":
         return {"transport": "tcp"}
     return {"transport": args.transport, "rdma_qps": args.rdma_qps}
+
+
+def open_guard(args, cfg):
+    """(guard, the name peers give its session): over mcguard's own data
+    plane its endpoint; over Mooncake the Mooncake engine's, which the
+    guard wraps."""
+    if args.transport != "mooncake":
+        g = Guard(cfg)
+        return g, g.endpoint
+    try:
+        from mooncake.engine import TransferEngine
+    except ImportError as e:
+        raise MCGuardError(_status_of("MC_ERR_CONFIG"),
+                           "--transport mooncake needs Mooncake's wheel (%s): pip install "
+                           "mooncake-transfer-engine-non-cuda, or run build/venv-mooncake/bin/python -m "
+                           "mcguard.stress after make mooncake-venv" % e) from None
+    from .engine import MooncakeEngine
+    te = TransferEngine()
+    if te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
+        raise MCGuardError(_status_of("MC_ERR_CONFIG"), "Mooncake's initialize failed (its log says why)")
+    g = Guard(cfg, transport=MooncakeEngine(te))
+    g.mooncake = te  # kept alive as long as the guard
+    return g, "127.0.0.1:%d" % te.get_rpc_port()
 
 
 def block_hash(view):
@@ -169,9 +203,11 @@ class BlockFiller:
 
 def decode_main(parent, index, args):
     try:
-        tcp_inject = "none" if args.transport == "rdma-model" else args.inject  # the NIC model lags instead
-        guard = Guard(dict(listen="127.0.0.1:0", inject=tcp_inject, inject_lag_max_ms=args.lag_max_ms,
-                           inject_rate=args.inject_rate, inject_seed=args.seed * 101 + index, **transport_config(args)))
+        # The NIC model lags instead; over Mooncake the prefill's callbacks do.
+        tcp_inject = "none" if args.transport in ("rdma-model", "mooncake") else args.inject
+        guard, session = open_guard(args, dict(listen="127.0.0.1:0", inject=tcp_inject, inject_lag_max_ms=args.lag_max_ms,
+                                               inject_rate=args.inject_rate, inject_seed=args.seed * 101 + index,
+                                               **transport_config(args)))
     except MCGuardError as e:
         parent.send({"error": str(e)})
         return
@@ -181,7 +217,7 @@ def decode_main(parent, index, args):
     view = memoryview(region).cast("B")
     guard.register(base, size)
     listener = Listener(("127.0.0.1", 0), authkey=AUTHKEY)
-    parent.send({"session": guard.endpoint, "base": base, "check": listener.address})
+    parent.send({"session": session, "guard": guard.endpoint, "base": base, "check": listener.address})
 
     reuse = Reuser(guard, base, view, args)
 
@@ -333,8 +369,14 @@ def prefill_main(parent, sessions, args):
     cfg = dict(verify=args.verify, on_mismatch=args.on_mismatch, **transport_config(args))
     if args.max_retries is not None:
         cfg["max_retries"] = args.max_retries
+    if args.transport == "mooncake":  # faults at the callbacks into Mooncake
+        cfg.update(inject=args.inject, inject_lag_max_ms=args.lag_max_ms, inject_rate=args.inject_rate,
+                   inject_seed=args.seed * 7)
     try:
-        guard = Guard(cfg)
+        guard, _ = open_guard(args, cfg)
+        if args.transport == "mooncake":
+            for s in sessions:  # where digest notices go
+                guard.set_peer_guard(s["session"], s["guard"])
     except MCGuardError as e:
         parent.send({"error": str(e)})
         return
@@ -526,7 +568,8 @@ MATRIX_COLUMNS = ("inject", "verify", "transfers", "ok", "failed", "mismatches",
 
 def run_matrix(args):
     rows = []
-    cells = [(f, m) for f in DELIVERY_FAULTS for m in MODES]
+    faults = [f for f in DELIVERY_FAULTS if not (args.transport == "mooncake" and f == "stale")]
+    cells = [(f, m) for f in faults for m in MODES]
     for k, (fault, mode) in enumerate(cells):
         cell = argparse.Namespace(**vars(args))
         cell.inject, cell.verify, cell.quiet = fault, mode, True
