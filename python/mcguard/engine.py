@@ -9,7 +9,7 @@ registers with the engine), resends, and sends digest notices.
 
     te = TransferEngine()
     te.initialize("10.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_0")
-    g = Guard(verify="tail", transport=MooncakeEngine(te))
+    g = Guard(verify="tail", engine=MooncakeEngine(te))
     g.register(kv_ptr, kv_bytes)            # with the guard and with te
     g.transfer("10.0.0.2:%d" % peer_rpc_port, src, dst, lengths)
 

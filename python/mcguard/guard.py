@@ -165,8 +165,8 @@ class Guard:
         g.transfer("10.0.0.2:4567", src_ptrs, dst_ptrs, lengths)
     """
 
-    def __init__(self, config=None, transport=None, **settings):
-        """transport, if given, is the application's own engine
+    def __init__(self, config=None, engine=None, **settings):
+        """engine, if given, is the application's own transfer engine
         (mcguard.engine.Engine, e.g. MooncakeEngine(te)): it moves the
         bytes and the guard verifies through it."""
         _check_not_forked()
@@ -179,12 +179,12 @@ class Guard:
         self._handle = 0
         self._closed = False
         self._callbacks = None
-        if transport is None:
+        if engine is None:
             self._check(self._lib.mc_guard_open(json.dumps(cfg).encode(), ctypes.byref(handle)), 0)
         else:
             from .engine import Callbacks
             try:
-                self._callbacks = Callbacks(transport)
+                self._callbacks = Callbacks(engine)
             except TypeError as e:
                 raise MCGuardError(MC_ERR_INVALID_ARG, str(e)) from None
             _live_callbacks.add(self._callbacks)

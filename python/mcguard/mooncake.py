@@ -135,7 +135,7 @@ class GuardedTransferEngine:
             for key in ("transport", "require_rdma"):
                 if cfg.pop(key, None) is not None:
                     log.warning("mcguard: %s ignored: Mooncake's engine is the data plane", key)
-            self._guard = Guard(cfg, transport=self._mooncake)
+            self._guard = Guard(cfg, engine=self._mooncake)
         else:
             self._guard = Guard(cfg)
 

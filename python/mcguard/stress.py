@@ -164,7 +164,7 @@ def open_guard(args, cfg):
     te = TransferEngine()
     if te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
         raise MCGuardError(_status_of("MC_ERR_CONFIG"), "Mooncake's initialize failed (its log says why)")
-    g = Guard(cfg, transport=MooncakeEngine(te))
+    g = Guard(cfg, engine=MooncakeEngine(te))
     g.mooncake = te  # kept alive as long as the guard
     return g, "127.0.0.1:%d" % te.get_rpc_port()
 

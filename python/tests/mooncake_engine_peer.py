@@ -124,7 +124,7 @@ def sender():
     # A transfer past its deadline: the error says the bytes may still land.
     te = TransferEngine()
     assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
-    with Guard(verify="tail", transport=MooncakeEngine(te)) as g:
+    with Guard(verify="tail", engine=MooncakeEngine(te)) as g:
         buf = (SIZE * b"x")
         import ctypes
         cbuf = ctypes.create_string_buffer(buf, SIZE)

@@ -80,7 +80,7 @@ def pd():
         eng = LoopEngine(lag_s)
         src, dst = ctypes.create_string_buffer(BLOCK * N), ctypes.create_string_buffer(BLOCK * N)
         eng.segments["decode:7"] = {ctypes.addressof(dst): BLOCK * N}
-        g = Guard(transport=eng, **settings)
+        g = Guard(engine=eng, **settings)
         g.register(ctypes.addressof(src), BLOCK * N)
         engines.append((g, eng, src, dst))  # the buffers outlive late writes
         srcs = [ctypes.addressof(src) + i * BLOCK for i in range(N)]
@@ -144,10 +144,10 @@ def test_a_closed_guard_lets_its_engine_go(pd):
 
 def test_bad_engines_and_settings_are_refused():
     with pytest.raises(MCGuardError) as e:
-        Guard(transport=object())
+        Guard(engine=object())
     assert e.value.name == "MC_ERR_INVALID_ARG"
     with pytest.raises(MCGuardError) as e:
-        Guard({"transport": "tcp"}, transport=LoopEngine())
+        Guard({"transport": "tcp"}, engine=LoopEngine())
     assert e.value.name == "MC_ERR_CONFIG"
 
 
@@ -155,5 +155,5 @@ def test_slice_bytes_over_mooncake_follows_mc_slice_size(monkeypatch):
     class Named(LoopEngine):
         name = "mooncake"
     monkeypatch.setenv("MC_SLICE_SIZE", "131072")
-    with Guard(transport=Named()) as g:
+    with Guard(engine=Named()) as g:
         assert g.stats()["slice_bytes"] == 131072
