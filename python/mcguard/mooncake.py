@@ -632,3 +632,18 @@ class GuardedTransferEngine:
             if self._engine is not None:  # Mooncake's engine outlives us: take them back from it
                 self._engine.unregister_memory(addr)
             mem.close()
+
+
+def guarded_mooncake():
+    """A TransferEngine class for code that constructs Mooncake's with no
+    arguments (vLLM's connector): each instance is a GuardedTransferEngine
+    over a new Mooncake TransferEngine. ImportError without Mooncake."""
+    from mooncake.engine import TransferEngine as MooncakeTransferEngine
+
+    class GuardedMooncakeTransferEngine(GuardedTransferEngine):
+        """GuardedTransferEngine over a new mooncake.engine.TransferEngine."""
+
+        def __init__(self, config=None, **settings):
+            super().__init__(config, engine=MooncakeTransferEngine(), **settings)
+
+    return GuardedMooncakeTransferEngine

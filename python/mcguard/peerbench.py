@@ -34,12 +34,27 @@ REGION = 64 << 20
 MOONCAKE_ENV = {"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "16384", "MC_LOG_LEVEL": "ERROR", "GLOG_minloglevel": "2"}
 
 
-def engine_class(kind):
-    if kind == "mooncake":
+# Engine kinds: "mooncake" (its TCP transport alone), "mcguard-MODE" (mcguard's
+# own TCP), "guarded-mooncake-MODE" (mcguard over Mooncake's engine),
+# "guarded-mooncake-desctail" (tail with slice_bytes 0: each descriptor's tail
+# only), "vllm-fix" (Mooncake, then the original vLLM fix's check: a 64-byte
+# tail of each descriptor read back through Mooncake and polled), "socket".
+TAIL = 64
+
+
+def new_engine(kind):
+    """A new engine of kind, not yet initialized."""
+    if kind in ("mooncake", "vllm-fix"):
         from mooncake.engine import TransferEngine
-        return TransferEngine, {}
+        return TransferEngine()
     from .mooncake import GuardedTransferEngine
-    return GuardedTransferEngine, {"verify": kind.split("-", 1)[1]}
+    if kind.startswith("guarded-mooncake-"):
+        from mooncake.engine import TransferEngine
+        mode = kind.rsplit("-", 1)[1]
+        if mode == "desctail":  # the vLLM fix's check, by mcguard: each descriptor's tail only
+            return GuardedTransferEngine(engine=TransferEngine(), verify="tail", slice_bytes=0)
+        return GuardedTransferEngine(engine=TransferEngine(), verify=mode)
+    return GuardedTransferEngine(verify=kind.split("-", 1)[1])
 
 
 # --- the receiving process ---------------------------------------------------
@@ -49,12 +64,13 @@ def serve(kind):
     OFFSET LEN" with the SHA-1 of what landed, "quit" to stop."""
     if kind == "socket":
         return serve_socket()
-    cls, cfg = engine_class(kind)
-    engine = cls(**cfg) if cfg else cls()
+    engine = new_engine(kind)
     if engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
         sys.exit("initialize failed")
     addr = engine.allocate_managed_buffer(REGION)
-    print(json.dumps({"session": "127.0.0.1:%d" % engine.get_rpc_port(), "addr": addr}), flush=True)
+    guard = engine.get_guard_endpoint() if hasattr(engine, "get_guard_endpoint") else ""
+    print(json.dumps({"session": "127.0.0.1:%d" % engine.get_rpc_port(), "addr": addr, "guard": guard}),
+          flush=True)
     for line in sys.stdin:
         cmd = line.split()
         if cmd[0] == "hash":
@@ -103,7 +119,7 @@ class Receiver:
         self.proc = subprocess.Popen([sys.executable, "-m", "mcguard.peerbench", "--serve", kind],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         hello = json.loads(self.proc.stdout.readline())
-        self.session, self.addr = hello["session"], hello["addr"]
+        self.session, self.addr, self.guard = hello["session"], hello["addr"], hello.get("guard", "")
 
     def hash(self, off, n):
         self.proc.stdin.write("hash %d %d\n" % (off, n))
@@ -131,12 +147,15 @@ class Sender:
             self.sock = socket.create_connection((host, int(port)))
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             return
-        cls, cfg = engine_class(kind)
-        self.engine = cls(**cfg) if cfg else cls()
+        self.engine = new_engine(kind)
         if self.engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
             raise RuntimeError("%s: initialize failed" % kind)
         self.src = self.engine.allocate_managed_buffer(REGION)
         ctypes.memmove(self.src, os.urandom(REGION), REGION)
+        if kind.startswith("guarded-mooncake-") and recv.guard:
+            self.engine.set_peer_guard(recv.session, recv.guard)  # where digest notices go
+        if kind == "vllm-fix":  # where the tails are read back to
+            self.tails = self.engine.allocate_managed_buffer(max(SIZES[s][0] for s in SIZES) * TAIL)
 
     def source_hash(self, n):
         if self.kind == "socket":
@@ -157,6 +176,25 @@ class Sender:
         ret = self.engine.batch_transfer_sync_write(self.recv.session, src, dst, [size] * count)
         if ret != 0:
             raise RuntimeError("%s: batch_transfer_sync_write returned %d" % (self.kind, ret))
+        if self.kind == "vllm-fix":
+            self.poll_tails(src, dst, size)
+
+    def poll_tails(self, src, dst, size, retries=500):
+        """The original vLLM fix: read back each descriptor's last 64 bytes
+        through Mooncake, and poll until every one equals its source's."""
+        k = min(TAIL, size)
+        want = [ctypes.string_at(a + size - k, k) for a in src]
+        todo = list(range(len(src)))
+        for _ in range(retries):
+            local = [self.tails + i * TAIL for i in range(len(todo))]
+            if self.engine.batch_transfer_sync_read(self.recv.session, local, [dst[j] + size - k for j in todo],
+                                                    [k] * len(todo)) != 0:
+                raise RuntimeError("vllm-fix: batch_transfer_sync_read failed")
+            todo = [j for i, j in enumerate(todo) if ctypes.string_at(local[i], k) != want[j]]
+            if not todo:
+                return
+            time.sleep(0.001)
+        raise RuntimeError("vllm-fix: %d tails never matched" % len(todo))
 
     def close(self):
         if self.kind == "socket":
@@ -191,18 +229,27 @@ def main(argv=None):
     p.add_argument("--latency-iters", type=int, default=1000)
     p.add_argument("--seconds", type=float, default=1.0, help="per throughput measurement")
     p.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
-    p.add_argument("--engines", nargs="*", default=["mooncake", "mcguard-off", "mcguard-tail", "mcguard-digest", "socket"])
+    p.add_argument("--engines", nargs="*", default=["mooncake", "mcguard-off", "mcguard-tail", "mcguard-digest", "socket"],
+                   help="of mooncake, vllm-fix, mcguard-MODE, guarded-mooncake-MODE (MODE: off, tail, sample, "
+                        "full, digest), socket")
+    p.add_argument("--over-mooncake", action="store_true",
+                   help="engines: Mooncake alone, the vLLM fix's tail polling, mcguard over Mooncake with the "
+                        "same check (desctail), tail and sample (slice-aware) and digest")
     a = p.parse_args(argv)
     if a.serve:
         return serve(a.serve)
     engines = list(a.engines)
-    if "mooncake" in engines:
+    if a.over_mooncake:
+        engines = ["mooncake", "vllm-fix", "guarded-mooncake-desctail", "guarded-mooncake-tail",
+                   "guarded-mooncake-sample", "guarded-mooncake-digest"]
+    needs = [k for k in engines if k in ("mooncake", "vllm-fix") or k.startswith("guarded-mooncake-")]
+    if needs:
         try:
             import mooncake.engine  # noqa: F401
         except ImportError:
-            print("mooncake.engine is not importable here (make bench-peer installs it): skipping Mooncake",
-                  file=sys.stderr)
-            engines.remove("mooncake")
+            print("mooncake.engine is not importable here (make bench-peer installs it): skipping %s"
+                  % ", ".join(needs), file=sys.stderr)
+            engines = [k for k in engines if k not in needs]
     os.environ.update(MOONCAKE_ENV)
     pairs = {}
     for kind in engines:

@@ -10,8 +10,15 @@ replaces its TransferEngine name. Where Mooncake is not installed, it also
 provides `mooncake.engine` with GuardedTransferEngine as TransferEngine,
 so the connector's import succeeds.
 
+With MC_GUARD_VLLM_ENGINE=mooncake the data plane stays Mooncake's: each
+TransferEngine() the connector makes is a GuardedTransferEngine over a new
+Mooncake TransferEngine (Mooncake installed, or the plugin fails loudly);
+unset or "mcguard", mcguard's own data plane moves the bytes.
+
 Without the plugin, the same switch is one line in the connector:
     from mcguard.mooncake import GuardedTransferEngine as TransferEngine
+or, keeping Mooncake's engine:
+    from mcguard.mooncake import guarded_mooncake; TransferEngine = guarded_mooncake()
 """
 
 import importlib.abc
@@ -100,7 +107,19 @@ def register():
     """vLLM's entry point: active only with MC_GUARD_VLLM=1."""
     if os.environ.get("MC_GUARD_VLLM", "").strip().lower() not in ("1", "true", "yes", "on"):
         return None
-    from .mooncake import GuardedTransferEngine
+    from .mooncake import GuardedTransferEngine, guarded_mooncake
+    data_plane = os.environ.get("MC_GUARD_VLLM_ENGINE", "mcguard").strip().lower() or "mcguard"
+    if data_plane == "mooncake":
+        try:
+            replacement = guarded_mooncake()
+        except ImportError as e:
+            raise RuntimeError("mcguard: MC_GUARD_VLLM_ENGINE=mooncake keeps Mooncake's engine as the data plane, "
+                               "and Mooncake is not importable (%s): install mooncake-transfer-engine, or unset "
+                               "MC_GUARD_VLLM_ENGINE to use mcguard's own" % e) from None
+        return patch_on_import(CONNECTOR_MODULES, "TransferEngine", replacement)
+    if data_plane != "mcguard":
+        raise RuntimeError("mcguard: MC_GUARD_VLLM_ENGINE=%r: use mooncake (keep Mooncake's engine) or mcguard"
+                           % data_plane)
     if _provide_mooncake_engine(GuardedTransferEngine):
         log.info("mcguard: Mooncake is not installed: mooncake.engine.TransferEngine is mcguard's")
     return patch_on_import(CONNECTOR_MODULES, "TransferEngine", GuardedTransferEngine)

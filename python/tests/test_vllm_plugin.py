@@ -84,3 +84,35 @@ def test_on_vllms_own_connector_module():
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert lines and all(line.endswith("True") for line in lines), lines
+
+
+OVER_MOONCAKE_CHECK = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {tmp!r})
+    os.environ["MC_GUARD_VLLM"], os.environ["MC_GUARD_VLLM_ENGINE"] = "1", "mooncake"
+    from mcguard import vllm_plugin
+    vllm_plugin.CONNECTOR_MODULES = vllm_plugin.CONNECTOR_MODULES + ("fake_connector",)
+    vllm_plugin.register()
+    import fake_connector, mooncake.engine
+    engine = fake_connector.make_engine()
+    print(type(engine).__name__, type(engine._engine) is mooncake.engine.TransferEngine,
+          engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", ""), engine.guard.stats()["transport"],
+          engine.get_rpc_port() == engine._engine.get_rpc_port())
+    engine.close()
+""")
+
+
+def test_the_plugin_can_keep_mooncakes_engine_as_the_data_plane(tmp_path):
+    from test_mooncake_engine import run_with_mooncake
+    (tmp_path / "fake_connector.py").write_text(FAKE_CONNECTOR)
+    out = run_with_mooncake("-c", OVER_MOONCAKE_CHECK.format(tmp=str(tmp_path)), timeout=120)
+    assert out.stdout.split() == ["GuardedMooncakeTransferEngine", "True", "0", "engine", "True"]
+
+
+def test_keeping_mooncakes_engine_without_mooncake_fails_loudly(tmp_path, monkeypatch):
+    if mooncake_installed():
+        pytest.skip("Mooncake is installed in this interpreter")
+    code = ("import os; os.environ['MC_GUARD_VLLM'], os.environ['MC_GUARD_VLLM_ENGINE'] = '1', 'mooncake'\n"
+            "from mcguard import vllm_plugin; vllm_plugin.register()")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "Mooncake is not importable" in p.stderr
