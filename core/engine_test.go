@@ -259,3 +259,35 @@ func TestOpenWithEngineRefusesBadSettings(t *testing.T) {
 	require.NotEqual(t, "engine", stats(t, g)["transport"])
 	g.Close()
 }
+
+func TestEngineCallWithoutADeadlineRunsInlineAndCancelTakesEffectAfter(t *testing.T) {
+	f := newFakeEngines()
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	ops := f.ops("prefill", "fake")
+	write := ops.Write
+	ops.Write = func(session string, local, remote, n []uint64) error {
+		entered <- struct{}{}
+		<-release
+		return write(session, local, remote, n)
+	}
+	g, err := OpenWithEngine(testConfig(t, ""), ops)
+	require.NoError(t, err)
+	defer g.Close()
+	m := newMem(t, 4096)
+	require.NoError(t, g.Register(m.addr(0), 4096))
+	require.NoError(t, f.register("decode:1", m.addr(0), 4096))
+	done := make(chan error, 1)
+	go func() {
+		_, err := g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{})
+		done <- err
+	}()
+	<-entered
+	require.NoError(t, g.Cancel("decode:1"))
+	select {
+	case err := <-done:
+		t.Fatalf("returned while the engine still held the call: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	require.ErrorIs(t, <-done, ErrCancelled, "once the engine returned")
+}

@@ -133,11 +133,14 @@ typedef struct mc_sync_opts {
  * MC_ERR_TIMEOUT, MC_ERR_NOT_REGISTERED...; anything else reads as
  * MC_ERR_PEER) and on failure may write a NUL-terminated message of at
  * most msg_len bytes into msg. The arrays are valid during the call only.
- * Callbacks run on the library's own threads: calls for different
- * sessions may run at once; calls for one session come one at a time,
- * except writes that fault injection (inject) holds back. A call that
- * outlives a transfer's deadline, or its cancel, is not interrupted: the
- * transfer fails and the call finishes on its own. */
+ * Calls for different sessions may run at once; calls for one session
+ * come one at a time, except writes that fault injection (inject) holds
+ * back. A transfer without deadline_ms calls on the thread that called
+ * mc_guard_transfer (fastest): mc_guard_cancel and mc_guard_close then take
+ * effect once the callback returns, so give the engine its own timeouts.
+ * With deadline_ms the callbacks run on the library's own threads and the
+ * transfer fails at its deadline (MC_ERR_TIMEOUT, bytes may still land)
+ * while the call finishes on its own. */
 
 /* Move n ranges: len[i] bytes between local[i] (this process's memory,
  * registered with the engine) and remote[i] at session (the engine's name
