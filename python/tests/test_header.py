@@ -51,7 +51,10 @@ def test_version_is_the_headers():
     assert m and mcguard.version() == m.group(1)
 
 
-C_TYPES = {"uint32_t": ctypes.c_uint32, "int32_t": ctypes.c_int32, "uint64_t": ctypes.c_uint64}
+C_TYPES = {"uint32_t": ctypes.c_uint32, "int32_t": ctypes.c_int32, "uint64_t": ctypes.c_uint64,
+           # the engine callbacks' typedefs, as the binding declares them
+           "mc_transport_batch_fn": _lib.BATCH_FN, "mc_transport_register_fn": _lib.REGISTER_FN,
+           "mc_transport_unregister_fn": _lib.UNREGISTER_FN, "mc_transport_fence_fn": _lib.FENCE_FN}
 
 
 def struct_fields(name):
@@ -61,12 +64,16 @@ def struct_fields(name):
     body = re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S)
     out = []
     for ctype, ptr, field in re.findall(r"(?:const\s+)?(\w+)\s*(\*?)\s*(\w+);", body):
+        if ctype == "char" and ptr:
+            out.append((field, ctypes.c_char_p))
+            continue
         t = C_TYPES[ctype]
         out.append((field, ctypes.POINTER(t) if ptr else t))
     return out
 
 
-@pytest.mark.parametrize("name,cls", [("mc_transfer_opts", _lib.TransferOpts), ("mc_sync_opts", _lib.SyncOpts)])
+@pytest.mark.parametrize("name,cls", [("mc_transfer_opts", _lib.TransferOpts), ("mc_sync_opts", _lib.SyncOpts),
+                                      ("mc_transport_ops", _lib.TransportOps)])
 def test_struct_layouts_are_the_headers(name, cls, tmp_path):
     declared = struct_fields(name)
     assert cls._fields_ == declared
