@@ -216,11 +216,12 @@ func TestEngineErrorsAreReportedWithTheEnginesMessage(t *testing.T) {
 
 func TestEngineHungCallEndsAtTheDeadline(t *testing.T) {
 	f := newFakeEngines()
-	release := make(chan struct{})
+	release, finished := make(chan struct{}), make(chan struct{})
 	ops := f.ops("prefill", "fake")
 	write := ops.Write
 	ops.Write = func(session string, local, remote, n []uint64) error {
 		<-release
+		defer close(finished)
 		return write(session, local, remote, n)
 	}
 	g, err := OpenWithEngine(testConfig(t, `{"timeout_ms": 300}`), ops)
@@ -237,6 +238,7 @@ func TestEngineHungCallEndsAtTheDeadline(t *testing.T) {
 	require.NoError(t, g.Close(), "close waits for the engine call at most its linger time")
 	require.Less(t, time.Since(start), 2*time.Second)
 	close(release)
+	<-finished // the abandoned call still writes: the memory must outlive it
 }
 
 func TestOpenWithEngineRefusesBadSettings(t *testing.T) {
