@@ -26,6 +26,14 @@ type Conn interface {
 	FenceIsFinal() bool
 }
 
+// Poster is a Conn that can send writes without waiting for their
+// completions: its next Fence or Read reads them first, in the same flight,
+// so a chunk's writes, fence and read-backs cost one round trip. A
+// completion that reports a failure fails that Fence or Read.
+type Poster interface {
+	Post(ctx context.Context, descs []Desc, base int) error
+}
+
 // Delivery counts what Deliver did for one chunk, also when it failed.
 type Delivery struct {
 	Retries int           // polling rounds after the first read-back
@@ -47,7 +55,13 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 	if announce == nil {
 		announce = func() error { return nil }
 	}
-	if err := conn.Write(ctx, chunk, base); err != nil {
+	// Off trusts the write's completion, so it waits for it; every other
+	// mode fences or reads back next, which collects the completions.
+	write := conn.Write
+	if p, ok := conn.(Poster); ok && cfg.Mode != Off {
+		write = p.Post
+	}
+	if err := write(ctx, chunk, base); err != nil {
 		return d, err
 	}
 	start := time.Now()
@@ -106,7 +120,7 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 		}
 		d.Resends++
 		todo, index = bad, badIndex
-		if err := conn.Write(ctx, todo, 0); err != nil {
+		if err := write(ctx, todo, 0); err != nil {
 			return d, err
 		}
 	}

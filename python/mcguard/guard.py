@@ -133,7 +133,10 @@ def u64_array(values, what="address or length"):
         ptr = ctypes.cast(iface["data"][0], ctypes.POINTER(ctypes.c_uint64))
         return (ptr if n else None), n, values
     try:
-        items = [address_of(v, what) for v in values]
+        if type(values) is list and all(type(v) is int and 0 <= v < 1 << 64 for v in values):
+            items = values  # plain ints in range: nothing to convert (the common case, kept cheap)
+        else:
+            items = [address_of(v, what) for v in values]
     except TypeError:
         raise MCGuardError(MC_ERR_INVALID_ARG, "%s: expected a sequence of integers, not %s"
                            % (what, type(values).__name__)) from None

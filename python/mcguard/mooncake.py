@@ -258,8 +258,10 @@ class GuardedTransferEngine:
         if hint not in TRANSPORT_HINTS:
             raise ValueError("%s: unknown transport_hint %r (valid: %s, or empty for no hint)"
                              % (what, transport_hint, ", ".join(h for h in TRANSPORT_HINTS if h)))
-        ours = self._guard.stats().get("transport") if self._guard is not None else None
-        if hint not in ("", "unspec") and hint != ours:
+        if hint in ("", "unspec") or self._guard is None:
+            return  # no preference (and no stats call on every transfer)
+        ours = self._guard.stats().get("transport")
+        if hint != ours:
             log.debug("mcguard: %s: transport_hint %r ignored: this guard runs %s", what, hint, ours)
 
     def register_memory(self, buffer_addr, capacity, location="*"):

@@ -33,9 +33,24 @@ type conn struct {
 	r            *bufio.Reader
 	w            *bufio.Writer
 	timeout      time.Duration
+	until        time.Time // the deadline set last, for the poll reader
 	nextID       uint64
 	hdr          [wire.HeaderSize]byte
+	// owed are the posted writes whose acknowledgements are not read yet:
+	// the next request reads them first, in the same flight.
+	owed []owedAck
 }
+
+// owedAck is a posted slice: its frame id and its descriptor (for messages).
+type owedAck struct {
+	id   uint64
+	desc int
+}
+
+// maxOwed bounds the acknowledgements left unread while more frames go
+// out: a few dozen bytes each, so far below what the socket buffers hold
+// and the target can never block writing them while we still send.
+const maxOwed = 1024
 
 func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, timeout time.Duration, local *memory.Regions) (*conn, error) {
 	d := net.Dialer{Timeout: timeout}
@@ -46,8 +61,13 @@ func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, tim
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	t := &conn{c: c, cut: func() { c.Close() }, local: local, r: bufio.NewReaderSize(c, 256<<10), w: bufio.NewWriterSize(c, 256<<10), timeout: timeout,
+	t := &conn{c: c, cut: func() { c.Close() }, local: local, w: bufio.NewWriterSize(c, 256<<10), timeout: timeout,
 		mark: gen, echoed: gen}
+	var src io.Reader = c
+	if pr, err := readerOf(c, &t.until); err == nil {
+		src = pr
+	}
+	t.r = bufio.NewReaderSize(src, 256<<10)
 	if err := t.hello(ctx, peer); err != nil {
 		t.Close()
 		return nil, err
@@ -75,6 +95,7 @@ func (t *conn) deadline(ctx context.Context) {
 	if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
 		d = cd
 	}
+	t.until = d
 	t.c.SetDeadline(d)
 }
 
@@ -114,6 +135,24 @@ func (t *conn) recv(op wire.Op, id uint64) (wire.Header, error) {
 	return h, nil
 }
 
+// collectOwed reads the acknowledgements of posted writes, which come
+// before any later reply, and returns the first refusal among them.
+func (t *conn) collectOwed() error {
+	owed := t.owed
+	t.owed = t.owed[:0]
+	var refused error
+	for _, o := range owed {
+		h, err := t.recv(wire.OpWrite, o.id)
+		if err != nil {
+			return err
+		}
+		if h.Status != wire.StatusOK && refused == nil {
+			refused = fmt.Errorf("%w: target refused descriptor %d at %#x: %v", statusErr(h.Status), o.desc, h.Addr, h.Status)
+		}
+	}
+	return refused
+}
+
 // request sends one frame and waits for its reply.
 func (t *conn) request(ctx context.Context, op wire.Op, payload []byte) (wire.Header, error) {
 	return t.requestAt(ctx, op, 0, payload)
@@ -128,6 +167,9 @@ func (t *conn) requestAt(ctx context.Context, op wire.Op, addr uint64, payload [
 	if err := t.w.Flush(); err != nil {
 		return wire.Header{}, ioErr("send", err)
 	}
+	if err := t.collectOwed(); err != nil {
+		return wire.Header{}, err
+	}
 	return t.recv(op, t.nextID)
 }
 
@@ -139,6 +181,9 @@ func (t *conn) fencedRequest(ctx context.Context, fenceID uint64, payload []byte
 	}
 	if err := t.w.Flush(); err != nil {
 		return wire.Header{}, ioErr("send", err)
+	}
+	if err := t.collectOwed(); err != nil {
+		return wire.Header{}, err
 	}
 	f, err := t.recv(wire.OpFence, fenceID)
 	if err != nil {
@@ -184,10 +229,20 @@ func (t *conn) hello(ctx context.Context, peer transport.Peer) error {
 }
 
 // Write sends every descriptor, sliced, pipelined, and collects one
-// acknowledgement per slice. The replies are read while the writes go out,
-// so a long batch cannot fill both socket buffers and stall.
+// acknowledgement per slice. A batch of at most maxOwed slices is sent
+// whole and then acknowledged, on this goroutine; a longer one has its
+// replies read while the writes go out, so it cannot fill both socket
+// buffers and stall.
 func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
-	if err := t.catchUp(ctx); err != nil {
+	if n := countSlices(descs); n <= maxOwed {
+		if err := t.Post(ctx, descs, base); err != nil {
+			return err
+		}
+		defer t.abortOn(ctx)()
+		t.deadline(ctx)
+		return t.collectOwed()
+	}
+	if err := t.begin(ctx); err != nil {
 		return err
 	}
 	var slices []int // the descriptor of each slice, for messages
@@ -213,27 +268,72 @@ func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
 		}
 		acks <- refused
 	}()
-	var sendErr error
-	for sl := range transport.Slices(descs) {
-		sendErr = t.local.LoadAbortable(sl.Src, sl.Len, t.cut, func(src []byte) error {
-			return t.send(wire.Header{Op: wire.OpWrite, Addr: sl.Dst, Len: sl.Len}, src)
-		})
-		if sendErr != nil {
-			break
-		}
-		t.deadline(ctx)
-	}
-	if sendErr == nil {
-		if err := t.w.Flush(); err != nil {
-			sendErr = ioErr("send", err)
-		}
-	}
+	sendErr := t.sendWrites(ctx, descs, nil, 0)
 	if sendErr != nil {
 		t.c.Close() // unblocks the reply reader
 		<-acks
 		return sendErr
 	}
 	return <-acks
+}
+
+// Post sends a batch of writes and returns without reading their
+// acknowledgements (verify.Poster): the next Fence or Read reads them
+// first, so writes, fence and read-backs make one flight. A batch of more
+// than maxOwed slices is written as Write does.
+func (t *conn) Post(ctx context.Context, descs []verify.Desc, base int) error {
+	if countSlices(descs) > maxOwed-len(t.owed) {
+		return t.Write(ctx, descs, base)
+	}
+	if err := t.begin(ctx); err != nil {
+		return err
+	}
+	defer t.abortOn(ctx)()
+	t.deadline(ctx)
+	return t.sendWrites(ctx, descs, &t.owed, base)
+}
+
+// begin reads what earlier posts left owed and takes pushed quiesce marks
+// before new writes.
+func (t *conn) begin(ctx context.Context) error {
+	if len(t.owed) > 0 {
+		defer t.abortOn(ctx)()
+		t.deadline(ctx)
+		if err := t.collectOwed(); err != nil {
+			return err
+		}
+	}
+	return t.catchUp(ctx)
+}
+
+// sendWrites sends descs' slices and flushes; with owed, it records each
+// slice's acknowledgement as owed.
+func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owedAck, base int) error {
+	for sl := range transport.Slices(descs) {
+		err := t.local.LoadAbortable(sl.Src, sl.Len, t.cut, func(src []byte) error {
+			return t.send(wire.Header{Op: wire.OpWrite, Addr: sl.Dst, Len: sl.Len}, src)
+		})
+		if err != nil {
+			return err
+		}
+		if owed != nil {
+			*owed = append(*owed, owedAck{id: t.nextID, desc: base + sl.Desc})
+		}
+		t.deadline(ctx)
+	}
+	if err := t.w.Flush(); err != nil {
+		return ioErr("send", err)
+	}
+	return nil
+}
+
+// countSlices is how many frames descs take.
+func countSlices(descs []verify.Desc) int {
+	n := 0
+	for _, d := range descs {
+		n += int((d.Len + transport.MaxSlice - 1) / transport.MaxSlice)
+	}
+	return n
 }
 
 // catchUp takes the quiesce marks the target pushed while the connection

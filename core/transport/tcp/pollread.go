@@ -1,0 +1,76 @@
+package tcp
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// pollReader reads a sender's connection on the calling thread: a
+// non-blocking read, and where nothing has come yet, poll(2) on the socket,
+// so the thread sleeps in the kernel and wakes itself. Go's own read would
+// park the goroutine in the netpoller instead; when the caller is a C
+// thread (every mc_guard_transfer), its goroutine is locked to that thread
+// and each park and wake is a hand-off between threads, tens of µs each
+// way: most of a small transfer's time.
+type pollReader struct {
+	rc    syscall.RawConn
+	until *time.Time // the connection's deadline, as conn.deadline set it
+}
+
+// pollSlice bounds one poll: a connection closed meanwhile (a cancel, the
+// guard closing) is noticed within it.
+const pollSlice = 10 * time.Millisecond
+
+func (p pollReader) Read(b []byte) (int, error) {
+	for {
+		var n int
+		var rerr error
+		wait := time.Until(*p.until)
+		if wait <= 0 {
+			return 0, fmt.Errorf("read: %w", os.ErrDeadlineExceeded)
+		}
+		err := p.rc.Control(func(fd uintptr) {
+			n, rerr = syscall.Read(int(fd), b)
+			if rerr != syscall.EAGAIN {
+				return
+			}
+			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+			_, rerr = unix.Poll(fds, int(min(wait, pollSlice).Milliseconds())+1)
+			if rerr == nil || rerr == syscall.EINTR {
+				rerr = syscall.EAGAIN // read again
+			}
+		})
+		switch {
+		case err != nil: // closed
+			return 0, err
+		case rerr == syscall.EAGAIN:
+			continue
+		case rerr == syscall.EINTR:
+			continue
+		case rerr != nil:
+			return 0, rerr
+		case n == 0 && len(b) > 0:
+			return 0, io.EOF
+		}
+		return n, nil
+	}
+}
+
+// readerOf is c's reader: a pollReader where c exposes its socket.
+func readerOf(c interface{}, until *time.Time) (io.Reader, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil, errors.New("not a socket")
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	return pollReader{rc: rc, until: until}, nil
+}
