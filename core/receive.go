@@ -20,12 +20,23 @@ import (
 // register is refused whole.
 func (g *Guard) receiveNotice(body []byte) []byte {
 	rep := controlReply{Proto: ProtocolVersion}
-	n, err := wire.DecodeNotice(body, len(verify.Modes))
-	if err == nil {
-		_, err = g.auth.tokens.notice(n.Token, n.Seq, func(key []byte) bool { return hmac.Equal(n.MAC, noticeMAC(key, body)) })
+	if err := g.takeNotice(body); err != nil {
+		rep.Error = err.Error()
 		if errors.Is(err, errUnknownNoticeToken) {
 			rep.Code = codeUnknownToken
 		}
+	}
+	out, _ := json.Marshal(rep)
+	return out
+}
+
+// takeNotice records a notice, from the control channel or a data
+// connection: it must decode, prove its handshake (token, sequence, MAC)
+// and name only memory registered here.
+func (g *Guard) takeNotice(body []byte) error {
+	n, err := wire.DecodeNotice(body, len(verify.Modes))
+	if err == nil {
+		_, err = g.auth.tokens.notice(n.Token, n.Seq, func(key []byte) bool { return hmac.Equal(n.MAC, noticeMAC(key, body)) })
 	}
 	if err == nil {
 		for i, d := range n.Descs {
@@ -38,14 +49,11 @@ func (g *Guard) receiveNotice(body []byte) []byte {
 	if err == nil {
 		err = g.notices.add(n)
 	}
-	if err != nil {
-		rep.Error = err.Error()
-	} else {
+	if err == nil {
 		g.stats.noticesReceived.Add(1)
 		g.metrics.noticesReceived.Add(1)
 	}
-	out, _ := json.Marshal(rep)
-	return out
+	return err
 }
 
 // SyncRange is one destination range the receiver was told is complete.

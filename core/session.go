@@ -2,7 +2,6 @@ package core
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 
@@ -97,7 +96,7 @@ func (s *session) greet(ctx context.Context, g *Guard) error {
 }
 
 // errUnknownToken: the peer no longer knows this session's handshake.
-var errUnknownToken = errors.New("the receiver no longer knows this session's handshake")
+var errUnknownToken = transport.ErrStaleToken
 
 // disconnect drops the data connection and the notice socket; the next
 // batch reconnects.

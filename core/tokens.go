@@ -2,11 +2,11 @@ package core
 
 import (
 	"container/list"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
 
+	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
 )
 
@@ -136,7 +136,7 @@ func (s *tokenSet) notice(tok []byte, seq uint64, macOK func(key []byte) bool) (
 	return t.sender.id, nil
 }
 
-var errUnknownNoticeToken = errors.New("the notice's token belongs to no handshake with this guard")
+var errUnknownNoticeToken = fmt.Errorf("the notice's token belongs to no handshake with this guard (%w)", transport.ErrStaleToken)
 
 // size is how many senders and tokens are kept.
 func (s *tokenSet) size() (senders, tokens int) {

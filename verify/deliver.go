@@ -70,6 +70,14 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 	case cfg.Mode == Off:
 		return d, announce()
 	case !cfg.Mode.ReadsBack():
+		if _, ok := conn.(Poster); ok {
+			// The notice follows the writes on the connection: the fence
+			// reads their replies and its own in one flight.
+			if err := announce(); err != nil {
+				return d, err
+			}
+			return d, conn.Fence(ctx)
+		}
 		fenced := make(chan error, 1)
 		go func() { fenced <- conn.Fence(ctx) }()
 		notified := announce()

@@ -8,11 +8,17 @@ package transport
 
 import (
 	"context"
+	"errors"
 
 	"github.com/mcguard/mcguard/core/cuda"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/verify"
 )
+
+// ErrStaleToken marks a completion notice refused because the receiver no
+// longer knows the handshake it was signed under (forgotten while idle,
+// crowded out): the sender shakes hands again and announces once more.
+var ErrStaleToken = errors.New("the receiver no longer knows this session's handshake")
 
 // Peer is what the control plane settled in a handshake that a data plane
 // needs to bind its connections to it.

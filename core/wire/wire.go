@@ -55,6 +55,10 @@ const (
 	// as a request before its next writes (a Hello's Addr carries the
 	// generation of the sender's handshake).
 	OpMark Op = 6
+	// OpNotice carries a completion notice (EncodeNotice) to the target's
+	// guard, in order after the writes it announces: no round trip of its
+	// own, and it arrives after them.
+	OpNotice Op = 7
 	// Reply is or-ed into the op of a reply frame.
 	Reply Op = 0x80
 )
@@ -70,6 +74,7 @@ const (
 	StatusTooLarge      Status = 4
 	StatusDevice        Status = 5 // the target could not copy into or out of GPU memory
 	StatusQuiesced      Status = 6 // the receiver quiesced the range after the write was sent
+	StatusStaleToken    Status = 7 // a notice under a handshake the receiver no longer knows
 )
 
 func (s Status) String() string {
@@ -86,6 +91,8 @@ func (s Status) String() string {
 		return "request too large"
 	case StatusDevice:
 		return "the target's GPU copy failed"
+	case StatusStaleToken:
+		return "the receiver no longer knows the notice's handshake"
 	case StatusQuiesced:
 		return "the receiver quiesced the range after this write was sent"
 	}
@@ -136,7 +143,7 @@ func Decode(b []byte) (Header, error) {
 		Len:    binary.LittleEndian.Uint64(b[24:]),
 	}
 	switch h.Op &^ Reply {
-	case OpHello, OpWrite, OpRead, OpFence, OpChallenge, OpMark:
+	case OpHello, OpWrite, OpRead, OpFence, OpChallenge, OpMark, OpNotice:
 	default:
 		return Header{}, fmt.Errorf("%w: unknown op %#x", ErrFrame, byte(h.Op))
 	}

@@ -41,9 +41,11 @@ type conn struct {
 	owed []owedAck
 }
 
-// owedAck is a posted slice: its frame id and its descriptor (for messages).
+// owedAck is a posted frame: its id, its op, and for a write its
+// descriptor (for messages).
 type owedAck struct {
 	id   uint64
+	op   wire.Op
 	desc int
 }
 
@@ -135,22 +137,50 @@ func (t *conn) recv(op wire.Op, id uint64) (wire.Header, error) {
 	return h, nil
 }
 
-// collectOwed reads the acknowledgements of posted writes, which come
-// before any later reply, and returns the first refusal among them.
-func (t *conn) collectOwed() error {
+// collectOwed reads the replies of posted frames, which come before any
+// later reply. It returns an I/O error (the stream is lost), or the first
+// refusal among them (the stream is in step: the caller reads on).
+func (t *conn) collectOwed() (refused, ioErr error) {
 	owed := t.owed
 	t.owed = t.owed[:0]
-	var refused error
 	for _, o := range owed {
-		h, err := t.recv(wire.OpWrite, o.id)
+		h, err := t.recv(o.op, o.id)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if h.Status != wire.StatusOK && refused == nil {
+		switch {
+		case h.Status == wire.StatusOK || refused != nil:
+		case h.Status == wire.StatusStaleToken:
+			refused = fmt.Errorf("%w: %w", errs.Session, transport.ErrStaleToken)
+		case o.op == wire.OpNotice:
+			refused = fmt.Errorf("%w: the receiver refused the completion notice (%v); its log says why", errs.Session, h.Status)
+		default:
 			refused = fmt.Errorf("%w: target refused descriptor %d at %#x: %v", statusErr(h.Status), o.desc, h.Addr, h.Status)
 		}
 	}
+	return refused, nil
+}
+
+// firstErr is collectOwed's I/O error, else its refusal.
+func firstErr(refused, ioErr error) error {
+	if ioErr != nil {
+		return ioErr
+	}
 	return refused
+}
+
+// owedThen reads the owed replies and then the reply of request id,
+// returning an I/O error, else the owed refusal, else the reply.
+func (t *conn) owedThen(op wire.Op, id uint64) (wire.Header, error) {
+	refused, err := t.collectOwed()
+	if err != nil {
+		return wire.Header{}, err
+	}
+	h, err := t.recv(op, id)
+	if err != nil {
+		return wire.Header{}, err
+	}
+	return h, refused
 }
 
 // request sends one frame and waits for its reply.
@@ -167,10 +197,7 @@ func (t *conn) requestAt(ctx context.Context, op wire.Op, addr uint64, payload [
 	if err := t.w.Flush(); err != nil {
 		return wire.Header{}, ioErr("send", err)
 	}
-	if err := t.collectOwed(); err != nil {
-		return wire.Header{}, err
-	}
-	return t.recv(op, t.nextID)
+	return t.owedThen(op, t.nextID)
 }
 
 // fencedRequest sends a Read after the unanswered Fence fenceID and waits
@@ -182,12 +209,11 @@ func (t *conn) fencedRequest(ctx context.Context, fenceID uint64, payload []byte
 	if err := t.w.Flush(); err != nil {
 		return wire.Header{}, ioErr("send", err)
 	}
-	if err := t.collectOwed(); err != nil {
-		return wire.Header{}, err
-	}
-	f, err := t.recv(wire.OpFence, fenceID)
-	if err != nil {
-		return wire.Header{}, err
+	f, refused := t.owedThen(wire.OpFence, fenceID)
+	if refused != nil {
+		// A refused write: the read's reply still comes; the caller drops
+		// the connection anyway (the error is not a mismatch).
+		return wire.Header{}, refused
 	}
 	if f.Status != wire.StatusOK {
 		return wire.Header{}, fmt.Errorf("%w: target failed the fence: %v", errs.Peer, f.Status)
@@ -240,7 +266,11 @@ func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
 		}
 		defer t.abortOn(ctx)()
 		t.deadline(ctx)
-		return t.collectOwed()
+		refused, err := t.collectOwed()
+		if err != nil {
+			return err
+		}
+		return refused
 	}
 	if err := t.begin(ctx); err != nil {
 		return err
@@ -293,13 +323,40 @@ func (t *conn) Post(ctx context.Context, descs []verify.Desc, base int) error {
 	return t.sendWrites(ctx, descs, &t.owed, base)
 }
 
+// PostNotice sends a completion notice on the data connection, after the
+// writes it announces, and leaves its reply owed: the chunk's fence (or the
+// next call) reads it, so it costs no round trip of its own.
+func (t *conn) PostNotice(ctx context.Context, body []byte) error {
+	defer t.abortOn(ctx)()
+	t.deadline(ctx)
+	if len(t.owed) >= maxOwed {
+		if err := t.w.Flush(); err != nil {
+			return ioErr("send", err)
+		}
+		if err := firstErr(t.collectOwed()); err != nil {
+			return err
+		}
+	}
+	if err := t.send(wire.Header{Op: wire.OpNotice, Len: uint64(len(body))}, body); err != nil {
+		return err
+	}
+	t.owed = append(t.owed, owedAck{id: t.nextID, op: wire.OpNotice})
+	if err := t.w.Flush(); err != nil { // the receiver may sync on it before this sender's next call
+		return ioErr("send", err)
+	}
+	return nil
+}
+
 // begin reads what earlier posts left owed and takes pushed quiesce marks
 // before new writes.
 func (t *conn) begin(ctx context.Context) error {
 	if len(t.owed) > 0 {
 		defer t.abortOn(ctx)()
 		t.deadline(ctx)
-		if err := t.collectOwed(); err != nil {
+		if err := t.w.Flush(); err != nil { // a notice posted last may not be sent yet
+			return ioErr("send", err)
+		}
+		if err := firstErr(t.collectOwed()); err != nil {
 			return err
 		}
 	}
@@ -317,7 +374,7 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owed
 			return err
 		}
 		if owed != nil {
-			*owed = append(*owed, owedAck{id: t.nextID, desc: base + sl.Desc})
+			*owed = append(*owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc})
 		}
 		t.deadline(ctx)
 	}

@@ -38,6 +38,7 @@ type target struct {
 	// either not at all or whole.
 	faults  *fault.Injector
 	refused func(reason string) // counts refusals, if set
+	notice  func(body []byte) error
 	applyMu sync.Mutex
 	closed  bool // under applyMu: held writes stop touching memory
 	late    sync.WaitGroup
@@ -63,7 +64,7 @@ func newTarget(cfg Config) (*target, error) {
 // serveOn runs a target on ln.
 func serveOn(ln net.Listener, cfg Config) *target {
 	t := &target{regions: cfg.Regions, tokens: cfg.Tokens, timeout: cfg.Timeout, ln: ln, conns: map[net.Conn]*link{}, senders: map[string]net.Conn{},
-		pending: transport.NewPending(), stop: make(chan struct{}), refused: cfg.Refused, faults: fault.New(cfg.Faults, cfg.TailBytes, ln.Addr().String())}
+		pending: transport.NewPending(), stop: make(chan struct{}), refused: cfg.Refused, notice: cfg.Notice, faults: fault.New(cfg.Faults, cfg.TailBytes, ln.Addr().String())}
 	t.wg.Add(1)
 	go t.accept()
 	return t
@@ -218,6 +219,8 @@ func (t *target) serve(l *link) {
 			st, err = t.fence(r, h.Len, lagged)
 		case h.Op == wire.OpRead:
 			st, n, payload, err = t.read(r, h.Len, cut)
+		case h.Op == wire.OpNotice:
+			st, err = t.takeNotice(r, h.Len)
 		}
 		if err != nil {
 			return
@@ -329,6 +332,29 @@ func (t *target) write(l *link, addr, n uint64, r io.Reader, lagged *transport.P
 		return wire.StatusDevice, nil
 	}
 	return wire.StatusOK, err
+}
+
+// maxNoticeFrame bounds a notice frame: its largest chunk.
+const maxNoticeFrame = wire.NoticeHeaderSize + wire.MaxNoticeDescs*wire.NoticeDescSize + wire.NoticeMACSize
+
+// takeNotice hands a Notice frame's notice to the guard.
+func (t *target) takeNotice(r io.Reader, n uint64) (wire.Status, error) {
+	if n > maxNoticeFrame || t.notice == nil {
+		_, err := io.CopyN(io.Discard, r, int64(n))
+		return wire.StatusBadRequest, err
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return 0, err
+	}
+	if err := t.notice(body); err != nil {
+		if errors.Is(err, transport.ErrStaleToken) {
+			return wire.StatusStaleToken, nil
+		}
+		logs.Printf(logs.Info, "target %s: completion notice refused: %v", t.addr(), err)
+		return wire.StatusBadRequest, nil
+	}
+	return wire.StatusOK, nil
 }
 
 // fence replies once every earlier write on the connection is applied.

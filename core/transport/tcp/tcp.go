@@ -35,6 +35,9 @@ type Config struct {
 	TailBytes int          // the tail check's length, for the stale fault
 	// Refused, if set, counts the peer writes the target refuses, by reason.
 	Refused func(reason string)
+	// Notice, if set, takes a completion notice that came on a data
+	// connection (the guard checks it as one from the control channel).
+	Notice func(body []byte) error
 }
 
 // Transport is the TCP data plane of one guard.
