@@ -1,10 +1,12 @@
 package core
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
 
+	"github.com/mcguard/mcguard/verify"
 	"github.com/stretchr/testify/require"
 )
 
@@ -70,4 +72,22 @@ func TestNotifyQueueIsBoundedPerSender(t *testing.T) {
 	require.NoError(t, json.Unmarshal(js, &out))
 	require.Len(t, out, maxNotifiesPerSender+1)
 	require.NoError(t, q.add("flooder", Notify{Name: "n"}), "taking frees room")
+}
+
+// A read-back mode's notice (notify always) goes out at once on the data
+// connection and its reply is read by the session's next call, whatever
+// that call is.
+func TestNoticeOnTheDataConnectionIsSentAtOnceAndCollectedNext(t *testing.T) {
+	p := newPair(t, `{"verify": "tail", "notify": "always"}`, `{"sync_timeout_ms": 2000}`, 8*4096)
+	fill(p.src.b)
+	res, err := p.send.Transfer(p.session, p.blocks(8, 4096), TransferOptions{})
+	require.NoError(t, err)
+	require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0), "the notice arrived without the sender's next call")
+	for _, m := range []verify.Mode{verify.Off, verify.Digest, verify.Tail} {
+		fill(p.src.b)
+		res, err = p.send.Transfer(p.session, p.blocks(8, 4096), TransferOptions{Verify: ptr(m)})
+		require.NoError(t, err, m)
+		require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0), m)
+		require.True(t, bytes.Equal(p.src.b, p.dst.b), m)
+	}
 }

@@ -260,21 +260,23 @@ func (t *conn) hello(ctx context.Context, peer transport.Peer) error {
 // replies read while the writes go out, so it cannot fill both socket
 // buffers and stall.
 func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
-	if n := countSlices(descs); n <= maxOwed {
-		if err := t.Post(ctx, descs, base); err != nil {
+	if countSlices(descs) > maxOwed {
+		if err := t.begin(ctx); err != nil {
 			return err
 		}
-		defer t.abortOn(ctx)()
-		t.deadline(ctx)
-		refused, err := t.collectOwed()
-		if err != nil {
-			return err
-		}
-		return refused
+		return t.writeLong(ctx, descs, base)
 	}
-	if err := t.begin(ctx); err != nil {
+	if err := t.Post(ctx, descs, base); err != nil {
 		return err
 	}
+	defer t.abortOn(ctx)()
+	t.deadline(ctx)
+	return firstErr(t.collectOwed())
+}
+
+// writeLong sends a batch of more than maxOwed slices while another
+// goroutine reads their acknowledgements.
+func (t *conn) writeLong(ctx context.Context, descs []verify.Desc, base int) error {
 	var slices []int // the descriptor of each slice, for messages
 	for sl := range transport.Slices(descs) {
 		slices = append(slices, base+sl.Desc)
@@ -312,11 +314,11 @@ func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
 // first, so writes, fence and read-backs make one flight. A batch of more
 // than maxOwed slices is written as Write does.
 func (t *conn) Post(ctx context.Context, descs []verify.Desc, base int) error {
-	if countSlices(descs) > maxOwed-len(t.owed) {
-		return t.Write(ctx, descs, base)
-	}
-	if err := t.begin(ctx); err != nil {
+	if err := t.begin(ctx); err != nil { // nothing is owed past here
 		return err
+	}
+	if countSlices(descs) > maxOwed {
+		return t.writeLong(ctx, descs, base)
 	}
 	defer t.abortOn(ctx)()
 	t.deadline(ctx)
