@@ -40,8 +40,12 @@ type Config struct {
 	// Transport: "tcp", "rdma" or "auto". RequireRDMA turns auto's
 	// fallback to TCP into an error (the silent fallback that hid
 	// Mooncake users' corruption). VerbsLibrary names another libibverbs.
-	Transport    string
-	RequireRDMA  bool
+	Transport   string
+	RequireRDMA bool
+	// SameHost: "auto" (where the handshake shows one host and the
+	// receiver can read this process, it copies the bytes straight out of
+	// it), "off", or "required" (an error where it cannot be used).
+	SameHost     string
 	VerbsLibrary string
 	RDMADevice   string // empty: the first device with an active port
 	RDMAGIDIndex int    // -1: the first RoCE v2 GID
@@ -64,6 +68,7 @@ func DefaultConfig() Config {
 		ConnectTimeout: 2 * time.Second,
 		CUDA:           "auto",
 		Transport:      "auto",
+		SameHost:       "auto",
 		RDMAGIDIndex:   -1,
 		RDMAQPs:        1,
 		SyncTimeout:    5 * time.Second,
@@ -93,6 +98,7 @@ func LoadConfig(getenv config.Getenv, configJSON string) (Config, error) {
 	l.String("cuda_library", []string{"MC_GUARD_CUDA_LIBRARY"}, &c.CUDALibrary)
 	l.Choice("transport", []string{"MC_GUARD_TRANSPORT"}, &c.Transport, []string{"tcp", "rdma", "auto"}, nil)
 	l.Bool("require_rdma", []string{"MC_GUARD_REQUIRE_RDMA"}, &c.RequireRDMA)
+	l.Choice("same_host", []string{"MC_GUARD_SAME_HOST"}, &c.SameHost, []string{"auto", "off", "required"}, nil)
 	l.String("verbs_library", []string{"MC_GUARD_VERBS_LIBRARY"}, &c.VerbsLibrary)
 	l.String("rdma_device", []string{"MC_GUARD_RDMA_DEVICE"}, &c.RDMADevice)
 	l.Int("rdma_gid_index", []string{"MC_GUARD_RDMA_GID_INDEX"}, &c.RDMAGIDIndex, -1, 255)

@@ -20,17 +20,21 @@ import (
 // receiver settling each as the stress tool does (no sync for off, the
 // baseline), and counts successes whose destination differs from the
 // source.
-// Over an engine (overEngine) the fault is injected at the sender's
-// engine callbacks instead of the receiver's TCP target.
-func matrixCell(t *testing.T, injected string, mode verify.Mode, overEngine bool) (ok, failed, mismatches int) {
+// The data plane is "socket" (TCP, bytes through the socket), "same-host"
+// (TCP, the target copying them out of the sender), or "engine" (the
+// fault injected at the sender's engine callbacks instead of the target).
+func matrixCell(t *testing.T, injected string, mode verify.Mode, plane string) (ok, failed, mismatches int) {
 	const n, size, rounds = 16, 4096, 6
 	sendJS := fmt.Sprintf(`"verify": %q, "max_retries": 15, "retry_sleep_s": 0.001`, mode)
 	inject := fmt.Sprintf(`"inject": %q, "inject_rate": 0.3, "inject_lag_max_ms": 5, "inject_seed": 11`, injected)
 	var p *pair
-	if overEngine {
+	switch plane {
+	case "engine":
 		p = newEnginePair(t, "{"+sendJS+", "+inject+"}", "", n*size, newFakeEngines())
-	} else {
-		p = newPair(t, "{"+sendJS+"}", "{"+inject+"}", n*size)
+	case "same-host":
+		p = newPair(t, "{"+sendJS+`, "same_host": "required"}`, "{"+inject+"}", n*size)
+	default:
+		p = newPair(t, "{"+sendJS+`, "same_host": "off"}`, "{"+inject+"}", n*size)
 	}
 	for r := 0; r < rounds; r++ {
 		rand.Read(p.src.b)
@@ -72,22 +76,28 @@ func matrixCell(t *testing.T, injected string, mode verify.Mode, overEngine bool
 }
 
 func TestDetectionMatrix(t *testing.T) {
-	for _, injected := range fault.Delivery {
-		for _, mode := range verify.Modes {
-			t.Run(injected+"/"+string(mode), func(t *testing.T) {
-				t.Parallel()
-				ok, failed, mismatches := matrixCell(t, injected, mode, false)
-				t.Logf("ok %d failed %d mismatches %d", ok, failed, mismatches)
-				switch {
-				case mode == verify.Off:
-					require.Positive(t, mismatches, "off must show the fault")
-				case mode == verify.Tail && injected == fault.Stale:
-					require.Positive(t, mismatches, "tail's blind spot: a lost write whose tail already matched")
-				default:
-					require.Zero(t, mismatches, "no success may hold wrong bytes")
-				}
-			})
+	for _, plane := range []string{"socket", "same-host"} {
+		for _, injected := range fault.Delivery {
+			for _, mode := range verify.Modes {
+				t.Run(plane+"/"+injected+"/"+string(mode), func(t *testing.T) {
+					t.Parallel()
+					detectionCell(t, plane, injected, mode)
+				})
+			}
 		}
+	}
+}
+
+func detectionCell(t *testing.T, plane, injected string, mode verify.Mode) {
+	ok, failed, mismatches := matrixCell(t, injected, mode, plane)
+	t.Logf("ok %d failed %d mismatches %d", ok, failed, mismatches)
+	switch {
+	case mode == verify.Off:
+		require.Positive(t, mismatches, "off must show the fault")
+	case mode == verify.Tail && injected == fault.Stale:
+		require.Positive(t, mismatches, "tail's blind spot: a lost write whose tail already matched")
+	default:
+		require.Zero(t, mismatches, "no success may hold wrong bytes")
 	}
 }
 
@@ -99,7 +109,7 @@ func TestDetectionMatrixOverAnEngine(t *testing.T) {
 		for _, mode := range verify.Modes {
 			t.Run(injected+"/"+string(mode), func(t *testing.T) {
 				t.Parallel()
-				ok, failed, mismatches := matrixCell(t, injected, mode, true)
+				ok, failed, mismatches := matrixCell(t, injected, mode, "engine")
 				t.Logf("ok %d failed %d mismatches %d", ok, failed, mismatches)
 				if mode == verify.Off {
 					require.Positive(t, mismatches, "off must show the fault")

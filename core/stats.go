@@ -3,6 +3,8 @@ package core
 import (
 	"encoding/json"
 	"sync/atomic"
+
+	"github.com/mcguard/mcguard/core/transport/tcp"
 )
 
 // Counters and the stats JSON.
@@ -53,6 +55,10 @@ func (g *Guard) Stats() ([]byte, error) {
 		"aborts_answered":    g.stats.abortsAnswered.Load(),
 		"quiesces":           g.stats.quiesces.Load(),
 	}
+	if p, ok := g.plane(tcp.Name).(*tcp.Transport); ok {
+		out["same_host_pulled_bytes"] = p.PulledBytes()
+	}
+	out["same_host"] = g.cfg.SameHost
 	for name, state := range g.planeState { // "tcp": what it runs on; "rdma": that, or why not
 		out[name] = state
 	}

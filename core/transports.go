@@ -43,7 +43,7 @@ var dataPlanes = []struct {
 			faults = fault.Config{} // injected at the engine's callbacks instead
 		}
 		return tcp.New(tcp.Config{Host: host, Timeout: g.cfg.Timeout, Regions: g.regions, Tokens: g.auth.tokens.sender,
-			Faults: faults, TailBytes: g.cfg.Verify.TailBytes, Notice: g.takeNotice,
+			Faults: faults, TailBytes: g.cfg.Verify.TailBytes, Notice: g.takeNotice, SameHost: g.cfg.SameHost,
 			Refused: func(reason string) { g.metrics.refusedWrites.Add(1, reason) }})
 	}},
 }

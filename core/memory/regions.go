@@ -219,6 +219,23 @@ func (t *Regions) within(addr, n uint64, abort func(), fn func(r *region) error)
 	return fn(&held)
 }
 
+// Pin holds the region of [addr, addr+n) registered until release is
+// called (Unregister waits for it; abort, if not nil, is called to cut it
+// short), and says whether it is device memory.
+func (t *Regions) Pin(addr, n uint64, abort func()) (release func(), device bool, err error) {
+	t.mu.RLock()
+	r := t.findLocked(addr, n)
+	if r == nil {
+		t.mu.RUnlock()
+		return nil, false, fmt.Errorf("%w: [%#x, +%d)", errs.NotRegistered, addr, n)
+	}
+	p, dev := r.pins, r.mem.Device
+	id := p.enter(abort)
+	t.mu.RUnlock()
+	var once sync.Once
+	return func() { once.Do(func() { p.leave(id) }) }, dev, nil
+}
+
 // Load runs fn on the bytes [addr, addr+n) after checking them: host
 // memory as it is, device memory as a staged copy. fn must not keep b.
 func (t *Regions) Load(addr, n uint64, fn func(b []byte) error) error {

@@ -59,9 +59,21 @@ const (
 	// guard, in order after the writes it announces: no round trip of its
 	// own, and it arrives after them.
 	OpNotice Op = 7
+	// OpProve asks a target on the same host to read the handshake's
+	// nonce at Addr in the sender's memory (same-host transfers); its
+	// reply's Len carries why not (an errno, or ProveNoGrant).
+	OpProve Op = 8
+	// OpWriteFrom is a write whose bytes the target copies out of the
+	// sender's memory: Addr is the destination, the payload the source
+	// address and the length (16 bytes, little-endian).
+	OpWriteFrom Op = 9
 	// Reply is or-ed into the op of a reply frame.
 	Reply Op = 0x80
 )
+
+// ProveNoGrant is a Prove reply's reason when the target holds no
+// same-host grant for the connection's handshake.
+const ProveNoGrant = 1 << 32
 
 // Status is a reply's outcome.
 type Status int32
@@ -75,6 +87,7 @@ const (
 	StatusDevice        Status = 5 // the target could not copy into or out of GPU memory
 	StatusQuiesced      Status = 6 // the receiver quiesced the range after the write was sent
 	StatusStaleToken    Status = 7 // a notice under a handshake the receiver no longer knows
+	StatusNoAccess      Status = 8 // the target cannot read the sender's memory (same host)
 )
 
 func (s Status) String() string {
@@ -91,6 +104,8 @@ func (s Status) String() string {
 		return "request too large"
 	case StatusDevice:
 		return "the target's GPU copy failed"
+	case StatusNoAccess:
+		return "the target cannot read the sender's memory"
 	case StatusStaleToken:
 		return "the receiver no longer knows the notice's handshake"
 	case StatusQuiesced:
@@ -143,7 +158,7 @@ func Decode(b []byte) (Header, error) {
 		Len:    binary.LittleEndian.Uint64(b[24:]),
 	}
 	switch h.Op &^ Reply {
-	case OpHello, OpWrite, OpRead, OpFence, OpChallenge, OpMark, OpNotice:
+	case OpHello, OpWrite, OpRead, OpFence, OpChallenge, OpMark, OpNotice, OpProve, OpWriteFrom:
 	default:
 		return Header{}, fmt.Errorf("%w: unknown op %#x", ErrFrame, byte(h.Op))
 	}

@@ -3,6 +3,8 @@ package tcp
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -39,6 +41,9 @@ type conn struct {
 	// owed are the posted writes whose acknowledgements are not read yet:
 	// the next request reads them first, in the same flight.
 	owed []owedAck
+	// pull: the target copies host-memory sources out of this process
+	// (same host), so writes carry addresses instead of bytes.
+	pull bool
 }
 
 // owedAck is a posted frame: its id, its op, and for a write its
@@ -47,6 +52,9 @@ type owedAck struct {
 	id   uint64
 	op   wire.Op
 	desc int
+	// release lets go of a pulled write's source once the target
+	// answered: until then it must stay registered.
+	release func()
 }
 
 // maxOwed bounds the acknowledgements left unread while more frames go
@@ -84,6 +92,12 @@ func (t *conn) Close() {
 		tc.SetLinger(0)
 	}
 	t.c.Close()
+	for _, o := range t.owed {
+		if o.release != nil {
+			o.release()
+		}
+	}
+	t.owed = nil
 }
 
 // abortOn closes the connection if ctx ends (the guard is closing) while
@@ -131,7 +145,8 @@ func (t *conn) recv(op wire.Op, id uint64) (wire.Header, error) {
 		}
 		t.mark = max(t.mark, h.Addr) // a quiesce at the receiver: echoed before the next writes
 	}
-	if h.Op != op|wire.Reply || h.ID != id {
+	pulled := op == wire.OpWrite && h.Op == wire.OpWriteFrom|wire.Reply // a write is either kind
+	if (h.Op != op|wire.Reply && !pulled) || h.ID != id {
 		return wire.Header{}, fmt.Errorf("%w: reply out of step (op %#x id %d, want op %#x id %d)", errs.Peer, byte(h.Op), h.ID, byte(op|wire.Reply), id)
 	}
 	return h, nil
@@ -143,6 +158,13 @@ func (t *conn) recv(op wire.Op, id uint64) (wire.Header, error) {
 func (t *conn) collectOwed() (refused, ioErr error) {
 	owed := t.owed
 	t.owed = t.owed[:0]
+	defer func() { // a source the target has answered for (or never will) is free
+		for _, o := range owed {
+			if o.release != nil {
+				o.release()
+			}
+		}
+	}()
 	for _, o := range owed {
 		h, err := t.recv(o.op, o.id)
 		if err != nil {
@@ -300,7 +322,13 @@ func (t *conn) writeLong(ctx context.Context, descs []verify.Desc, base int) err
 		}
 		acks <- refused
 	}()
-	sendErr := t.sendWrites(ctx, descs, nil, 0)
+	var pinned []owedAck // pulled sources, held until their acknowledgements came
+	defer func() {
+		for _, o := range pinned {
+			o.release()
+		}
+	}()
+	sendErr := t.sendWrites(ctx, descs, &pinned, 0)
 	if sendErr != nil {
 		t.c.Close() // unblocks the reply reader
 		<-acks
@@ -365,18 +393,43 @@ func (t *conn) begin(ctx context.Context) error {
 	return t.catchUp(ctx)
 }
 
-// sendWrites sends descs' slices and flushes; with owed, it records each
-// slice's acknowledgement as owed.
+// sendWrites sends descs' slices and flushes, recording each slice's
+// acknowledgement in owed. On the same host a host-memory source goes as
+// its address (OpWriteFrom), pinned until its acknowledgement is read.
 func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owedAck, base int) error {
+	var ref [16]byte
 	for sl := range transport.Slices(descs) {
-		err := t.local.LoadAbortable(sl.Src, sl.Len, t.cut, func(src []byte) error {
-			return t.send(wire.Header{Op: wire.OpWrite, Addr: sl.Dst, Len: sl.Len}, src)
-		})
+		var release func()
+		if t.pull {
+			rel, device, err := t.local.Pin(sl.Src, sl.Len, t.cut)
+			if err != nil {
+				return err
+			}
+			if device { // a GPU source is staged and sent as bytes
+				rel()
+			} else {
+				release = rel
+			}
+		}
+		var err error
+		if release != nil {
+			binary.LittleEndian.PutUint64(ref[:], sl.Src)
+			binary.LittleEndian.PutUint64(ref[8:], sl.Len)
+			err = t.send(wire.Header{Op: wire.OpWriteFrom, Addr: sl.Dst, Len: uint64(len(ref))}, ref[:])
+		} else {
+			err = t.local.LoadAbortable(sl.Src, sl.Len, t.cut, func(src []byte) error {
+				return t.send(wire.Header{Op: wire.OpWrite, Addr: sl.Dst, Len: sl.Len}, src)
+			})
+		}
 		if err != nil {
+			if release != nil {
+				release()
+			}
 			return err
 		}
-		if owed != nil {
-			*owed = append(*owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc})
+		o := owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc, release: release}
+		if owed == &t.owed || release != nil {
+			*owed = append(*owed, o)
 		}
 		t.deadline(ctx)
 	}
@@ -384,6 +437,53 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owed
 		return ioErr("send", err)
 	}
 	return nil
+}
+
+// sameHost finishes a same-host connection: the target's nonce written
+// where the target can read it, and the target's word that it could. As
+// setting says, a failure falls back to sending bytes (logged once) or
+// fails the connection.
+func (t *conn) sameHost(ctx context.Context, setting string, a answer) error {
+	why := a.SameHostWhy
+	if a.SameHost != "" {
+		why = t.prove(ctx, a.SameHost)
+		if why == "" {
+			t.pull = true
+			return nil
+		}
+	} else if why == "" {
+		why = "the receiver offered none"
+	}
+	switch {
+	case setting == SameHostRequired:
+		return fmt.Errorf("%w: same_host is required and cannot be used with this receiver: %s", errs.Config, why)
+	case setting == SameHostAuto && why != "another host" && why != "another pid namespace":
+		logFallback(why)
+	}
+	return nil
+}
+
+// prove has the target read the nonce back out of this process; it
+// returns why that failed, or "".
+func (t *conn) prove(ctx context.Context, nonceHex string) string {
+	nonce, err := hex.DecodeString(nonceHex)
+	if err != nil || len(nonce) == 0 {
+		return "the receiver's nonce is malformed"
+	}
+	p, err := newProbe(nonce)
+	if err != nil {
+		return "no probe page: " + err.Error()
+	}
+	defer p.free()
+	defer t.abortOn(ctx)()
+	h, err := t.requestAt(ctx, wire.OpProve, p.addr(), nil)
+	if err != nil {
+		return err.Error()
+	}
+	if h.Status != wire.StatusOK {
+		return errnoText(h.Len)
+	}
+	return ""
 }
 
 // countSlices is how many frames descs take.

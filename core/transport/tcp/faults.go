@@ -1,7 +1,7 @@
 package tcp
 
 import (
-	"io"
+	"errors"
 	"time"
 
 	"github.com/mcguard/mcguard/core/fault"
@@ -15,10 +15,14 @@ import (
 
 // writeFaulty is a write under fault injection: the bytes are received
 // whole, acknowledged, and then applied as the fault decides.
-func (t *target) writeFaulty(l *link, addr, n uint64, r io.Reader, lagged *transport.Pending) (wire.Status, error) {
+func (t *target) writeFaulty(l *link, addr, n uint64, src source, lagged *transport.Pending) (wire.Status, error) {
 	ack := l.ack.Load() // where this write stands in its stream
 	buf := make([]byte, n)
-	if _, err := io.ReadFull(r, buf); err != nil {
+	if err := src.fill(buf); err != nil {
+		var pe errPeerRead
+		if errors.As(err, &pe) {
+			return wire.StatusNoAccess, nil
+		}
 		return 0, err
 	}
 	var dstTail []byte

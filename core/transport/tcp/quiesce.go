@@ -38,6 +38,7 @@ type link struct {
 	aborted atomic.Bool   // its sender gave up on it: nothing it brought may land
 	bound   atomic.Bool   // its hello was taken: it may be sent marks
 	applyMu sync.Mutex    // held while one of its writes is applied
+	pid     int           // a same-host sender that proved it is this pid (serve loop only)
 }
 
 type quiesceRecord struct {

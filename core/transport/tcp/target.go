@@ -5,11 +5,14 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/mcguard/mcguard/core/errs"
@@ -45,6 +48,9 @@ type target struct {
 
 	q    quiescer
 	stop chan struct{} // closed when the target closes: held writes give up
+
+	grants grants       // same-host senders: their pids and nonces
+	pulled atomic.Int64 // bytes copied out of same-host senders' memory
 
 	ln      net.Listener
 	mu      sync.Mutex
@@ -214,7 +220,14 @@ func (t *target) serve(l *link) {
 				_, err = io.CopyN(io.Discard, r, int64(h.Len))
 			}
 		case h.Op == wire.OpWrite:
-			st, err = t.write(l, h.Addr, h.Len, r, lagged, cut)
+			st, err = t.write(l, h.Addr, h.Len, streamSource{r, h.Len}, lagged, cut)
+		case h.Op == wire.OpWriteFrom:
+			var src peerSource
+			if src, st, err = t.pullSource(l, r, h.Len); err == nil && st == wire.StatusOK {
+				st, err = t.write(l, h.Addr, src.n, src, lagged, cut)
+			}
+		case h.Op == wire.OpProve:
+			st, n, err = t.prove(l, h.Addr, h.Len, r)
 		case h.Op == wire.OpFence:
 			st, err = t.fence(r, h.Len, lagged)
 		case h.Op == wire.OpRead:
@@ -295,18 +308,107 @@ func (t *target) claim(sender string, l *link) {
 	t.senders[sender] = l.c
 }
 
-// write applies a Write frame's payload. A range outside registered memory
-// is refused and its payload discarded, so the stream stays in step.
-// The payload is read straight into the region, which stays pinned (not
-// locked) meanwhile: a peer that stalls mid-payload holds up nobody else,
-// and unregistering the region cuts its connection.
-func (t *target) write(l *link, addr, n uint64, r io.Reader, lagged *transport.Pending, cut func()) (wire.Status, error) {
-	if err := t.regions.Check(addr, n); err != nil {
+// source is where a write's bytes come from: the frame's payload in the
+// stream, or the sender's memory (same host).
+type source interface {
+	fill(m []byte) error // the bytes into m
+	discard() error      // the bytes not taken: the stream stays in step
+}
+
+type streamSource struct {
+	r io.Reader
+	n uint64
+}
+
+func (s streamSource) fill(m []byte) error {
+	_, err := io.ReadFull(s.r, m)
+	return err
+}
+
+func (s streamSource) discard() error {
+	_, err := io.CopyN(io.Discard, s.r, int64(s.n))
+	return err
+}
+
+// peerSource is [src, src+n) in process pid.
+type peerSource struct {
+	t      *target
+	pid    int
+	src, n uint64
+}
+
+// errPeerRead marks a same-host copy that failed: a refusal, not a broken
+// stream.
+type errPeerRead struct{ err error }
+
+func (e errPeerRead) Error() string { return "reading the sender's memory: " + e.err.Error() }
+
+func (s peerSource) fill(m []byte) error {
+	if err := readPeer(s.pid, s.src, m); err != nil {
+		return errPeerRead{err}
+	}
+	s.t.pulled.Add(int64(len(m)))
+	return nil
+}
+
+func (peerSource) discard() error { return nil }
+
+// pullSource decodes a WriteFrom frame's payload, on a connection that
+// proved it comes from a same-host sender.
+func (t *target) pullSource(l *link, r io.Reader, n uint64) (peerSource, wire.Status, error) {
+	if n != 16 {
 		_, err := io.CopyN(io.Discard, r, int64(n))
-		return wire.StatusNotRegistered, err
+		return peerSource{}, wire.StatusBadRequest, err
+	}
+	var ref [16]byte
+	if _, err := io.ReadFull(r, ref[:]); err != nil {
+		return peerSource{}, 0, err
+	}
+	src := peerSource{t: t, pid: l.pid, src: binary.LittleEndian.Uint64(ref[:]), n: binary.LittleEndian.Uint64(ref[8:])}
+	if l.pid == 0 || src.n == 0 || src.n > transport.MaxSlice {
+		return peerSource{}, wire.StatusBadRequest, nil
+	}
+	return src, wire.StatusOK, nil
+}
+
+// prove reads the handshake's nonce at addr in the sender's memory: where
+// it is there, this connection's writes may name source addresses. The
+// reply's Len says why not.
+func (t *target) prove(l *link, addr, n uint64, r io.Reader) (wire.Status, uint64, error) {
+	if n != 0 {
+		_, err := io.CopyN(io.Discard, r, int64(n))
+		return wire.StatusBadRequest, 0, err
+	}
+	g, ok := t.grants.get(l.sender)
+	if !ok {
+		return wire.StatusNoAccess, wire.ProveNoGrant, nil
+	}
+	got := make([]byte, len(g.nonce))
+	if err := readPeer(g.pid, addr, got); err != nil {
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			return wire.StatusNoAccess, uint64(errno), nil
+		}
+		return wire.StatusNoAccess, uint64(syscall.EIO), nil
+	}
+	if !hmac.Equal(got, g.nonce) {
+		return wire.StatusNoAccess, 0, nil
+	}
+	l.pid = g.pid
+	return wire.StatusOK, 0, nil
+}
+
+// write applies a write. A range outside registered memory is refused and
+// its bytes discarded, so the stream stays in step. The bytes go straight
+// into the region, which stays pinned (not locked) meanwhile: a peer that
+// stalls mid-payload holds up nobody else, and unregistering the region
+// cuts its connection.
+func (t *target) write(l *link, addr, n uint64, src source, lagged *transport.Pending, cut func()) (wire.Status, error) {
+	if err := t.regions.Check(addr, n); err != nil {
+		return wire.StatusNotRegistered, src.discard()
 	}
 	if t.faults != nil {
-		return t.writeFaulty(l, addr, n, r, lagged)
+		return t.writeFaulty(l, addr, n, src, lagged)
 	}
 	// In the pending set before the quiesce check: a quiesce either sees
 	// this write and waits for it, or this check sees the quiesce.
@@ -314,18 +416,18 @@ func (t *target) write(l *link, addr, n uint64, r io.Reader, lagged *transport.P
 	id := t.pending.Add(w)
 	defer t.pending.Done(id)
 	if t.q.refuses(l.ack.Load(), w) {
-		_, err := io.CopyN(io.Discard, r, int64(n))
-		return wire.StatusQuiesced, err
+		return wire.StatusQuiesced, src.discard()
 	}
 	l.applyMu.Lock()
-	err := t.regions.StoreAbortable(addr, n, cut, func(m []byte) error {
-		_, err := io.ReadFull(r, m)
-		return err
-	})
+	err := t.regions.StoreAbortable(addr, n, cut, src.fill)
 	l.applyMu.Unlock()
+	var pe errPeerRead
+	if errors.As(err, &pe) {
+		logs.Printf(logs.Info, "target: %v", err)
+		return wire.StatusNoAccess, nil
+	}
 	if errors.Is(err, errs.NotRegistered) { // unregistered since the check
-		_, err = io.CopyN(io.Discard, r, int64(n))
-		return wire.StatusNotRegistered, err
+		return wire.StatusNotRegistered, src.discard()
 	}
 	if errors.Is(err, errs.Device) { // the payload was read; its copy to the GPU failed
 		logs.Printf(logs.Info, "target: %v", err)

@@ -38,6 +38,10 @@ type Config struct {
 	// Notice, if set, takes a completion notice that came on a data
 	// connection (the guard checks it as one from the control channel).
 	Notice func(body []byte) error
+	// SameHost is SameHostAuto, SameHostOff or SameHostRequired: as a
+	// sender whether to offer same-host transfers, as a target whether
+	// to grant them.
+	SameHost string
 }
 
 // Transport is the TCP data plane of one guard.
@@ -65,6 +69,10 @@ type answer struct {
 	// Gen is the target's quiesce generation: the sender's writes are
 	// taken where nothing was quiesced since.
 	Gen uint64 `json:"gen,omitempty"`
+	// SameHost is the nonce a same-host sender proves its connections
+	// with; SameHostWhy says why there is none for an offer.
+	SameHost    string `json:"same_host,omitempty"`
+	SameHostWhy string `json:"same_host_why,omitempty"`
 }
 
 func (*Transport) Name() string { return Name }
@@ -80,14 +88,19 @@ func (t *Transport) Addr() string { return t.target.addr() }
 func (*Transport) Register(uint64, uint64, cuda.Memory) error { return nil }
 func (*Transport) Unregister(uint64)                          {}
 
-// Accept answers any handshake with the target's address; a TCP sender
-// offers nothing.
-func (t *Transport) Accept(_ transport.Peer, offer []byte, _ []memory.Region) ([]byte, error) {
+// Accept answers a handshake with the target's address and, for a
+// sender's same-host offer, a nonce to prove or why not.
+func (t *Transport) Accept(peer transport.Peer, offer []byte, _ []memory.Region) ([]byte, error) {
+	a := answer{Data: t.target.addr(), FinalFence: t.target.faults.Mode() != fault.Reorder, Gen: t.target.q.gen.Load()}
 	if len(offer) != 0 {
-		return nil, fmt.Errorf("the tcp data plane takes no offer")
+		a.SameHost, a.SameHostWhy = t.sameHostAnswer(peer.Sender, offer)
 	}
-	return json.Marshal(answer{Data: t.target.addr(), FinalFence: t.target.faults.Mode() != fault.Reorder, Gen: t.target.q.gen.Load()})
+	return json.Marshal(a)
 }
+
+// PulledBytes counts the bytes the target copied out of same-host
+// senders' memory.
+func (t *Transport) PulledBytes() int64 { return t.target.pulled.Load() }
 
 // Settle waits for the writes into ranges that the target is applying, or
 // that fault injection holds back. A write is acknowledged only after it
@@ -120,13 +133,13 @@ func (t *Transport) Connections() int {
 // Close stops the target; held writes are dropped.
 func (t *Transport) Close() { t.target.close() }
 
-// Dial returns a dialer; TCP offers nothing in the handshake.
+// Dial returns a dialer; it offers where it runs (same-host transfers).
 func (t *Transport) Dial() (transport.Dialer, error) { return dialer{t}, nil }
 
 type dialer struct{ t *Transport }
 
-func (dialer) Offer() []byte { return nil }
-func (dialer) Abandon()      {}
+func (d dialer) Offer() []byte { return sameHostOffer(d.t.cfg.SameHost) }
+func (dialer) Abandon()        {}
 
 // Connect opens a data connection to the answer's address and presents
 // the handshake's token.
@@ -148,6 +161,10 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, _ 
 		return nil, err
 	}
 	c.finalFence = a.FinalFence
+	if err := c.sameHost(ctx, d.t.cfg.SameHost, a); err != nil {
+		c.Close()
+		return nil, err
+	}
 	return c, nil
 }
 

@@ -1,0 +1,96 @@
+package core
+
+import (
+	"bytes"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/core/transport/tcp"
+	"github.com/mcguard/mcguard/verify"
+)
+
+func pulled(t *testing.T, g *Guard) int64 {
+	return int64(stats(t, g)["same_host_pulled_bytes"].(float64))
+}
+
+func TestSameHostTheTargetCopiesTheBytesOutOfTheSender(t *testing.T) {
+	p := newPair(t, `{"verify": "tail"}`, "", 64*4096)
+	for _, mode := range verify.Modes {
+		fill(p.src.b)
+		res, err := p.send.Transfer(p.session, p.blocks(64, 4096), TransferOptions{Verify: ptr(mode)})
+		require.NoError(t, err, mode)
+		if mode == verify.Digest {
+			require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0))
+		}
+		require.True(t, bytes.Equal(p.src.b, p.dst.b), mode)
+	}
+	require.EqualValues(t, 5*64*4096, pulled(t, p.recv), "every byte of every mode was pulled, none sent")
+	require.Equal(t, "auto", stats(t, p.send)["same_host"])
+}
+
+func TestSameHostOffSendsTheBytesThroughTheSocket(t *testing.T) {
+	p := newPair(t, `{"same_host": "off"}`, "", 4*4096)
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.session, p.blocks(4, 4096), TransferOptions{})
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(p.src.b, p.dst.b))
+	require.Zero(t, pulled(t, p.recv))
+
+	q := newPair(t, "", `{"same_host": "off"}`, 4*4096)
+	fill(q.src.b)
+	_, err = q.send.Transfer(q.session, q.blocks(4, 4096), TransferOptions{})
+	require.NoError(t, err, "a receiver that grants nothing: the sender falls back")
+	require.Zero(t, pulled(t, q.recv))
+}
+
+// A receiver that cannot read the sender (Yama, seccomp, another user):
+// auto falls back to the socket, logged once; required fails saying why.
+func TestSameHostDeniedFallsBackOrFailsAsConfigured(t *testing.T) {
+	restore := tcp.DenySameHostForTest(syscall.EPERM)
+	defer restore()
+	p := newPair(t, "", "", 4*4096)
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.session, p.blocks(4, 4096), TransferOptions{})
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(p.src.b, p.dst.b))
+	require.Zero(t, pulled(t, p.recv))
+
+	q := newPair(t, `{"same_host": "required"}`, "", 4*4096)
+	_, err = q.send.Transfer(q.session, q.blocks(4, 4096), TransferOptions{})
+	require.ErrorIs(t, err, ErrConfig)
+	require.Contains(t, err.Error(), "same_host is required")
+	require.Contains(t, err.Error(), "operation not permitted")
+}
+
+// Many sessions and threads at once, every destination checked.
+func TestSameHostConcurrentSessions(t *testing.T) {
+	const senders = 4
+	recv := openGuard(t, "")
+	dst := newMem(t, senders*16*4096)
+	require.NoError(t, recv.Register(dst.addr(0), uint64(len(dst.b))))
+	var wg sync.WaitGroup
+	for k := 0; k < senders; k++ {
+		send := openGuard(t, `{"verify": "sample"}`)
+		src := newMem(t, 16*4096)
+		require.NoError(t, send.Register(src.addr(0), uint64(len(src.b))))
+		wg.Add(1)
+		go func(k int) {
+			defer wg.Done()
+			for r := 0; r < 20; r++ {
+				fill(src.b)
+				descs := make([]verify.Desc, 16)
+				for i := range descs {
+					descs[i] = verify.Desc{Src: src.addr(i * 4096), Dst: dst.addr((k*16 + i) * 4096), Len: 4096}
+				}
+				_, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{})
+				require.NoError(t, err)
+				require.True(t, bytes.Equal(src.b, dst.b[k*16*4096:(k+1)*16*4096]))
+			}
+		}(k)
+	}
+	wg.Wait()
+	require.EqualValues(t, senders*20*16*4096, pulled(t, recv))
+}

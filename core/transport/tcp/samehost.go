@@ -1,0 +1,212 @@
+package tcp
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mcguard/mcguard/core/logs"
+)
+
+// Same-host transfers: where sender and target run on one machine, in one
+// pid namespace, the target copies each write straight out of the
+// sender's memory with process_vm_readv instead of receiving its bytes
+// through the socket. The frame that asks for it (OpWriteFrom) carries
+// only the source's address and length; everything else is the TCP
+// target's own: the region check, quiesce, pending writes, aborts, fault
+// injection, acknowledgement after applying. The sender only lets the
+// target read its memory, and the target reads only a process that proved
+// it is the sender: at connection time it reads back a nonce from the
+// handshake at an address the sender names.
+
+// Same-host settings.
+const (
+	SameHostAuto     = "auto"     // use it where the handshake shows one host and the target can read the sender
+	SameHostOff      = "off"      // always send the bytes through the socket
+	SameHostRequired = "required" // fail where it cannot be used, saying why
+)
+
+// hostID is what a handshake compares: the kernel's boot id and this
+// process's pid namespace. Empty where they cannot be read.
+type hostID struct {
+	Boot  string `json:"boot"`
+	PidNS string `json:"pidns"`
+	Pid   int    `json:"pid"`
+}
+
+var (
+	localOnce sync.Once
+	localID   hostID
+	localWhy  string
+)
+
+// local is this process's hostID, or why there is none.
+func local() (hostID, string) {
+	localOnce.Do(func() {
+		boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+		if err != nil {
+			localWhy = "no boot id: " + err.Error()
+			return
+		}
+		ns, err := os.Readlink("/proc/self/ns/pid")
+		if err != nil {
+			localWhy = "no pid namespace: " + err.Error()
+			return
+		}
+		localID = hostID{Boot: strings.TrimSpace(string(boot)), PidNS: ns, Pid: os.Getpid()}
+	})
+	return localID, localWhy
+}
+
+// offer is a TCP sender's handshake offer: where it runs.
+func sameHostOffer(setting string) []byte {
+	if setting == SameHostOff {
+		return nil
+	}
+	id, why := local()
+	if why != "" {
+		return nil
+	}
+	b, _ := json.Marshal(id)
+	return b
+}
+
+// sameHostGrant is what a target keeps of a sender that may use same-host
+// writes: its pid and the nonce its connections must prove.
+type sameHostGrant struct {
+	pid   int
+	nonce []byte
+}
+
+// maxGrants bounds the grants a target keeps (one per sender's latest
+// handshake); past it the oldest is forgotten and that sender's next
+// connection sends its bytes through the socket.
+const maxGrants = 4096
+
+type grants struct {
+	mu    sync.Mutex
+	m     map[string]sameHostGrant
+	order []string
+}
+
+func (g *grants) put(sender string, gr sameHostGrant) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.m == nil {
+		g.m = map[string]sameHostGrant{}
+	}
+	if _, ok := g.m[sender]; !ok {
+		g.order = append(g.order, sender)
+	}
+	g.m[sender] = gr
+	for len(g.order) > maxGrants {
+		delete(g.m, g.order[0])
+		g.order = g.order[1:]
+	}
+}
+
+func (g *grants) get(sender string) (sameHostGrant, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	gr, ok := g.m[sender]
+	return gr, ok
+}
+
+// sameHostAnswer decides, for a sender's offer, whether it may use
+// same-host writes here: a nonce for it to prove, or why not.
+func (t *Transport) sameHostAnswer(sender string, offer []byte) (nonce, why string) {
+	if t.cfg.SameHost == SameHostOff {
+		return "", "the receiver turned same-host transfers off"
+	}
+	var peer hostID
+	if err := json.Unmarshal(offer, &peer); err != nil || peer.Pid <= 0 {
+		return "", "the sender's offer is malformed"
+	}
+	me, lwhy := local()
+	switch {
+	case lwhy != "":
+		return "", "the receiver cannot tell its host: " + lwhy
+	case peer.Boot != me.Boot:
+		return "", "another host"
+	case peer.PidNS != me.PidNS:
+		return "", "another pid namespace"
+	}
+	n := make([]byte, 16)
+	rand.Read(n)
+	t.target.grants.put(sender, sameHostGrant{pid: peer.Pid, nonce: n})
+	return hex.EncodeToString(n), ""
+}
+
+// readPeer copies [addr, addr+len(b)) of process pid into b, continuing
+// short copies; a test replaces it.
+var readPeer = processVMRead
+
+func processVMRead(pid int, addr uint64, b []byte) error {
+	for len(b) > 0 {
+		local := []unix.Iovec{{Base: &b[0]}}
+		local[0].SetLen(len(b))
+		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}
+		n, err := unix.ProcessVMReadv(pid, local, remote, 0)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return syscall.EFAULT
+		}
+		b, addr = b[n:], addr+uint64(n)
+	}
+	return nil
+}
+
+// sameHostFallback logs, once per process, why an automatic same-host
+// transfer fell back to sending the bytes through the socket.
+var sameHostFallback sync.Once
+
+func logFallback(why string) {
+	sameHostFallback.Do(func() {
+		logs.Printf(logs.Info, "same-host transfers not used (bytes go through the socket): %s", why)
+	})
+}
+
+// probe is the page a sender proves itself with: the handshake's nonce,
+// written where the target can read it.
+type probe struct{ mem []byte }
+
+func newProbe(nonce []byte) (*probe, error) {
+	mem, err := syscall.Mmap(-1, 0, 4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+	if err != nil {
+		return nil, err
+	}
+	copy(mem, nonce)
+	return &probe{mem: mem}, nil
+}
+
+func (p *probe) addr() uint64 { return uint64(uintptr(unsafe.Pointer(&p.mem[0]))) }
+
+func (p *probe) free() { syscall.Munmap(p.mem) }
+
+func errnoText(code uint64) string {
+	if code == 0 {
+		return "the nonce read back did not match (not the sending process)"
+	}
+	return fmt.Sprintf("process_vm_readv: %v", syscall.Errno(code))
+}
+
+// DenySameHostForTest makes every same-host copy fail with errno, as a
+// kernel that forbids it would; the returned function undoes it.
+func DenySameHostForTest(errno syscall.Errno) (restore func()) {
+	old := readPeer
+	readPeer = func(int, uint64, []byte) error { return errno }
+	return func() { readPeer = old }
+}
