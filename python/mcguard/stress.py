@@ -73,10 +73,12 @@ def parse_args(argv=None):
                    help="--abort: the decode side quiesces aborted blocks before it reuses them")
     p.add_argument("--abort-rate", type=float, default=0.2,
                    help="--abort: fraction of requests each side aborts")
-    p.add_argument("--transport", choices=["tcp", "rdma", "auto", "rdma-model", "mooncake"], default="tcp",
+    p.add_argument("--transport", choices=["tcp", "same-host", "rdma", "auto", "rdma-model", "mooncake"], default="tcp",
                    help="rdma fails with the reason where there is no usable RDMA device; rdma-model runs "
                         "the RDMA transport on the software NIC (tests/nicmodel), where --inject lag "
-                        "delays the visibility of completed WRITEs; mooncake moves the bytes with Mooncake's "
+                        "delays the visibility of completed WRITEs; tcp sends the bytes through the socket, "
+                        "same-host has the receiver copy them out of the sender (process_vm_readv; an error "
+                        "where it cannot); mooncake moves the bytes with Mooncake's "
                         "own engine (its wheel, TCP, P2PHANDSHAKE) under the guard, faults injected at the "
                         "guard's callbacks into it")
     p.add_argument("--rdma-qps", type=int, default=1,
@@ -142,7 +144,9 @@ def transport_config(args):
     if args.transport == "rdma-model":
         return {"transport": "rdma", "verbs_library": args.nic_model, "rdma_qps": args.rdma_qps}
     if args.transport == "tcp":
-        return {"transport": "tcp"}
+        return {"transport": "tcp", "same_host": "off"}
+    if args.transport == "same-host":
+        return {"transport": "tcp", "same_host": "required"}
     return {"transport": args.transport, "rdma_qps": args.rdma_qps}
 
 

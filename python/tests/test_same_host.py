@@ -1,0 +1,97 @@
+"""Same-host transfers between two processes: the receiver copies the bytes
+straight out of the sender (process_vm_readv), hashed on the receiving
+side; lag is shown by off and caught by tail; a receiver that cannot read
+the sender gives the logged fallback or, where required, a clear error."""
+
+import ctypes
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from mcguard import Guard, MCGuardError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PEER = os.path.join(HERE, "peer.py")
+SIZE = 1 << 20
+
+
+class Receiver:
+    def __init__(self, cfg, argv_prefix=(sys.executable,)):
+        self.proc = subprocess.Popen([*argv_prefix, PEER, json.dumps(cfg), str(SIZE)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        hello = json.loads(self.proc.stdout.readline())
+        self.endpoint, self.addr = hello["endpoint"], hello["addr"]
+
+    def hash(self):
+        self.proc.stdin.write("hash\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def close(self):
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=30) == 0
+
+
+def send_and_hash(sender_cfg, recv):
+    src = ctypes.create_string_buffer(os.urandom(SIZE), SIZE)
+    with Guard(sender_cfg) as g:
+        g.register(ctypes.addressof(src), SIZE)
+        n, block = 64, SIZE // 64
+        g.transfer(recv.endpoint, [ctypes.addressof(src) + i * block for i in range(n)],
+                   [recv.addr + i * block for i in range(n)], [block] * n)
+        return recv.hash() == hashlib.sha1(src.raw).hexdigest(), g.stats()
+
+
+@pytest.mark.parametrize("mode", ["off", "tail", "sample", "full"])
+def test_two_processes_same_host_in_every_read_back_mode(mode):
+    recv = Receiver({"same_host": "required"})
+    try:
+        landed, _ = send_and_hash({"verify": mode, "same_host": "required"}, recv)
+        assert landed
+    finally:
+        recv.close()
+
+
+def test_stress_over_same_host_shows_lag_with_off_and_none_with_tail():
+    def stress(verify):
+        out = subprocess.run([sys.executable, "-m", "mcguard.stress", "--transport", "same-host", "--inject", "lag",
+                              "--verify", verify, "--seconds", "2", "--json", "--quiet"],
+                             capture_output=True, text=True, timeout=120,
+                             env=dict(os.environ, PYTHONPATH=os.path.join(HERE, "..")))
+        assert out.returncode in (0, 1), out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    off, tail = stress("off"), stress("tail")
+    assert off["transport"] == "same-host" and off["ok"] > 0 and off["mismatches"] > 0
+    assert tail["ok"] > 0 and tail["mismatches"] == 0
+
+
+def as_another_user():
+    """argv that runs a Python as uid 65534 (it cannot read our memory), or skip."""
+    setpriv, python = shutil.which("setpriv"), "/usr/bin/python3"
+    if os.geteuid() != 0 or not setpriv or not os.path.exists(python):
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to run a receiver as another user")
+    probe = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c",
+                            "import sys; sys.path.insert(0, %r); import mcguard" % os.path.join(HERE, "..")],
+                           capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip("a Python run as uid 65534 cannot import mcguard here: %s" % probe.stderr[-300:])
+    return (setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", python)
+
+
+def test_a_receiver_that_cannot_read_the_sender_falls_back_or_fails_clearly():
+    recv = Receiver({}, as_another_user())
+    try:
+        landed, stats = send_and_hash({"verify": "tail"}, recv)
+        assert landed, "auto: the bytes went through the socket instead"
+        with pytest.raises(MCGuardError) as e:
+            send_and_hash({"verify": "tail", "same_host": "required"}, recv)
+        assert e.value.name == "MC_ERR_CONFIG"
+        assert "same_host is required" in e.value.message and "operation not permitted" in e.value.message
+    finally:
+        recv.close()
