@@ -205,6 +205,32 @@ class Sender:
             self.engine.close()
 
 
+class LocalCopy:
+    """The baseline of same-host transfers: a single-threaded memcpy of the
+    same descriptors, source to destination, in this process."""
+
+    kind = "memcpy"
+
+    def __init__(self):
+        self.src, self.dst = mmap.mmap(-1, REGION), mmap.mmap(-1, REGION)
+        self.src[:] = os.urandom(REGION)
+        self.src_addr = ctypes.addressof(ctypes.c_char.from_buffer(self.src))
+        self.dst_addr = ctypes.addressof(ctypes.c_char.from_buffer(self.dst))
+
+    def transfer(self, count, size):
+        for i in range(count):
+            ctypes.memmove(self.dst_addr + i * size, self.src_addr + i * size, size)
+
+    def source_hash(self, n):
+        return hashlib.sha1(self.src[:n]).hexdigest()
+
+    def hash(self, off, n):
+        return hashlib.sha1(self.dst[off:off + n]).hexdigest()
+
+    def close(self):
+        pass
+
+
 def measure(sender, name, count, size, iters, seconds):
     """Latency samples (µs) for 1 x 4 KiB, else GB/s of repeated batches."""
     sender.transfer(count, size)  # warm: connect, handshake
@@ -232,8 +258,9 @@ def main(argv=None):
     p.add_argument("--seconds", type=float, default=1.0, help="per throughput measurement")
     p.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
     p.add_argument("--engines", nargs="*", default=["mooncake", "mcguard-off", "mcguard-tail", "mcguard-digest", "socket"],
-                   help="of mooncake, vllm-fix, mcguard-MODE, guarded-mooncake-MODE (MODE: off, tail, sample, "
-                        "full, digest), socket")
+                   help="of mooncake, vllm-fix, mcguard-MODE (same host where it can), mcguard-socket-MODE "
+                        "(bytes through the socket), guarded-mooncake-MODE (MODE: off, tail, sample, full, digest), "
+                        "socket, memcpy")
     p.add_argument("--over-mooncake", action="store_true",
                    help="engines: Mooncake alone, the vLLM fix's tail polling, mcguard over Mooncake with the "
                         "same check (desctail), tail and sample (slice-aware) and digest")
@@ -255,6 +282,10 @@ def main(argv=None):
     os.environ.update(MOONCAKE_ENV)
     pairs = {}
     for kind in engines:
+        if kind == "memcpy":
+            copier = LocalCopy()
+            pairs[kind] = (copier, copier)
+            continue
         recv = Receiver(kind)
         pairs[kind] = (Sender(kind, recv), recv)
     results = {}  # (engine, size) -> [per-round figures]
