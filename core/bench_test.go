@@ -18,23 +18,7 @@ import (
 // each mode's throughput divided by off's.
 func BenchmarkModes(b *testing.B) {
 	const n, size = 64, 256 << 10
-	src, dst := benchMem(b, n*size), benchMem(b, n*size)
-	send, err := Open(mustConfig(b, `{"verify": "off"}`))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer send.Close()
-	recv, err := Open(mustConfig(b, ""))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer recv.Close()
-	if err := send.Register(src.addr(0), n*size); err != nil {
-		b.Fatal(err)
-	}
-	if err := recv.Register(dst.addr(0), n*size); err != nil {
-		b.Fatal(err)
-	}
+	send, recv, src, dst := benchPair(b, `{"verify": "off"}`, n*size)
 	descs := make([]verify.Desc, n)
 	for i := range descs {
 		descs[i] = verify.Desc{Src: src.addr(i * size), Dst: dst.addr(i * size), Len: size}
@@ -73,6 +57,49 @@ func BenchmarkModes(b *testing.B) {
 	}
 	b.ReportMetric(gbs("digest_send")/gbs("off"), "digest_send/off")
 	b.ReportMetric(gbs("off")/gbs("raw"), "off/raw")
+}
+
+// benchPair opens a sender (sendJS) and a receiver with size bytes
+// registered on each; both close when the benchmark ends.
+func benchPair(b *testing.B, sendJS string, size int) (send, recv *Guard, src, dst *mem) {
+	src, dst = benchMem(b, size), benchMem(b, size)
+	var err error
+	if send, err = Open(mustConfig(b, sendJS)); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { send.Close() })
+	if recv, err = Open(mustConfig(b, "")); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { recv.Close() })
+	if err := send.Register(src.addr(0), uint64(size)); err != nil {
+		b.Fatal(err)
+	}
+	if err := recv.Register(dst.addr(0), uint64(size)); err != nil {
+		b.Fatal(err)
+	}
+	return send, recv, src, dst
+}
+
+// BenchmarkSmallTransfer is one 4 KiB descriptor per transfer, the latency
+// path, in each read-back mode and off; allocs/op is the steady state's.
+func BenchmarkSmallTransfer(b *testing.B) {
+	for _, m := range []verify.Mode{verify.Off, verify.Tail, verify.Sample} {
+		b.Run(string(m), func(b *testing.B) {
+			send, recv, src, dst := benchPair(b, `{"verify": "`+string(m)+`"}`, 4096)
+			descs := []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}
+			if _, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
 
 func mustConfig(b *testing.B, js string) Config {

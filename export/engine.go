@@ -102,20 +102,8 @@ func mcgOpenWithTransport(configJSON *C.char, ops *C.mc_transport_ops, ctx unsaf
 	case ops.write == nil || ops.read == nil:
 		return fail(0, fmt.Errorf("%w: ops->write and ops->read are required", core.ErrInvalidArg))
 	}
-	js := ""
-	if configJSON != nil {
-		js = C.GoString(configJSON)
-	}
-	cfg, err := core.LoadConfig(cGetenv, js)
-	if err != nil {
-		return fail(0, err)
-	}
-	g, err := core.OpenWithEngine(cfg, engineOps(ops, ctx))
-	if err != nil {
-		return fail(0, err)
-	}
-	*out = C.mc_guard_t(handles.add(g))
-	return C.MC_OK
+	eng := engineOps(ops, ctx)
+	return openGuard(configJSON, out, func(cfg core.Config) (*core.Guard, error) { return core.OpenWithEngine(cfg, eng) })
 }
 
 //export mcgSetPeerGuard

@@ -39,6 +39,12 @@ func mcgOpen(configJSON *C.char, out *C.mc_guard_t) (st C.mc_status) {
 	if out == nil {
 		return fail(0, fmt.Errorf("%w: out is NULL", core.ErrInvalidArg))
 	}
+	return openGuard(configJSON, out, core.Open)
+}
+
+// openGuard loads the settings of configJSON (NULL: none) and the live
+// environment, opens a guard with them, and hands out its handle.
+func openGuard(configJSON *C.char, out *C.mc_guard_t, open func(core.Config) (*core.Guard, error)) C.mc_status {
 	js := ""
 	if configJSON != nil {
 		js = C.GoString(configJSON)
@@ -47,7 +53,7 @@ func mcgOpen(configJSON *C.char, out *C.mc_guard_t) (st C.mc_status) {
 	if err != nil {
 		return fail(0, err)
 	}
-	g, err := core.Open(cfg)
+	g, err := open(cfg)
 	if err != nil {
 		return fail(0, err)
 	}

@@ -15,7 +15,6 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -23,6 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from mooncake.engine import TransferEngine  # noqa: E402
 
+from linepeer import LinePeer  # noqa: E402
 from mcguard import Guard, MCGuardError  # noqa: E402
 from mcguard.engine import MooncakeEngine  # noqa: E402
 from mcguard.mooncake import GuardedTransferEngine  # noqa: E402
@@ -54,22 +54,13 @@ def receiver(size):
     engine.close()
 
 
-class Receiver:
+class Receiver(LinePeer):
     def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, __file__, "receiver", str(SIZE)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
-        hello = json.loads(self.proc.stdout.readline())
-        self.session, self.addr, self.guard = hello["session"], hello["addr"], hello["guard"]
+        super().__init__([sys.executable, __file__, "receiver", str(SIZE)])
+        self.session, self.addr, self.guard = self.hello["session"], self.hello["addr"], self.hello["guard"]
 
     def ask(self, cmd):
-        self.proc.stdin.write(cmd + "\n")
-        self.proc.stdin.flush()
-        return self.proc.stdout.readline().split()
-
-    def close(self):
-        self.proc.stdin.write("quit\n")
-        self.proc.stdin.close()
-        return self.proc.wait(timeout=60)
+        return super().ask(cmd).split()
 
 
 class LogCapture(logging.Handler):

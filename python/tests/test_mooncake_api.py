@@ -5,12 +5,12 @@ import hashlib
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 
 import pytest
 
+from linepeer import LinePeer
 from mcguard import Guard
 from mcguard.mooncake import MAX_PENDING_BATCHES, GuardedTransferEngine, TransferNotify, TransferOpcode
 
@@ -18,24 +18,15 @@ SIZE = 1 << 20
 PEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mooncake_peer.py")
 
 
-class Receiver:
+class Receiver(LinePeer):
     """mooncake_peer.py: a decode-side engine with one managed buffer."""
 
     def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, PEER, str(SIZE)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
-        hello = json.loads(self.proc.stdout.readline())
-        self.session, self.addr = hello["session"], hello["addr"]
-
-    def ask(self, cmd):
-        self.proc.stdin.write(cmd + "\n")
-        self.proc.stdin.flush()
-        return self.proc.stdout.readline().strip()
+        super().__init__([sys.executable, PEER, str(SIZE)])
+        self.session, self.addr = self.hello["session"], self.hello["addr"]
 
     def close(self):
-        self.proc.stdin.write("quit\n")
-        self.proc.stdin.close()
-        assert self.proc.wait(timeout=30) == 0
+        assert super().close() == 0
 
 
 @pytest.fixture

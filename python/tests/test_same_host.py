@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from linepeer import LinePeer
 from mcguard import Guard, MCGuardError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -20,22 +21,15 @@ PEER = os.path.join(HERE, "peer.py")
 SIZE = 1 << 20
 
 
-class Receiver:
+class Receiver(LinePeer):
+    """peer.py: a receiving guard in another process (argv_prefix: how to run Python)."""
+
     def __init__(self, cfg, argv_prefix=(sys.executable,)):
-        self.proc = subprocess.Popen([*argv_prefix, PEER, json.dumps(cfg), str(SIZE)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
-        hello = json.loads(self.proc.stdout.readline())
-        self.endpoint, self.addr = hello["endpoint"], hello["addr"]
+        super().__init__([*argv_prefix, PEER, json.dumps(cfg), str(SIZE)])
+        self.endpoint, self.addr = self.hello["endpoint"], self.hello["addr"]
 
     def hash(self):
-        self.proc.stdin.write("hash\n")
-        self.proc.stdin.flush()
-        return self.proc.stdout.readline().strip()
-
-    def close(self):
-        self.proc.stdin.write("quit\n")
-        self.proc.stdin.close()
-        assert self.proc.wait(timeout=30) == 0
+        return self.ask("hash")
 
 
 def send_and_hash(sender_cfg, recv):
@@ -55,7 +49,7 @@ def test_two_processes_same_host_in_every_read_back_mode(mode):
         landed, _ = send_and_hash({"verify": mode, "same_host": "required"}, recv)
         assert landed
     finally:
-        recv.close()
+        assert recv.close() == 0
 
 
 def test_stress_over_same_host_shows_lag_with_off_and_none_with_tail():
@@ -94,4 +88,4 @@ def test_a_receiver_that_cannot_read_the_sender_falls_back_or_fails_clearly():
         assert e.value.name == "MC_ERR_CONFIG"
         assert "same_host is required" in e.value.message and "operation not permitted" in e.value.message
     finally:
-        recv.close()
+        assert recv.close() == 0
