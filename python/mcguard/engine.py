@@ -126,6 +126,10 @@ class Callbacks:
                 lambda _ctx, session, msg, msg_len: self._call("fence", (session.decode(),), msg, msg_len))
         self.calls = 0
         self._mu = threading.Lock()
+        # KeyboardInterrupt or SystemExit raised inside a callback (a signal
+        # handler runs in whatever Python code the main thread is in): kept
+        # per thread and raised again by the Guard call that made it.
+        self._interrupted = threading.local()
 
     def _batch(self, method):
         def cb(_ctx, session, local, remote, lengths, n, msg, msg_len):
@@ -147,7 +151,10 @@ class Callbacks:
             _put_message(msg, msg_len, str(e))
             return _MC_ERR_PEER
         except BaseException as e:  # noqa: BLE001 - a callback must return a status, never unwind into C
-            log.error("mcguard: %s engine's %s raised", self.name, method, exc_info=True)
+            if not isinstance(e, Exception):
+                self._interrupted.exc = e
+            else:
+                log.error("mcguard: %s engine's %s raised", self.name, method, exc_info=True)
             _put_message(msg, msg_len, "%s.%s raised %s: %s" % (self.name, method, type(e).__name__, e))
             return _MC_ERR_PEER
         if ret is None or (isinstance(ret, int) and not isinstance(ret, bool) and ret == 0):
@@ -156,6 +163,13 @@ class Callbacks:
         if isinstance(ret, int) and not isinstance(ret, bool) and ret in STATUS_NAMES:
             return ret
         return _MC_ERR_PEER
+
+    def take_interrupt(self):
+        """The KeyboardInterrupt or SystemExit a callback on this thread
+        caught since the last call, or None."""
+        exc = getattr(self._interrupted, "exc", None)
+        self._interrupted.exc = None
+        return exc
 
     def detach(self):
         self.engine = None

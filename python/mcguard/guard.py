@@ -205,6 +205,11 @@ class Guard:
         self.endpoint = buf.value.decode()
 
     def _check(self, status, handle=None):
+        callbacks = getattr(self, "_callbacks", None)
+        if callbacks is not None:
+            interrupt = callbacks.take_interrupt()
+            if interrupt is not None:  # Ctrl-C or exit inside an engine callback: it wins over the status
+                raise interrupt
         if status == MC_OK:
             return
         h = self._handle if handle is None else handle
