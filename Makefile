@@ -9,6 +9,9 @@ LIB      := build/libmcguard.so
 # Mooncake's own wheel (TCP, no CUDA), the peer the API parity test runs.
 MOONCAKE_VENV    := build/venv-mooncake
 MOONCAKE_VERSION := 0.3.13.post1
+# NIXL for bench-peer: its CUDA 12 build without its dependencies (its meta
+# package pulls in torch; the UCX backend on host memory needs only numpy).
+NIXL_WHEEL := nixl-cu12==1.5.1
 CUDA_MODEL := build/libcudamodel.so
 NIC_MODEL  := build/libnicmodel.so
 APT_PKGS := pkg-config libzmq3-dev libibverbs-dev cmake g++ make libgtest-dev
@@ -21,7 +24,7 @@ export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 export MCGUARD_CUDA_MODEL := $(CURDIR)/$(CUDA_MODEL)
 export MCGUARD_NIC_MODEL  := $(CURDIR)/$(NIC_MODEL)
 
-.PHONY: device-check all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench fuzz soak endurance install clean mooncake-venv bench-peer
+.PHONY: device-check all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench fuzz soak endurance install clean mooncake-venv nixl-venv bench-peer
 
 FUZZTIME ?= 30s
 FUZZ_WIRE := FuzzDecodeHeader FuzzDecodeRanges FuzzDecodeNotice
@@ -64,9 +67,16 @@ $(MOONCAKE_VENV)/.installed:
 	$(MOONCAKE_VENV)/bin/pip install -q mooncake-transfer-engine-non-cuda==$(MOONCAKE_VERSION)
 	touch $@
 
-## bench-peer: mcguard (off, tail, digest) beside Mooncake's TCP transport and
-## a raw socket pair, two processes each, rounds interleaved, SHA-1 checked
-bench-peer: build mooncake-venv
+## nixl-venv: NIXL's UCX backend in build/venv-mooncake too, for bench-peer
+nixl-venv: $(MOONCAKE_VENV)/.nixl-installed
+$(MOONCAKE_VENV)/.nixl-installed: $(MOONCAKE_VENV)/.installed
+	$(MOONCAKE_VENV)/bin/pip install -q --no-deps $(NIXL_WHEEL) numpy
+	touch $@
+
+## bench-peer: mcguard (off, tail, sample, digest) beside Mooncake's TCP
+## transport, NIXL over UCX (UCX_TLS=tcp) and a raw socket pair, two
+## processes each, rounds interleaved, SHA-1 checked
+bench-peer: build mooncake-venv nixl-venv
 	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.peerbench $(BENCH_PEER_ARGS)
 
 ## build: build/libmcguard.so and its cgo-generated header build/libmcguard.h,

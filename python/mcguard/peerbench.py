@@ -14,6 +14,7 @@ Mooncake in the same rounds.
 """
 
 import argparse
+import base64
 import ctypes
 import hashlib
 import json
@@ -61,11 +62,41 @@ def new_engine(kind):
 
 # --- the receiving process ---------------------------------------------------
 
+def nixl_api():
+    """NIXL's Python API: the meta package's, else its CUDA 12 build's."""
+    try:
+        from nixl._api import nixl_agent, nixl_agent_config
+    except ImportError:
+        from nixl_cu12._api import nixl_agent, nixl_agent_config
+    return nixl_agent, nixl_agent_config
+
+
+def new_nixl(role):
+    """A NIXL agent with its UCX backend and a registered 64 MiB region."""
+    nixl_agent, nixl_agent_config = nixl_api()
+    agent = nixl_agent("%s-%d" % (role, os.getpid()), nixl_agent_config(backends=["UCX"]))
+    mem = mmap.mmap(-1, REGION)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(mem))
+    reg = agent.register_memory([(addr, REGION, 0, "")], "DRAM")
+    return agent, reg, mem, addr
+
+
+def nixl_exit(code):
+    """Exit without running C++ static destructors: NIXL 1.5.1's UCX
+    backend crashes (SIGSEGV) at process exit here, even for a bare agent
+    created and deleted, so a process that loaded it leaves with _exit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def serve(kind):
     """Receiver: one engine (or a socket) and one region; answers "hash
     OFFSET LEN" with the SHA-1 of what landed, "quit" to stop."""
     if kind == "socket":
         return serve_socket()
+    if kind == "nixl":
+        return serve_nixl()
     engine = new_engine(kind)
     if engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
         sys.exit("initialize failed")
@@ -80,6 +111,26 @@ def serve(kind):
             print(hashlib.sha1(ctypes.string_at(addr + off, n)).hexdigest(), flush=True)
         elif cmd[0] == "quit":
             break
+
+
+def serve_nixl():
+    """A NIXL agent whose metadata is the session (base64); its UCX
+    progress thread takes the writes."""
+    out = os.fdopen(os.dup(1), "w")  # NIXL logs to standard output: the replies get their own
+    os.dup2(2, 1)
+    agent, reg, mem, addr = new_nixl("recv")
+    meta = base64.b64encode(agent.get_agent_metadata()).decode()
+    print(json.dumps({"session": meta, "addr": addr}), file=out, flush=True)
+    for line in sys.stdin:
+        cmd = line.split()
+        if cmd[0] == "hash":
+            off, n = int(cmd[1]), int(cmd[2])
+            print(hashlib.sha1(mem[off:off + n]).hexdigest(), file=out, flush=True)
+        elif cmd[0] == "quit":
+            break
+    agent.deregister_memory(reg)
+    out.flush()
+    nixl_exit(0)
 
 
 def serve_socket():
@@ -142,6 +193,12 @@ class Sender:
 
     def __init__(self, kind, recv):
         self.kind, self.recv = kind, recv
+        if kind == "nixl":
+            self.agent, self.reg, self.mem, self.src = new_nixl("send")
+            self.mem[:] = os.urandom(REGION)
+            self.peer = self.agent.add_remote_agent(base64.b64decode(recv.session))
+            self.handles = {}
+            return
         if kind == "socket":
             self.mem = mmap.mmap(-1, REGION)
             self.mem[:] = os.urandom(REGION)
@@ -159,13 +216,30 @@ class Sender:
         if kind == "vllm-fix":  # where the tails are read back to
             self.tails = self.engine.allocate_managed_buffer(max(SIZES[s][0] for s in SIZES) * TAIL)
 
+    def nixl_transfer(self, count, size):
+        """A WRITE of the batch, prepared once per shape and posted again
+        (NIXL's own fast path), polled until DONE: the UCX flush reached
+        the target. NIXL checks no bytes."""
+        h = self.handles.get((count, size))
+        if h is None:
+            local = self.agent.get_xfer_descs([(self.src + i * size, size, 0) for i in range(count)], "DRAM")
+            remote = self.agent.get_xfer_descs([(self.recv.addr + i * size, size, 0) for i in range(count)], "DRAM")
+            h = self.handles[(count, size)] = self.agent.initialize_xfer("WRITE", local, remote, self.peer)
+        state = self.agent.transfer(h)
+        while state == "PROC":
+            state = self.agent.check_xfer_state(h)
+        if state != "DONE":
+            raise RuntimeError("nixl: transfer ended %s" % state)
+
     def source_hash(self, n):
-        if self.kind == "socket":
+        if self.kind in ("socket", "nixl"):
             return hashlib.sha1(self.mem[:n]).hexdigest()
         return hashlib.sha1(ctypes.string_at(self.src, n)).hexdigest()
 
     def transfer(self, count, size):
         """One batch of count descriptors of size bytes, src block i to dst block i."""
+        if self.kind == "nixl":
+            return self.nixl_transfer(count, size)
         if self.kind == "socket":
             n = count * size
             self.sock.sendall(n.to_bytes(8, "little"))
@@ -199,6 +273,13 @@ class Sender:
         raise RuntimeError("vllm-fix: %d tails never matched" % len(todo))
 
     def close(self):
+        if self.kind == "nixl":
+            for h in self.handles.values():
+                self.agent.release_xfer_handle(h)
+            self.handles = {}
+            self.agent.remove_remote_agent(self.peer)
+            self.agent.deregister_memory(self.reg)
+            return
         if self.kind == "socket":
             self.sock.close()
         elif hasattr(self.engine, "close"):  # Mooncake's engine has none
@@ -251,16 +332,28 @@ def measure(sender, name, count, size, iters, seconds):
 
 
 def main(argv=None):
+    rc = run_bench(argv)
+    if "nixl_cu12" in sys.modules or "nixl" in sys.modules:
+        nixl_exit(rc)
+    return rc
+
+
+def run_bench(argv=None):
     p = argparse.ArgumentParser(prog="python3 -m mcguard.peerbench")
     p.add_argument("--serve", help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--latency-iters", type=int, default=1000)
     p.add_argument("--seconds", type=float, default=1.0, help="per throughput measurement")
     p.add_argument("--sizes", nargs="*", default=list(SIZES), choices=list(SIZES))
-    p.add_argument("--engines", nargs="*", default=["mooncake", "mcguard-off", "mcguard-tail", "mcguard-digest", "socket"],
+    p.add_argument("--engines", nargs="*",
+                   default=["mooncake", "nixl", "mcguard-off", "mcguard-tail", "mcguard-sample", "mcguard-digest",
+                            "socket"],
                    help="of mooncake, vllm-fix, mcguard-MODE (same host where it can), mcguard-socket-MODE "
                         "(bytes through the socket), guarded-mooncake-MODE (MODE: off, tail, sample, full, digest), "
-                        "socket, memcpy")
+                        "nixl, socket, memcpy")
+    p.add_argument("--nixl-tls", default="tcp",
+                   help="UCX_TLS for NIXL's UCX backend (default tcp, so it crosses the network stack as the "
+                        "others do; \"default\": UCX's own choice, cross-memory attach on one host)")
     p.add_argument("--over-mooncake", action="store_true",
                    help="engines: Mooncake alone, the vLLM fix's tail polling, mcguard over Mooncake with the "
                         "same check (desctail), tail and sample (slice-aware) and digest")
@@ -279,7 +372,15 @@ def main(argv=None):
             print("mooncake.engine is not importable here (make bench-peer installs it): skipping %s"
                   % ", ".join(needs), file=sys.stderr)
             engines = [k for k in engines if k not in needs]
+    if "nixl" in engines:
+        try:
+            nixl_api()
+        except ImportError:
+            print("NIXL is not importable here (make bench-peer installs it): skipping nixl", file=sys.stderr)
+            engines.remove("nixl")
     os.environ.update(MOONCAKE_ENV)
+    if a.nixl_tls != "default":  # UCX reads it when the agents start, here and in the receiver
+        os.environ["UCX_TLS"] = a.nixl_tls
     pairs = {}
     for kind in engines:
         if kind == "memcpy":

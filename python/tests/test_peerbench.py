@@ -15,7 +15,8 @@ def test_peerbench_runs_and_checks_every_destination():
         pytest.skip("no Mooncake wheel here (make mooncake-venv installs it into build/venv-mooncake)")
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     out = subprocess.run([VENV_PYTHON, "-m", "mcguard.peerbench", "--rounds", "1", "--latency-iters", "5",
-                          "--seconds", "0.05", "--sizes", "1x4KiB", "512x16KiB"],
+                          "--seconds", "0.05", "--sizes", "1x4KiB", "512x16KiB",
+                          "--engines", "mooncake", "mcguard-off", "mcguard-tail", "mcguard-digest", "socket"],
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "every destination matched its source" in out.stdout
