@@ -1,10 +1,15 @@
 package tcp
 
 import (
+	"context"
+	"crypto/hmac"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"sync"
@@ -13,7 +18,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/logs"
+	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/wire"
 )
 
 // Same-host transfers: where sender and target run on one machine, in one
@@ -210,3 +218,118 @@ func DenySameHostForTest(errno syscall.Errno) (restore func()) {
 	readPeer = func(int, uint64, []byte) error { return errno }
 	return func() { readPeer = old }
 }
+
+// sameHost finishes a same-host connection: the target's nonce written
+// where the target can read it, and the target's word that it could. As
+// setting says, a failure falls back to sending bytes (logged once) or
+// fails the connection.
+func (t *conn) sameHost(ctx context.Context, setting string, a answer) error {
+	why := a.SameHostWhy
+	if a.SameHost != "" {
+		why = t.prove(ctx, a.SameHost)
+		if why == "" {
+			t.pull = true
+			return nil
+		}
+	} else if why == "" {
+		why = "the receiver offered none"
+	}
+	switch {
+	case setting == SameHostRequired:
+		return fmt.Errorf("%w: same_host is required and cannot be used with this receiver: %s", errs.Config, why)
+	case setting == SameHostAuto && why != "another host" && why != "another pid namespace":
+		logFallback(why)
+	}
+	return nil
+}
+
+// prove has the target read the nonce back out of this process; it
+// returns why that failed, or "".
+func (t *conn) prove(ctx context.Context, nonceHex string) string {
+	nonce, err := hex.DecodeString(nonceHex)
+	if err != nil || len(nonce) == 0 {
+		return "the receiver's nonce is malformed"
+	}
+	p, err := newProbe(nonce)
+	if err != nil {
+		return "no probe page: " + err.Error()
+	}
+	defer p.free()
+	defer t.abortOn(ctx)()
+	h, err := t.requestAt(ctx, wire.OpProve, p.addr(), nil)
+	if err != nil {
+		return err.Error()
+	}
+	if h.Status != wire.StatusOK {
+		return errnoText(h.Len)
+	}
+	return ""
+}
+
+// pullSource decodes a WriteFrom frame's payload, on a connection that
+// proved it comes from a same-host sender.
+func (t *target) pullSource(l *link, r io.Reader, n uint64) (peerSource, wire.Status, error) {
+	if n != 16 {
+		_, err := io.CopyN(io.Discard, r, int64(n))
+		return peerSource{}, wire.StatusBadRequest, err
+	}
+	var ref [16]byte
+	if _, err := io.ReadFull(r, ref[:]); err != nil {
+		return peerSource{}, 0, err
+	}
+	src := peerSource{t: t, pid: l.pid, src: binary.LittleEndian.Uint64(ref[:]), n: binary.LittleEndian.Uint64(ref[8:])}
+	if l.pid == 0 || src.n == 0 || src.n > transport.MaxSlice {
+		return peerSource{}, wire.StatusBadRequest, nil
+	}
+	return src, wire.StatusOK, nil
+}
+
+// prove reads the handshake's nonce at addr in the sender's memory: where
+// it is there, this connection's writes may name source addresses. The
+// reply's Len says why not.
+func (t *target) prove(l *link, addr, n uint64, r io.Reader) (wire.Status, uint64, error) {
+	if n != 0 {
+		_, err := io.CopyN(io.Discard, r, int64(n))
+		return wire.StatusBadRequest, 0, err
+	}
+	g, ok := t.grants.get(l.sender)
+	if !ok {
+		return wire.StatusNoAccess, wire.ProveNoGrant, nil
+	}
+	got := make([]byte, len(g.nonce))
+	if err := readPeer(g.pid, addr, got); err != nil {
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			return wire.StatusNoAccess, uint64(errno), nil
+		}
+		return wire.StatusNoAccess, uint64(syscall.EIO), nil
+	}
+	if !hmac.Equal(got, g.nonce) {
+		return wire.StatusNoAccess, 0, nil
+	}
+	l.pid = g.pid
+	return wire.StatusOK, 0, nil
+}
+
+// peerSource is [src, src+n) in process pid.
+type peerSource struct {
+	t      *target
+	pid    int
+	src, n uint64
+}
+
+// errPeerRead marks a same-host copy that failed: a refusal, not a broken
+// stream.
+type errPeerRead struct{ err error }
+
+func (e errPeerRead) Error() string { return "reading the sender's memory: " + e.err.Error() }
+
+func (s peerSource) fill(m []byte) error {
+	if err := readPeer(s.pid, s.src, m); err != nil {
+		return errPeerRead{err}
+	}
+	s.t.pulled.Add(int64(len(m)))
+	return nil
+}
+
+func (peerSource) discard() error { return nil }

@@ -5,14 +5,12 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/mcguard/mcguard/core/errs"
@@ -328,74 +326,6 @@ func (s streamSource) fill(m []byte) error {
 func (s streamSource) discard() error {
 	_, err := io.CopyN(io.Discard, s.r, int64(s.n))
 	return err
-}
-
-// peerSource is [src, src+n) in process pid.
-type peerSource struct {
-	t      *target
-	pid    int
-	src, n uint64
-}
-
-// errPeerRead marks a same-host copy that failed: a refusal, not a broken
-// stream.
-type errPeerRead struct{ err error }
-
-func (e errPeerRead) Error() string { return "reading the sender's memory: " + e.err.Error() }
-
-func (s peerSource) fill(m []byte) error {
-	if err := readPeer(s.pid, s.src, m); err != nil {
-		return errPeerRead{err}
-	}
-	s.t.pulled.Add(int64(len(m)))
-	return nil
-}
-
-func (peerSource) discard() error { return nil }
-
-// pullSource decodes a WriteFrom frame's payload, on a connection that
-// proved it comes from a same-host sender.
-func (t *target) pullSource(l *link, r io.Reader, n uint64) (peerSource, wire.Status, error) {
-	if n != 16 {
-		_, err := io.CopyN(io.Discard, r, int64(n))
-		return peerSource{}, wire.StatusBadRequest, err
-	}
-	var ref [16]byte
-	if _, err := io.ReadFull(r, ref[:]); err != nil {
-		return peerSource{}, 0, err
-	}
-	src := peerSource{t: t, pid: l.pid, src: binary.LittleEndian.Uint64(ref[:]), n: binary.LittleEndian.Uint64(ref[8:])}
-	if l.pid == 0 || src.n == 0 || src.n > transport.MaxSlice {
-		return peerSource{}, wire.StatusBadRequest, nil
-	}
-	return src, wire.StatusOK, nil
-}
-
-// prove reads the handshake's nonce at addr in the sender's memory: where
-// it is there, this connection's writes may name source addresses. The
-// reply's Len says why not.
-func (t *target) prove(l *link, addr, n uint64, r io.Reader) (wire.Status, uint64, error) {
-	if n != 0 {
-		_, err := io.CopyN(io.Discard, r, int64(n))
-		return wire.StatusBadRequest, 0, err
-	}
-	g, ok := t.grants.get(l.sender)
-	if !ok {
-		return wire.StatusNoAccess, wire.ProveNoGrant, nil
-	}
-	got := make([]byte, len(g.nonce))
-	if err := readPeer(g.pid, addr, got); err != nil {
-		var errno syscall.Errno
-		if errors.As(err, &errno) {
-			return wire.StatusNoAccess, uint64(errno), nil
-		}
-		return wire.StatusNoAccess, uint64(syscall.EIO), nil
-	}
-	if !hmac.Equal(got, g.nonce) {
-		return wire.StatusNoAccess, 0, nil
-	}
-	l.pid = g.pid
-	return wire.StatusOK, 0, nil
 }
 
 // write applies a write. A range outside registered memory is refused and

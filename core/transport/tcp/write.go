@@ -1,0 +1,257 @@
+package tcp
+
+// The sender's writes: posted (their acknowledgements read by the next
+// request, in the same flight) or written and acknowledged at once, and
+// completion notices carried after them on the connection.
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/wire"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// owedAck is a posted frame: its id, its op, and for a write its
+// descriptor (for messages).
+type owedAck struct {
+	id   uint64
+	op   wire.Op
+	desc int
+	// release lets go of a pulled write's source once the target
+	// answered: until then it must stay registered.
+	release func()
+}
+
+// maxOwed bounds the acknowledgements left unread while more frames go
+// out: a few dozen bytes each, so far below what the socket buffers hold
+// and the target can never block writing them while we still send.
+const maxOwed = 1024
+
+// collectOwed reads the replies of posted frames, which come before any
+// later reply. It returns an I/O error (the stream is lost), or the first
+// refusal among them (the stream is in step: the caller reads on).
+func (t *conn) collectOwed() (refused, ioErr error) {
+	owed := t.owed
+	t.owed = t.owed[:0]
+	defer func() { // a source the target has answered for (or never will) is free
+		for _, o := range owed {
+			if o.release != nil {
+				o.release()
+			}
+		}
+	}()
+	for _, o := range owed {
+		h, err := t.recv(o.op, o.id)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case h.Status == wire.StatusOK || refused != nil:
+		case h.Status == wire.StatusStaleToken:
+			refused = fmt.Errorf("%w: %w", errs.Session, transport.ErrStaleToken)
+		case o.op == wire.OpNotice:
+			refused = fmt.Errorf("%w: the receiver refused the completion notice (%v); its log says why", errs.Session, h.Status)
+		default:
+			refused = fmt.Errorf("%w: target refused descriptor %d at %#x: %v", statusErr(h.Status), o.desc, h.Addr, h.Status)
+		}
+	}
+	return refused, nil
+}
+
+// firstErr is collectOwed's I/O error, else its refusal.
+func firstErr(refused, ioErr error) error {
+	if ioErr != nil {
+		return ioErr
+	}
+	return refused
+}
+
+// owedThen reads the owed replies and then the reply of request id,
+// returning an I/O error, else the owed refusal, else the reply.
+func (t *conn) owedThen(op wire.Op, id uint64) (wire.Header, error) {
+	refused, err := t.collectOwed()
+	if err != nil {
+		return wire.Header{}, err
+	}
+	h, err := t.recv(op, id)
+	if err != nil {
+		return wire.Header{}, err
+	}
+	return h, refused
+}
+
+// Write sends every descriptor, sliced, pipelined, and collects one
+// acknowledgement per slice. A batch of at most maxOwed slices is sent
+// whole and then acknowledged, on this goroutine; a longer one has its
+// replies read while the writes go out, so it cannot fill both socket
+// buffers and stall.
+func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
+	if countSlices(descs) > maxOwed {
+		if err := t.begin(ctx); err != nil {
+			return err
+		}
+		return t.writeLong(ctx, descs, base)
+	}
+	if err := t.Post(ctx, descs, base); err != nil {
+		return err
+	}
+	defer t.abortOn(ctx)()
+	t.deadline(ctx)
+	return firstErr(t.collectOwed())
+}
+
+// writeLong sends a batch of more than maxOwed slices while another
+// goroutine reads their acknowledgements.
+func (t *conn) writeLong(ctx context.Context, descs []verify.Desc, base int) error {
+	var slices []int // the descriptor of each slice, for messages
+	for sl := range transport.Slices(descs) {
+		slices = append(slices, base+sl.Desc)
+	}
+	defer t.abortOn(ctx)()
+	t.deadline(ctx)
+	firstID := t.nextID + 1
+	acks := make(chan error, 1)
+	go func() {
+		var refused error
+		for k := range slices {
+			h, err := t.recv(wire.OpWrite, firstID+uint64(k))
+			if err != nil {
+				t.c.Close() // unblocks the sender too
+				acks <- err
+				return
+			}
+			if h.Status != wire.StatusOK && refused == nil {
+				refused = fmt.Errorf("%w: target refused descriptor %d at %#x: %v", statusErr(h.Status), slices[k], h.Addr, h.Status)
+			}
+		}
+		acks <- refused
+	}()
+	var pinned []owedAck // pulled sources, held until their acknowledgements came
+	defer func() {
+		for _, o := range pinned {
+			o.release()
+		}
+	}()
+	sendErr := t.sendWrites(ctx, descs, &pinned, 0)
+	if sendErr != nil {
+		t.c.Close() // unblocks the reply reader
+		<-acks
+		return sendErr
+	}
+	return <-acks
+}
+
+// Post sends a batch of writes and returns without reading their
+// acknowledgements (verify.Poster): the next Fence or Read reads them
+// first, so writes, fence and read-backs make one flight. A batch of more
+// than maxOwed slices is written as Write does.
+func (t *conn) Post(ctx context.Context, descs []verify.Desc, base int) error {
+	if err := t.begin(ctx); err != nil { // nothing is owed past here
+		return err
+	}
+	if countSlices(descs) > maxOwed {
+		return t.writeLong(ctx, descs, base)
+	}
+	defer t.abortOn(ctx)()
+	t.deadline(ctx)
+	return t.sendWrites(ctx, descs, &t.owed, base)
+}
+
+// PostNotice sends a completion notice on the data connection, after the
+// writes it announces, and leaves its reply owed: the chunk's fence (or the
+// next call) reads it, so it costs no round trip of its own.
+func (t *conn) PostNotice(ctx context.Context, body []byte) error {
+	defer t.abortOn(ctx)()
+	t.deadline(ctx)
+	if len(t.owed) >= maxOwed {
+		if err := t.w.Flush(); err != nil {
+			return ioErr("send", err)
+		}
+		if err := firstErr(t.collectOwed()); err != nil {
+			return err
+		}
+	}
+	if err := t.send(wire.Header{Op: wire.OpNotice, Len: uint64(len(body))}, body); err != nil {
+		return err
+	}
+	t.owed = append(t.owed, owedAck{id: t.nextID, op: wire.OpNotice})
+	if err := t.w.Flush(); err != nil { // the receiver may sync on it before this sender's next call
+		return ioErr("send", err)
+	}
+	return nil
+}
+
+// begin reads what earlier posts left owed and takes pushed quiesce marks
+// before new writes.
+func (t *conn) begin(ctx context.Context) error {
+	if len(t.owed) > 0 {
+		defer t.abortOn(ctx)()
+		t.deadline(ctx)
+		if err := t.w.Flush(); err != nil { // a notice posted last may not be sent yet
+			return ioErr("send", err)
+		}
+		if err := firstErr(t.collectOwed()); err != nil {
+			return err
+		}
+	}
+	return t.catchUp(ctx)
+}
+
+// sendWrites sends descs' slices and flushes, recording each slice's
+// acknowledgement in owed. On the same host a host-memory source goes as
+// its address (OpWriteFrom), pinned until its acknowledgement is read.
+func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owedAck, base int) error {
+	var ref [16]byte
+	for sl := range transport.Slices(descs) {
+		var release func()
+		if t.pull {
+			rel, device, err := t.local.Pin(sl.Src, sl.Len, t.cut)
+			if err != nil {
+				return err
+			}
+			if device { // a GPU source is staged and sent as bytes
+				rel()
+			} else {
+				release = rel
+			}
+		}
+		var err error
+		if release != nil {
+			binary.LittleEndian.PutUint64(ref[:], sl.Src)
+			binary.LittleEndian.PutUint64(ref[8:], sl.Len)
+			err = t.send(wire.Header{Op: wire.OpWriteFrom, Addr: sl.Dst, Len: uint64(len(ref))}, ref[:])
+		} else {
+			err = t.local.LoadAbortable(sl.Src, sl.Len, t.cut, func(src []byte) error {
+				return t.send(wire.Header{Op: wire.OpWrite, Addr: sl.Dst, Len: sl.Len}, src)
+			})
+		}
+		if err != nil {
+			if release != nil {
+				release()
+			}
+			return err
+		}
+		o := owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc, release: release}
+		if owed == &t.owed || release != nil {
+			*owed = append(*owed, o)
+		}
+		t.deadline(ctx)
+	}
+	if err := t.w.Flush(); err != nil {
+		return ioErr("send", err)
+	}
+	return nil
+}
+
+// countSlices is how many frames descs take.
+func countSlices(descs []verify.Desc) int {
+	n := 0
+	for _, d := range descs {
+		n += int((d.Len + transport.MaxSlice - 1) / transport.MaxSlice)
+	}
+	return n
+}
