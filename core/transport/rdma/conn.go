@@ -166,6 +166,17 @@ func (c *conn) eachStripe(want func(i int, s *stripe) bool, fn func(i int, s *st
 // the queue pairs, each stripe a contiguous run of about the same number
 // of bytes, posted at once.
 func (c *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
+	return c.write(ctx, descs, base, false)
+}
+
+// Post is Write without waiting for the completions (verify.Poster): the
+// fence or the read-backs that follow on each queue pair wait for them
+// with their own, one round trip for the chunk.
+func (c *conn) Post(ctx context.Context, descs []verify.Desc, base int) error {
+	return c.write(ctx, descs, base, true)
+}
+
+func (c *conn) write(ctx context.Context, descs []verify.Desc, base int, post bool) error {
 	var ws []verbs.Op
 	var total uint64
 	for sl := range transport.Slices(descs) {
@@ -188,7 +199,11 @@ func (c *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
 		c.stripes[k].touch(w.RKey, w.RemoteAddr, w.Len)
 	}
 	return c.eachStripe(func(i int, _ *stripe) bool { return len(runs[i]) > 0 }, func(i int, s *stripe) error {
-		if err := s.qp.Writes(ctx, runs[i], c.timeout); err != nil {
+		write := s.qp.Writes
+		if post {
+			write = s.qp.PostWrites
+		}
+		if err := write(ctx, runs[i], c.timeout); err != nil {
 			return rdmaErr(err)
 		}
 		return nil

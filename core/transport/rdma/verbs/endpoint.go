@@ -145,6 +145,10 @@ type QP struct {
 	remote QPInfo
 	nextID uint64
 	flush  bool // an extended QP that can post FLUSH
+	// Posted writes not waited for (PostWrites): the work requests still
+	// in the send queue and the completions owed; the next chain waits for
+	// them with its own.
+	owedWRs, owed int
 }
 
 // NewQP creates a queue pair of the given send depth.
@@ -190,6 +194,7 @@ func (q *QP) drain() {
 	var sts [64]C.int
 	for C.mcg_poll(q.qp, 64, &ids[0], &sts[0]) > 0 {
 	}
+	q.owedWRs, q.owed = 0, 0
 }
 
 // Destroy releases the queue pair.
@@ -208,6 +213,17 @@ type Op struct {
 // visible there: that takes a fence (a READ on this QP).
 func (q *QP) Writes(ctx context.Context, ops []Op, timeout time.Duration) error {
 	return q.post(ctx, false, ops, max(1, q.depth/2), timeout)
+}
+
+// PostWrites posts the writes as one chain and returns without waiting for
+// their completions: the next operation on the queue pair waits for them
+// with its own, so writes and the READ or FLUSH that fences them make one
+// round trip. More writes than the queue holds are written as Writes does.
+func (q *QP) PostWrites(ctx context.Context, ops []Op, timeout time.Duration) error {
+	if len(ops) > q.depth-q.owedWRs {
+		return q.Writes(ctx, ops, timeout)
+	}
+	return q.postChains(ctx, false, ops, max(1, q.depth/2), timeout, true)
 }
 
 // Reads posts the reads as chains of at most the queue depth, each chain
@@ -241,19 +257,40 @@ func (q *QP) Flushes(ctx context.Context, ops []Op, timeout time.Duration) error
 // post(start, k, base) posts k of them from start, with wr_ids from base,
 // every signalEvery-th and the last of a chain signaled — and waits for
 // each chain's completions before the next.
-func (q *QP) inChains(ctx context.Context, n, signalEvery int, what string, timeout time.Duration, post func(start, k int, base uint64) C.int) error {
+//
+// With leave (PostWrites: one chain), the chain's completions are left
+// owed instead. Completions owed by an earlier PostWrites are waited for
+// with the first chain, or before it where the queue has no room for both.
+func (q *QP) inChains(ctx context.Context, n, signalEvery int, what string, timeout time.Duration, post func(start, k int, base uint64) C.int, leave ...bool) error {
 	for start := 0; start < n; start += q.depth {
 		k := min(q.depth, n-start)
+		if q.owedWRs+k > q.depth { // no room beside the posted writes: take their completions first
+			if err := q.collect(ctx, 0, timeout); err != nil {
+				return err
+			}
+		}
 		base := q.nextID
 		q.nextID += uint64(k)
 		if r := post(start, k, base); r != 0 {
 			return fmt.Errorf("%w: %s: %v", ErrCompletion, what, syscall.Errno(r))
 		}
-		if err := q.wait(ctx, (k+signalEvery-1)/signalEvery, timeout); err != nil {
+		completions := (k + signalEvery - 1) / signalEvery
+		if len(leave) > 0 && leave[0] {
+			q.owedWRs, q.owed = q.owedWRs+k, q.owed+completions
+			continue
+		}
+		if err := q.collect(ctx, completions, timeout); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// collect waits for n completions besides those owed, and then owes none.
+func (q *QP) collect(ctx context.Context, n int, timeout time.Duration) error {
+	n += q.owed
+	q.owedWRs, q.owed = 0, 0
+	return q.wait(ctx, n, timeout)
 }
 
 // Read reads n bytes of the peer's memory into local addr.
@@ -265,6 +302,11 @@ func (q *QP) Read(ctx context.Context, addr, remote uint64, rkey uint32, n uint6
 // before posting), then posts chains of at most the queue depth with every
 // signalEvery-th and the last signaled, and waits for each chain.
 func (q *QP) post(ctx context.Context, read bool, ops []Op, signalEvery int, timeout time.Duration) error {
+	return q.postChains(ctx, read, ops, signalEvery, timeout, false)
+}
+
+// postChains is post; with leave, its completions are left owed.
+func (q *QP) postChains(ctx context.Context, read bool, ops []Op, signalEvery int, timeout time.Duration, leave bool) error {
 	n := len(ops)
 	la, lk := make([]uint64, n), make([]uint32, n)
 	ra, rk, ln := make([]uint64, n), make([]uint32, n), make([]uint32, n)
@@ -285,7 +327,7 @@ func (q *QP) post(ctx context.Context, read bool, ops []Op, signalEvery int, tim
 	return q.inChains(ctx, n, signalEvery, "ibv_post_send", timeout, func(start, k int, base uint64) C.int {
 		return C.mcg_post_chain(q.qp, isRead, C.int(k), (*C.uint64_t)(&la[start]), (*C.uint32_t)(&lk[start]), (*C.uint64_t)(&ra[start]),
 			(*C.uint32_t)(&rk[start]), (*C.uint32_t)(&ln[start]), C.uint64_t(base), C.int(signalEvery))
-	})
+	}, leave)
 }
 
 // wait polls the queue pair's completion queue until n completions
