@@ -34,6 +34,13 @@ type Poster interface {
 	Post(ctx context.Context, descs []Desc, base int) error
 }
 
+// NoticeCarrier is a Conn that carries the chunk's completion notice
+// itself, after its writes (TCP): announcing uses the connection, so the
+// notice and the fence go in turn, in one flight.
+type NoticeCarrier interface {
+	CarriesNotices() bool
+}
+
 // Delivery counts what Deliver did for one chunk, also when it failed.
 type Delivery struct {
 	Retries int           // polling rounds after the first read-back
@@ -70,7 +77,7 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 	case cfg.Mode == Off:
 		return d, announce()
 	case !cfg.Mode.ReadsBack():
-		if _, ok := conn.(Poster); ok {
+		if nc, ok := conn.(NoticeCarrier); ok && nc.CarriesNotices() {
 			// The notice follows the writes on the connection: the fence
 			// reads their replies and its own in one flight.
 			if err := announce(); err != nil {

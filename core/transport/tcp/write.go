@@ -161,6 +161,9 @@ func (t *conn) Post(ctx context.Context, descs []verify.Desc, base int) error {
 	return t.sendWrites(ctx, descs, &t.owed, base)
 }
 
+// CarriesNotices: completion notices go on this connection (PostNotice).
+func (t *conn) CarriesNotices() bool { return true }
+
 // PostNotice sends a completion notice on the data connection, after the
 // writes it announces, and leaves its reply owed: the chunk's fence (or the
 // next call) reads it, so it costs no round trip of its own.
