@@ -63,22 +63,23 @@ func BenchmarkModes(b *testing.B) {
 // registered on each; both close when the benchmark ends.
 func benchPair(b *testing.B, sendJS string, size int) (send, recv *Guard, src, dst *mem) {
 	src, dst = benchMem(b, size), benchMem(b, size)
-	var err error
-	if send, err = Open(mustConfig(b, sendJS)); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { send.Close() })
-	if recv, err = Open(mustConfig(b, "")); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { recv.Close() })
-	if err := send.Register(src.addr(0), uint64(size)); err != nil {
-		b.Fatal(err)
-	}
-	if err := recv.Register(dst.addr(0), uint64(size)); err != nil {
-		b.Fatal(err)
-	}
+	send, recv = openBench(b, sendJS), openBench(b, "")
+	b.Cleanup(func() { send.Close(); recv.Close() })
+	mustNoErr(b, send.Register(src.addr(0), uint64(size)))
+	mustNoErr(b, recv.Register(dst.addr(0), uint64(size)))
 	return send, recv, src, dst
+}
+
+func openBench(b *testing.B, js string) *Guard {
+	g, err := Open(mustConfig(b, js))
+	mustNoErr(b, err)
+	return g
+}
+
+func mustNoErr(b *testing.B, err error) {
+	if err != nil {
+		b.Fatal(err)
+	}
 }
 
 // BenchmarkSmallTransfer is one 4 KiB descriptor per transfer, the latency

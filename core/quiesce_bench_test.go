@@ -92,18 +92,6 @@ func BenchmarkQuiesce(b *testing.B) {
 	}
 }
 
-func openBench(b *testing.B, js string) *Guard {
-	g, err := Open(mustConfig(b, js))
-	mustNoErr(b, err)
-	return g
-}
-
-func mustNoErr(b *testing.B, err error) {
-	if err != nil {
-		b.Fatal(err)
-	}
-}
-
 func median(d []time.Duration) time.Duration {
 	s := append([]time.Duration(nil), d...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })

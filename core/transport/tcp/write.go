@@ -130,10 +130,12 @@ func (t *conn) writeLong(ctx context.Context, descs []verify.Desc, base int) err
 		}
 		acks <- refused
 	}()
-	var pinned []owedAck // pulled sources, held until their acknowledgements came
+	var pinned []owedAck // the slices sent, pulled sources held until their acknowledgements came
 	defer func() {
 		for _, o := range pinned {
-			o.release()
+			if o.release != nil {
+				o.release()
+			}
 		}
 	}()
 	sendErr := t.sendWrites(ctx, descs, &pinned, 0)
@@ -238,10 +240,7 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owed
 			}
 			return err
 		}
-		o := owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc, release: release}
-		if owed == &t.owed || release != nil {
-			*owed = append(*owed, o)
-		}
+		*owed = append(*owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc, release: release})
 		t.deadline(ctx)
 	}
 	if err := t.w.Flush(); err != nil {
