@@ -205,8 +205,11 @@ func (p *probe) addr() uint64 { return uint64(uintptr(unsafe.Pointer(&p.mem[0]))
 func (p *probe) free() { syscall.Munmap(p.mem) }
 
 func errnoText(code uint64) string {
-	if code == 0 {
+	switch code {
+	case 0:
 		return "the nonce read back did not match (not the sending process)"
+	case wire.ProveNoGrant:
+		return "the receiver holds no same-host grant for this handshake (forgotten, or crowded out)"
 	}
 	return fmt.Sprintf("process_vm_readv: %v", syscall.Errno(code))
 }

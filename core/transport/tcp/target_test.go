@@ -58,3 +58,9 @@ func TestAcceptSurvivesDescriptorExhaustion(t *testing.T) {
 	require.Equal(t, wire.StatusUnauthorized, h.Status)
 	require.Less(t, flaky.fails.Load(), int32(0), "every injected error was met")
 }
+
+func TestProveRefusalsSayWhy(t *testing.T) {
+	require.Contains(t, errnoText(0), "did not match")
+	require.Contains(t, errnoText(wire.ProveNoGrant), "no same-host grant")
+	require.Contains(t, errnoText(uint64(syscall.EPERM)), "operation not permitted")
+}
