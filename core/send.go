@@ -251,32 +251,30 @@ func (g *Guard) notify(ctx context.Context, s *session, id uint64, mode verify.M
 				n.Descs[i].Digest = digests[off+i]
 			}
 		}
-		body := s.signNotice(n)
-		if p, ok := s.conn.(noticePoster); ok {
-			// In order after the chunk's writes, on the data connection:
-			// the fence that follows reads its reply in the same flight.
-			if err := p.PostNotice(ctx, body); err != nil {
-				return err
-			}
-			g.stats.noticesSent.Add(1)
-			g.metrics.noticesSent.Add(1)
-			continue
-		}
-		err := s.notify(ctx, g.zctx, &g.cfg, body)
-		if errors.Is(err, errUnknownToken) {
-			// The receiver forgot this session's handshake (idle, or
-			// crowded out): shake hands again, once, and go on.
-			if err = s.refresh(ctx, g); err == nil {
-				err = s.notify(ctx, g.zctx, &g.cfg, s.signNotice(n))
-			}
-		}
-		if err != nil {
+		if err := g.sendNotice(ctx, s, n); err != nil {
 			return err
 		}
 		g.stats.noticesSent.Add(1)
 		g.metrics.noticesSent.Add(1)
 	}
 	return nil
+}
+
+// sendNotice signs n and sends it: on the data connection, in order after
+// the chunk's writes (the fence that follows reads its reply in the same
+// flight), or over the control channel, shaking hands again once where
+// the receiver forgot this session's handshake (idle, or crowded out).
+func (g *Guard) sendNotice(ctx context.Context, s *session, n wire.Notice) error {
+	if p, ok := s.conn.(noticePoster); ok {
+		return p.PostNotice(ctx, s.signNotice(n))
+	}
+	err := s.notify(ctx, g.zctx, &g.cfg, s.signNotice(n))
+	if errors.Is(err, errUnknownToken) {
+		if err = s.refresh(ctx, g); err == nil {
+			err = s.notify(ctx, g.zctx, &g.cfg, s.signNotice(n))
+		}
+	}
+	return err
 }
 
 // noticePoster is a data connection that carries completion notices

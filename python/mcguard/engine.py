@@ -124,8 +124,6 @@ class Callbacks:
         if callable(getattr(engine, "fence", None)):
             self.ops.fence = _lib.FENCE_FN(
                 lambda _ctx, session, msg, msg_len: self._call("fence", (session.decode(),), msg, msg_len))
-        self.calls = 0
-        self._mu = threading.Lock()
         # KeyboardInterrupt or SystemExit raised inside a callback (a signal
         # handler runs in whatever Python code the main thread is in): kept
         # per thread and raised again by the Guard call that made it.
@@ -143,8 +141,6 @@ class Callbacks:
         if engine is None:
             _put_message(msg, msg_len, "the guard over this engine was closed")
             return _MC_ERR_PEER
-        with self._mu:
-            self.calls += 1
         try:
             ret = getattr(engine, method)(*args)
         except EngineError as e:
