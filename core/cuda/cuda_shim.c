@@ -1,7 +1,7 @@
 // Loading libcuda: dlopen, cuInit, cuDriverGetVersion, then every other
 // entry point through cuGetProcAddress, all or nothing (NCCL's cudawrap
-// does the same). cuFlushGPUDirectRDMAWrites and the dmabuf export
-// entry points are optional.
+// does the same). cuFlushGPUDirectRDMAWrites, the dmabuf export and the
+// IPC entry points are optional.
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
@@ -64,6 +64,10 @@ int mcg_cuda_load(const char *path, struct mcg_cuda *c, char *err, size_t errlen
     GET(cuFlushGPUDirectRDMAWrites, 0);
     GET(cuDeviceGetAttribute, 0);
     GET(cuMemGetAddressRange, 0);
+    GET(cuIpcGetMemHandle, 0);
+    GET(cuIpcOpenMemHandle, 0);
+    GET(cuIpcCloseMemHandle, 0);
+    GET(cuMemcpyDtoDAsync, 0);
     if (c->driver_version >= MCG_CUDA_DMABUF_DRIVER) GET_AT(cuMemGetHandleForAddressRange, MCG_CUDA_DMABUF_DRIVER, 0);
 #undef GET
 #undef GET_AT
@@ -126,6 +130,32 @@ CUresult mcg_cu_mem_get_address_range(struct mcg_cuda *c, CUdeviceptr p, CUdevic
 CUresult mcg_cu_mem_get_dmabuf_fd(struct mcg_cuda *c, CUdeviceptr base, size_t size, int *fd) {
     if (!c->cuMemGetHandleForAddressRange) return MCG_CUDA_MISSING;
     return c->cuMemGetHandleForAddressRange(fd, base, size, MCG_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+}
+
+static int has_ipc(struct mcg_cuda *c) {
+    return c->cuIpcGetMemHandle && c->cuIpcOpenMemHandle && c->cuIpcCloseMemHandle && c->cuMemcpyDtoDAsync;
+}
+
+CUresult mcg_cu_ipc_get(struct mcg_cuda *c, void *handle, CUdeviceptr base) {
+    if (!has_ipc(c)) return MCG_CUDA_MISSING;
+    return c->cuIpcGetMemHandle((CUipcMemHandle *)handle, base);
+}
+
+CUresult mcg_cu_ipc_open(struct mcg_cuda *c, CUdeviceptr *p, const void *handle) {
+    if (!has_ipc(c)) return MCG_CUDA_MISSING;
+    CUipcMemHandle h;
+    memcpy(&h, handle, sizeof h);
+    return c->cuIpcOpenMemHandle(p, h, MCG_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+}
+
+CUresult mcg_cu_ipc_close(struct mcg_cuda *c, CUdeviceptr p) {
+    if (!has_ipc(c)) return MCG_CUDA_MISSING;
+    return c->cuIpcCloseMemHandle(p);
+}
+
+CUresult mcg_cu_dtod_async(struct mcg_cuda *c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+    if (!has_ipc(c)) return MCG_CUDA_MISSING;
+    return c->cuMemcpyDtoDAsync(dst, src, n, s);
 }
 
 const char *mcg_cu_error_name(struct mcg_cuda *c, CUresult r) {

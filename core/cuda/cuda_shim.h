@@ -16,7 +16,9 @@ typedef unsigned long long CUdeviceptr;
 #define MCG_CUDA_SUCCESS 0
 #define MCG_CU_POINTER_ATTRIBUTE_CONTEXT 1
 #define MCG_CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define MCG_CU_POINTER_ATTRIBUTE_BUFFER_ID 7
 #define MCG_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define MCG_CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE 10
 #define MCG_CU_MEMORYTYPE_HOST 1
 #define MCG_CU_MEMORYTYPE_DEVICE 2
 #define MCG_CU_MEMORYTYPE_UNIFIED 4
@@ -31,6 +33,10 @@ typedef unsigned long long CUdeviceptr;
 #define MCG_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD 1
 #define MCG_CUDA_DMABUF_DRIVER 11070
 #define MCG_CUDA_MISSING (-2) /* an optional entry point this driver lacks */
+/* CUDA IPC of cuMemAlloc'd memory, for same-host GPU-to-GPU copies. */
+#define MCG_CU_IPC_HANDLE_SIZE 64
+#define MCG_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1
+typedef struct { char reserved[MCG_CU_IPC_HANDLE_SIZE]; } CUipcMemHandle; /* passed by value */
 
 struct mcg_cuda {
     void *lib;
@@ -55,6 +61,11 @@ struct mcg_cuda {
     CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
     CUresult (*cuMemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
     CUresult (*cuMemGetHandleForAddressRange)(void *, CUdeviceptr, size_t, int, unsigned long long);
+    /* optional, for CUDA IPC: NULL when the driver lacks them */
+    CUresult (*cuIpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
+    CUresult (*cuIpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+    CUresult (*cuIpcCloseMemHandle)(CUdeviceptr);
+    CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 };
 
 /* Loads the table from path; on failure returns a CUresult-like code (or
@@ -77,5 +88,11 @@ CUresult mcg_cu_flush_gpudirect(struct mcg_cuda *c);
 CUresult mcg_cu_dmabuf_supported(struct mcg_cuda *c, int ordinal, int *supported);
 CUresult mcg_cu_mem_get_address_range(struct mcg_cuda *c, CUdeviceptr p, CUdeviceptr *base, size_t *size);
 CUresult mcg_cu_mem_get_dmabuf_fd(struct mcg_cuda *c, CUdeviceptr base, size_t size, int *fd);
+/* CUDA IPC: MCG_CUDA_MISSING when the driver lacks the entry points. The
+ * handle is MCG_CU_IPC_HANDLE_SIZE bytes. */
+CUresult mcg_cu_ipc_get(struct mcg_cuda *c, void *handle, CUdeviceptr base);
+CUresult mcg_cu_ipc_open(struct mcg_cuda *c, CUdeviceptr *p, const void *handle);
+CUresult mcg_cu_ipc_close(struct mcg_cuda *c, CUdeviceptr p);
+CUresult mcg_cu_dtod_async(struct mcg_cuda *c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
 const char *mcg_cu_error_name(struct mcg_cuda *c, CUresult r);
 #endif

@@ -41,7 +41,8 @@ type Driver struct {
 
 	mu      sync.Mutex
 	devices map[int]*device
-	staging [][]byte // free pinned buffers
+	staging [][]byte            // free pinned buffers
+	exports map[uint64]exported // IPC handles by allocation base
 }
 
 type device struct {
@@ -79,7 +80,7 @@ func Load(path string) (*Driver, error) {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	c := (*C.struct_mcg_cuda)(t)
-	return &Driver{c: c, Version: int(c.driver_version), devices: map[int]*device{}}, nil
+	return &Driver{c: c, Version: int(c.driver_version), devices: map[int]*device{}, exports: map[uint64]exported{}}, nil
 }
 
 func (d *Driver) check(r C.CUresult, what string) error {

@@ -2,7 +2,14 @@ package cuda_test
 
 import (
 	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -144,4 +151,81 @@ func fdFlags(fd int) (int, error) {
 		return 0, errno
 	}
 	return int(r), nil
+}
+
+// TestIPCAcrossProcesses: a child process opens this process's IPC
+// handle, copies the bytes device to device into its own allocation and
+// back to host for a hash, and writes into this process's memory through
+// the handle.
+func TestIPCAcrossProcesses(t *testing.T) {
+	d, m := model(t)
+	const n = 1 << 20
+	src, err := m.Alloc(n)
+	require.NoError(t, err)
+	data := make([]byte, n)
+	rand.Read(data)
+	copy(cudamodel.Bytes(src, n), data)
+	mem, err := d.Classify(src)
+	require.NoError(t, err)
+	ref, err := d.ExportIPC(src+4096, 8192, mem)
+	require.NoError(t, err)
+	require.EqualValues(t, 4096, ref.Offset)
+	again, err := d.ExportIPC(src, n, mem)
+	require.NoError(t, err)
+	require.Equal(t, ref.Handle, again.Handle, "one handle per allocation")
+
+	_, _, err = d.OpenIPC(ref.Handle, 0)
+	require.ErrorIs(t, err, cuda.ErrDevice, "a process cannot open its own handle")
+	_, err = d.ExportIPC(src+n-8, 16, mem)
+	require.ErrorContains(t, err, "not inside one device allocation")
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestIPCChild$", "-test.v")
+	cmd.Env = append(os.Environ(), "MCG_IPC_CHILD="+hex.EncodeToString(ref.Handle[:]), fmt.Sprintf("MCG_IPC_CHILD_OFFSET=%d", ref.Offset))
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	sum := sha256.Sum256(data[4096 : 4096+8192])
+	require.Contains(t, string(out), "child sha256 "+hex.EncodeToString(sum[:]), "the child copied this process's bytes")
+	require.Equal(t, bytes.Repeat([]byte{0xab}, 512), cudamodel.Bytes(src, 512), "the child's write through the handle landed here")
+
+	// A freed allocation's cached handle is not handed out for a new one.
+	require.NoError(t, m.Free(src))
+	src2, err := m.Alloc(n)
+	require.NoError(t, err)
+	mem2, err := d.Classify(src2)
+	require.NoError(t, err)
+	ref2, err := d.ExportIPC(src2, n, mem2)
+	require.NoError(t, err)
+	require.NotEqual(t, ref.Handle, ref2.Handle, "a new allocation (buffer id) has a new handle, even at the same base")
+}
+
+// TestIPCChild is TestIPCAcrossProcesses's child process.
+func TestIPCChild(t *testing.T) {
+	h := os.Getenv("MCG_IPC_CHILD")
+	if h == "" {
+		t.Skip("the child process of TestIPCAcrossProcesses; runs only as that")
+	}
+	d, m := model(t)
+	raw, err := hex.DecodeString(h)
+	require.NoError(t, err)
+	var handle [cuda.IPCHandleSize]byte
+	copy(handle[:], raw)
+	off, err := strconv.ParseUint(os.Getenv("MCG_IPC_CHILD_OFFSET"), 10, 64)
+	require.NoError(t, err)
+	ptr, size, err := d.OpenIPC(handle, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 1<<20, size)
+	_, _, err = d.OpenIPC(handle, 0)
+	require.ErrorContains(t, err, "ALREADY_MAPPED", "a handle opens once per process")
+	mine, err := m.Alloc(8192)
+	require.NoError(t, err)
+	dev := cuda.Memory{Device: true}
+	require.NoError(t, d.CopyDeviceToDevice(mine, ptr+off, 8192, dev))
+	got := make([]byte, 8192)
+	require.NoError(t, d.CopyToHost(got, mine, dev))
+	sum := sha256.Sum256(got)
+	fmt.Printf("child sha256 %x\n", sum)
+	require.NoError(t, d.CopyToDevice(mine, bytes.Repeat([]byte{0xab}, 512), dev))
+	require.NoError(t, d.CopyDeviceToDevice(ptr, mine, 512, dev))
+	require.NoError(t, d.CloseIPC(ptr, 0))
+	require.Error(t, d.CloseIPC(ptr, 0), "closed once")
 }

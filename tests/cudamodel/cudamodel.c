@@ -15,10 +15,23 @@
  * dmabuf export (cuMemGetHandleForAddressRange) hands out a memfd standing
  * for the dmabuf; the NIC model, given it, writes the device memory through
  * mcgModelDeferredWrite, so RDMA writes into "GPU" memory become visible to
- * kernels only at a flush, as GPUDirect writes do. */
+ * kernels only at a flush, as GPUDirect writes do.
+ *
+ * CUDA IPC works across processes: device memory is a shared memfd
+ * mapping, a handle names the exporting pid, its fd and the allocation's
+ * buffer id, and cuIpcOpenMemHandle maps /proc/<pid>/fd/<fd> (so the
+ * importer needs ptrace access to the exporter, as with any same-host
+ * path). As the real driver does, it refuses a handle from its own
+ * process and a handle already open here (PyTorch keeps a cache for that
+ * reason), and wants the allocation's base. Device-to-device copies are
+ * asynchronous like the others. */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,12 +59,27 @@ typedef struct stream {
 typedef struct region {
     char *p;
     size_t n;
-    int pinned; /* 0: device memory, 1: pinned host memory */
+    int pinned;                 /* 0: device memory, 1: pinned host memory */
+    int fd;                     /* device memory: its memfd; -1 otherwise */
+    unsigned long long id;      /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
+    int imported;               /* opened from another process's IPC handle */
+    int from_pid;               /* imported: the exporter and its buffer id */
+    unsigned long long from_id;
     struct region *next;
 } region;
 
+/* The model's CUipcMemHandle (64 bytes, opaque to callers). */
+typedef struct { char reserved[64]; } CUipcMemHandle;
+typedef struct {
+    char magic[8];
+    int pid, fd;
+    unsigned long long id, size;
+} ipc_handle;
+static const char ipc_magic[8] = "MCGIPC1";
+
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int initialized, version = 12040, fail_copies;
+static unsigned long long next_buffer_id = 1;
 
 /* Read on each use, so that one test process can have both devices. */
 static int no_dmabuf(void) {
@@ -116,6 +144,8 @@ CUresult cuGetErrorName(CUresult r, const char **name) {
     case INVALID_DEVICE: *name = "CUDA_ERROR_INVALID_DEVICE"; break;
     case INVALID_CONTEXT: *name = "CUDA_ERROR_INVALID_CONTEXT"; break;
     case ILLEGAL_ADDRESS: *name = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
+    case 208: *name = "CUDA_ERROR_ALREADY_MAPPED"; break;
+    case 400: *name = "CUDA_ERROR_INVALID_HANDLE"; break;
     default: return INVALID_VALUE;
     }
     return SUCCESS;
@@ -128,6 +158,8 @@ CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr) {
     if (!r) return INVALID_VALUE; /* not memory the driver knows */
     switch (attr) {
     case 2: *(unsigned int *)data = r->pinned ? 1 : 2; return SUCCESS; /* MEMORY_TYPE: HOST or DEVICE */
+    case 7: *(unsigned long long *)data = r->id; return SUCCESS;      /* BUFFER_ID */
+    case 10: *(int *)data = !r->pinned && !r->imported; return SUCCESS; /* IS_LEGACY_CUDA_IPC_CAPABLE */
     case 9: *(int *)data = 0; return SUCCESS;                          /* DEVICE_ORDINAL */
     case 1: *(void **)data = &primary_ctx; return SUCCESS;             /* CONTEXT */
     }
@@ -151,31 +183,61 @@ CUresult cuCtxSetCurrent(void *ctx) {
     return SUCCESS;
 }
 
-static CUresult alloc(void **p, size_t n, int pinned) {
-    if (!initialized) return NOT_INITIALIZED;
-    region *r = calloc(1, sizeof *r);
-    r->p = aligned_alloc(4096, (n + 4095) / 4096 * 4096);
-    if (!r->p) { free(r); return INVALID_VALUE; }
-    memset(r->p, 0, n);
-    r->n = n;
-    r->pinned = pinned;
+static void add_region(region *r) {
     pthread_mutex_lock(&mu);
+    r->id = next_buffer_id++;
     r->next = regions;
     regions = r;
     pthread_mutex_unlock(&mu);
+}
+
+/* Device memory is a shared memfd mapping, so that IPC can map it in
+ * another process; pinned host memory is plain memory. */
+static CUresult alloc(void **p, size_t n, int pinned) {
+    if (!initialized) return NOT_INITIALIZED;
+    if (n == 0) return INVALID_VALUE;
+    region *r = calloc(1, sizeof *r);
+    size_t rounded = (n + 4095) / 4096 * 4096;
+    r->fd = -1;
+    if (pinned) {
+        r->p = aligned_alloc(4096, rounded);
+        if (!r->p) { free(r); return INVALID_VALUE; }
+        memset(r->p, 0, n);
+    } else {
+        r->fd = memfd_create("mcgmodel-device", MFD_CLOEXEC);
+        if (r->fd < 0 || ftruncate(r->fd, rounded) != 0) goto fail;
+        r->p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
+        if (r->p == MAP_FAILED) goto fail;
+    }
+    r->n = n;
+    r->pinned = pinned;
+    add_region(r);
     *p = r->p;
     return SUCCESS;
+fail:
+    if (r->fd >= 0) close(r->fd);
+    free(r);
+    return INVALID_VALUE;
+}
+
+static void free_region(region *r) {
+    if (r->pinned) {
+        free(r->p);
+    } else {
+        munmap(r->p, (r->n + 4095) / 4096 * 4096);
+        if (r->fd >= 0) close(r->fd);
+    }
+    free(r);
 }
 
 static CUresult release(void *p) {
     pthread_mutex_lock(&mu);
     for (region **pp = &regions; *pp; pp = &(*pp)->next) {
-        if ((*pp)->p == p) {
+        if ((*pp)->p == p && !(*pp)->imported) {
             region *r = *pp;
             *pp = r->next;
             pthread_mutex_unlock(&mu);
-            free(r->p);
-            free(r);
+            free_region(r);
             return SUCCESS;
         }
     }
@@ -259,6 +321,111 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
     return copy_async(1, dst, (const void *)(uintptr_t)src, n, s);
 }
 
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s) {
+    if (current_ctx != &primary_ctx) return INVALID_CONTEXT;
+    pthread_mutex_lock(&mu);
+    if (fail_copies > 0) {
+        fail_copies--;
+        pthread_mutex_unlock(&mu);
+        return ILLEGAL_ADDRESS;
+    }
+    region *d = find((void *)(uintptr_t)dst, n), *r = find((void *)(uintptr_t)src, n);
+    if (!d || d->pinned || !r || r->pinned || !s) {
+        pthread_mutex_unlock(&mu);
+        return INVALID_VALUE;
+    }
+    op *o = calloc(1, sizeof *o);
+    o->dst = (char *)(uintptr_t)dst;
+    o->src = (const char *)(uintptr_t)src;
+    o->n = n;
+    enqueue(&((stream *)s)->head, &((stream *)s)->tail, o);
+    pthread_mutex_unlock(&mu);
+    return SUCCESS;
+}
+
+enum { ALREADY_MAPPED = 208, INVALID_HANDLE = 400 };
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+    if (!h) return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    region *r = find((void *)(uintptr_t)p, 1);
+    int ok = r && !r->pinned && !r->imported && (CUdeviceptr)(uintptr_t)r->p == p;
+    ipc_handle ih = {0};
+    if (ok) {
+        memcpy(ih.magic, ipc_magic, sizeof ih.magic);
+        ih.pid = getpid();
+        ih.fd = r->fd;
+        ih.id = r->id;
+        ih.size = r->n;
+    }
+    pthread_mutex_unlock(&mu);
+    if (!ok) return INVALID_VALUE; /* not the base of a device allocation of this process */
+    memset(h, 0, sizeof *h);
+    memcpy(h, &ih, sizeof ih);
+    return SUCCESS;
+}
+
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags) {
+    if (!p || flags != 1) return INVALID_VALUE; /* CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS */
+    if (current_ctx != &primary_ctx) return INVALID_CONTEXT;
+    ipc_handle ih;
+    memcpy(&ih, &h, sizeof ih);
+    if (memcmp(ih.magic, ipc_magic, sizeof ih.magic) != 0 || ih.size == 0) return INVALID_HANDLE;
+    if (ih.pid == getpid()) return INVALID_CONTEXT; /* a process cannot open its own handle */
+    pthread_mutex_lock(&mu);
+    for (region *r = regions; r; r = r->next) {
+        if (r->imported && r->from_pid == ih.pid && r->from_id == ih.id) {
+            pthread_mutex_unlock(&mu);
+            return ALREADY_MAPPED;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    char path[64], link[128], want[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", ih.pid, ih.fd);
+    /* the fd must still be that allocation's memfd: a freed one is gone */
+    ssize_t k = readlink(path, link, sizeof link - 1);
+    if (k < 0) return INVALID_HANDLE;
+    link[k] = 0;
+    snprintf(want, sizeof want, "/memfd:mcgmodel-device");
+    if (strncmp(link, want, strlen(want)) != 0) return INVALID_HANDLE;
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return INVALID_HANDLE;
+    size_t rounded = (ih.size + 4095) / 4096 * 4096;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size != rounded) {
+        close(fd);
+        return INVALID_HANDLE;
+    }
+    void *m = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return INVALID_HANDLE;
+    region *r = calloc(1, sizeof *r);
+    r->p = m;
+    r->n = ih.size;
+    r->fd = -1;
+    r->imported = 1;
+    r->from_pid = ih.pid;
+    r->from_id = ih.id;
+    add_region(r);
+    *p = (CUdeviceptr)(uintptr_t)m;
+    return SUCCESS;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+    pthread_mutex_lock(&mu);
+    for (region **pp = &regions; *pp; pp = &(*pp)->next) {
+        if ((*pp)->imported && (CUdeviceptr)(uintptr_t)(*pp)->p == p) {
+            region *r = *pp;
+            *pp = r->next;
+            pthread_mutex_unlock(&mu);
+            free_region(r);
+            return SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return INVALID_VALUE;
+}
+
 enum { NOT_SUPPORTED = 801 };
 
 CUresult cuDeviceGetAttribute(int *v, int attr, int dev) {
@@ -340,6 +507,10 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, unsig
         {"cuMemFreeHost", (void *)cuMemFreeHost},
         {"cuMemcpyDtoHAsync", (void *)cuMemcpyDtoHAsync_v2},
         {"cuMemcpyHtoDAsync", (void *)cuMemcpyHtoDAsync_v2},
+        {"cuMemcpyDtoDAsync", (void *)cuMemcpyDtoDAsync_v2},
+        {"cuIpcGetMemHandle", (void *)cuIpcGetMemHandle},
+        {"cuIpcOpenMemHandle", (void *)cuIpcOpenMemHandle_v2},
+        {"cuIpcCloseMemHandle", (void *)cuIpcCloseMemHandle},
         {"cuFlushGPUDirectRDMAWrites", (void *)cuFlushGPUDirectRDMAWrites},
         {"cuDeviceGetAttribute", (void *)cuDeviceGetAttribute},
         {"cuMemGetAddressRange", (void *)cuMemGetAddressRange_v2},

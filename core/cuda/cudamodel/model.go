@@ -10,6 +10,7 @@ package cudamodel
 #include <stdint.h>
 
 typedef int (*alloc_fn)(unsigned long long *, size_t);
+typedef int (*free_fn)(unsigned long long);
 typedef int (*deferred_fn)(unsigned long long, const void *, size_t);
 typedef void (*fail_fn)(int);
 typedef int (*retain_fn)(void **, int);
@@ -28,6 +29,7 @@ static int make_stream(void *retain, void *setcur, void *screate, unsigned long 
 static void *model_open(const char *path) { return dlopen(path, RTLD_NOW | RTLD_LOCAL); }
 static void *model_sym(void *h, const char *name) { return dlsym(h, name); }
 static int call_alloc(void *f, unsigned long long *p, size_t n) { return ((alloc_fn)f)(p, n); }
+static int call_free(void *f, unsigned long long p) { return ((free_fn)f)(p); }
 static int call_deferred(void *f, unsigned long long d, const void *s, size_t n) { return ((deferred_fn)f)(d, s, n); }
 static void call_fail(void *f, int n) { ((fail_fn)f)(n); }
 */
@@ -46,8 +48,8 @@ func Path() (string, error) { return models.CUDA() }
 
 // Model is a handle on a loaded model library.
 type Model struct {
-	alloc, deferred, fail      unsafe.Pointer
-	retain, setCurrent, stream unsafe.Pointer
+	alloc, free, deferred, fail unsafe.Pointer
+	retain, setCurrent, stream  unsafe.Pointer
 }
 
 // Open loads the model at path (the same library the driver loader opens).
@@ -65,9 +67,9 @@ func Open(path string) (*Model, error) {
 		defer C.free(unsafe.Pointer(cs))
 		return C.model_sym(h, cs)
 	}
-	m := &Model{alloc: sym("cuMemAlloc_v2"), deferred: sym("mcgModelDeferredWrite"), fail: sym("mcgModelFailCopies"),
+	m := &Model{alloc: sym("cuMemAlloc_v2"), free: sym("cuMemFree_v2"), deferred: sym("mcgModelDeferredWrite"), fail: sym("mcgModelFailCopies"),
 		retain: sym("cuDevicePrimaryCtxRetain"), setCurrent: sym("cuCtxSetCurrent"), stream: sym("cuStreamCreate")}
-	if m.alloc == nil || m.deferred == nil || m.fail == nil || m.retain == nil || m.setCurrent == nil || m.stream == nil {
+	if m.alloc == nil || m.free == nil || m.deferred == nil || m.fail == nil || m.retain == nil || m.setCurrent == nil || m.stream == nil {
 		return nil, fmt.Errorf("%s is not the mcguard CUDA model", path)
 	}
 	return m, nil
@@ -80,6 +82,14 @@ func (m *Model) Alloc(n int) (uint64, error) {
 		return 0, fmt.Errorf("cuMemAlloc: CUresult %d", int(r))
 	}
 	return uint64(p), nil
+}
+
+// Free frees what Alloc returned.
+func (m *Model) Free(p uint64) error {
+	if r := C.call_free(m.free, C.ulonglong(p)); r != 0 {
+		return fmt.Errorf("cuMemFree: CUresult %d", int(r))
+	}
+	return nil
 }
 
 // DeferredWrite writes into device memory as a NIC would: the bytes become
