@@ -57,6 +57,7 @@ func (g *Guard) Stats() ([]byte, error) {
 	}
 	if p, ok := g.plane(tcp.Name).(*tcp.Transport); ok {
 		out["same_host_pulled_bytes"] = p.PulledBytes()
+		out["same_host_ipc_bytes"] = p.IPCBytes()
 	}
 	out["same_host"] = g.cfg.SameHost
 	for name, state := range g.planeState { // "tcp": what it runs on; "rdma": that, or why not

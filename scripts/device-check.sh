@@ -4,7 +4,7 @@
 # torch on the receiver after mc_guard_sync, throughput per mode. Needs
 # build/libmcguard.so (make build, anywhere: libcuda is loaded at run
 # time). Writes device-check.json under $OUT (or build/device-check).
-# Finishes in well under 5 minutes (5 modes x 8 s plus start-up).
+# Finishes in well under 5 minutes (2 paths x 5 modes x 6 s plus start-up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build/device-check}

@@ -221,19 +221,19 @@ func (t *Regions) within(addr, n uint64, abort func(), fn func(r *region) error)
 
 // Pin holds the region of [addr, addr+n) registered until release is
 // called (Unregister waits for it; abort, if not nil, is called to cut it
-// short), and says whether it is device memory.
-func (t *Regions) Pin(addr, n uint64, abort func()) (release func(), device bool, err error) {
+// short), and says where its bytes live.
+func (t *Regions) Pin(addr, n uint64, abort func()) (release func(), mem cuda.Memory, err error) {
 	t.mu.RLock()
 	r := t.findLocked(addr, n)
 	if r == nil {
 		t.mu.RUnlock()
-		return nil, false, fmt.Errorf("%w: [%#x, +%d)", errs.NotRegistered, addr, n)
+		return nil, cuda.Memory{}, fmt.Errorf("%w: [%#x, +%d)", errs.NotRegistered, addr, n)
 	}
-	p, dev := r.pins, r.mem.Device
+	p, mem := r.pins, r.mem
 	id := p.enter(abort)
 	t.mu.RUnlock()
 	var once sync.Once
-	return func() { once.Do(func() { p.leave(id) }) }, dev, nil
+	return func() { once.Do(func() { p.leave(id) }) }, mem, nil
 }
 
 // Load runs fn on the bytes [addr, addr+n) after checking them: host
@@ -278,6 +278,25 @@ func (t *Regions) StoreAbortable(addr, n uint64, abort func(), fill func(b []byt
 		}
 		if err := t.gpu.CopyToDevice(addr, buf, r.mem); err != nil {
 			return fmt.Errorf("%w: staging [%#x, +%d) to the GPU: %v", errs.Device, addr, n, err)
+		}
+		return nil
+	})
+}
+
+// StoreFromDevice copies n bytes of device memory at src (on srcMem's
+// device, e.g. another process's allocation opened by CUDA IPC) into
+// [addr, addr+n): device to device, or to host memory, returning once the
+// copy has completed.
+func (t *Regions) StoreFromDevice(addr, n uint64, abort func(), src uint64, srcMem cuda.Memory) error {
+	return t.within(addr, n, abort, func(r *region) error {
+		var err error
+		if r.mem.Device {
+			err = t.gpu.CopyDeviceToDevice(addr, src, n, r.mem)
+		} else {
+			err = t.gpu.CopyToHost(BytesAt(addr, n), src, srcMem)
+		}
+		if err != nil {
+			return fmt.Errorf("%w: copying [%#x, +%d) from the peer's GPU memory: %v", errs.Device, addr, n, err)
 		}
 		return nil
 	})

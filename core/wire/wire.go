@@ -67,9 +67,18 @@ const (
 	// sender's memory: Addr is the destination, the payload the source
 	// address and the length (16 bytes, little-endian).
 	OpWriteFrom Op = 9
+	// OpWriteFromDevice is a write whose bytes the target copies out of
+	// the sender's GPU memory by CUDA IPC: Addr is the destination, the
+	// payload the allocation's IPC handle, the offset in it and the
+	// length (IPCRefSize bytes, little-endian).
+	OpWriteFromDevice Op = 10
 	// Reply is or-ed into the op of a reply frame.
 	Reply Op = 0x80
 )
+
+// IPCRefSize is an OpWriteFromDevice payload: a 64-byte CUDA IPC handle,
+// an offset and a length.
+const IPCRefSize = 64 + 8 + 8
 
 // ProveNoGrant is a Prove reply's reason when the target holds no
 // same-host grant for the connection's handshake.
@@ -158,7 +167,7 @@ func Decode(b []byte) (Header, error) {
 		Len:    binary.LittleEndian.Uint64(b[24:]),
 	}
 	switch h.Op &^ Reply {
-	case OpHello, OpWrite, OpRead, OpFence, OpChallenge, OpMark, OpNotice, OpProve, OpWriteFrom:
+	case OpHello, OpWrite, OpRead, OpFence, OpChallenge, OpMark, OpNotice, OpProve, OpWriteFrom, OpWriteFromDevice:
 	default:
 		return Header{}, fmt.Errorf("%w: unknown op %#x", ErrFrame, byte(h.Op))
 	}

@@ -2,7 +2,11 @@
 
 Two processes, each with KV-like tensors in GPU memory allocated by torch;
 the prefill process writes blocks GPU-to-GPU over mcguard's TCP transport
-in every verification mode, and the decode process, after mc_guard_sync,
+in every verification mode, twice: staged through host memory and the
+socket (same_host "off"), and by CUDA IPC, the decode process copying out
+of the prefill's allocation device to device (same_host "auto", the
+default on one host); the decode process's byte counters show which path
+each run took. The decode process, after mc_guard_sync,
 regenerates the expected blocks on its GPU from the same seeds and
 compares them with torch.equal. Prints a table and writes it, as JSON, to
 --out. Needs build/libmcguard.so (built anywhere: it loads libcuda at run
@@ -17,6 +21,9 @@ import sys
 import time
 
 MODES = ["off", "tail", "sample", "full", "digest"]
+# same_host settings of the prefill guard: bytes staged through the
+# socket, and CUDA IPC.
+PATHS = [("socket", "off"), ("cuda-ipc", "auto")]
 
 
 def blocks(torch, seed, n, block_bytes, device):
@@ -40,6 +47,9 @@ def decode_main(conn, args):
         msg = conn.recv()
         if msg == "stop":
             break
+        if msg == "stats":
+            conn.send(g.stats())
+            continue
         transfer_id, seed, first = msg
         try:
             g.sync_transfers([transfer_id], stream=stream)
@@ -53,13 +63,58 @@ def decode_main(conn, args):
     g.close()
 
 
+def run_mode(args, torch, mcguard, decode, endpoint, remote, path, same_host, mode):
+    """One mode over one path for args.seconds: a row of the table."""
+    decode.send("stats")
+    before = decode.recv()
+    g = mcguard.Guard(cuda="required", verify=mode, notify="always", same_host=same_host)
+    src = torch.empty((args.batch, args.block_bytes), dtype=torch.uint8, device="cuda")
+    g.register(src)
+    transfers = ok = failed = mismatches = 0
+    moved = 0
+    start = time.monotonic()
+    seed = 1000 * MODES.index(mode) + 100000 * [p for p, _ in PATHS].index(path)
+    while time.monotonic() - start < args.seconds:
+        seed += 1
+        src.copy_(blocks(torch, seed, args.batch, args.block_bytes, "cuda"))
+        torch.cuda.synchronize()
+        first = (transfers * args.batch) % (args.blocks - args.batch + 1)
+        srcs = [src[i].data_ptr() for i in range(args.batch)]
+        dsts = [remote + (first + i) * args.block_bytes for i in range(args.batch)]
+        transfers += 1
+        try:
+            res = g.transfer(endpoint, srcs, dsts, [args.block_bytes] * args.batch)
+        except mcguard.MCGuardError as e:
+            failed += 1
+            print("  %s %s: %s" % (path, mode, e), file=sys.stderr)
+            continue
+        decode.send((res.id, seed, first))
+        verdict, detail = decode.recv()
+        if verdict == "failed":
+            failed += 1
+            continue
+        ok += 1
+        mismatches += detail
+        moved += args.batch * args.block_bytes
+    seconds = time.monotonic() - start
+    g.close()
+    decode.send("stats")
+    after = decode.recv()
+    ipc = after.get("same_host_ipc_bytes", 0) - before.get("same_host_ipc_bytes", 0)
+    row = {"path": path, "verify": mode, "transfers": transfers, "ok": ok, "failed": failed, "mismatches": mismatches,
+           "seconds": round(seconds, 3), "gbps": round(moved * 8 / 1e9 / seconds, 3), "ipc_bytes": ipc}
+    print("%-8s %-6s transfers %5d ok %5d failed %3d mismatches %4d  %.3f Gbit/s  ipc bytes %d" % (
+        path, mode, transfers, ok, failed, mismatches, row["gbps"], ipc), flush=True)
+    return row
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python3 -m mcguard.devicecheck")
     p.add_argument("--out", default="build/device-check")
     p.add_argument("--blocks", type=int, default=256)
     p.add_argument("--block-bytes", type=int, default=256 << 10)
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--seconds", type=float, default=8.0, help="per mode")
+    p.add_argument("--seconds", type=float, default=6.0, help="per mode and path")
     args = p.parse_args(argv)
     import torch
 
@@ -76,55 +131,24 @@ def main(argv=None):
     torch.cuda.set_device(0)
     rows = []
     try:
-        for mode in MODES:
-            g = mcguard.Guard(cuda="required", verify=mode, notify="always")
-            src = torch.empty((args.batch, args.block_bytes), dtype=torch.uint8, device="cuda")
-            g.register(src)
-            transfers = ok = failed = mismatches = 0
-            moved = 0
-            start = time.monotonic()
-            seed = 1000 * MODES.index(mode)
-            while time.monotonic() - start < args.seconds:
-                seed += 1
-                src.copy_(blocks(torch, seed, args.batch, args.block_bytes, "cuda"))
-                torch.cuda.synchronize()
-                first = (transfers * args.batch) % (args.blocks - args.batch + 1)
-                srcs = [src[i].data_ptr() for i in range(args.batch)]
-                dsts = [remote + (first + i) * args.block_bytes for i in range(args.batch)]
-                transfers += 1
-                try:
-                    res = g.transfer(endpoint, srcs, dsts, [args.block_bytes] * args.batch)
-                except mcguard.MCGuardError as e:
-                    failed += 1
-                    print("  %s: %s" % (mode, e), file=sys.stderr)
-                    continue
-                here.send((res.id, seed, first))
-                verdict, detail = here.recv()
-                if verdict == "failed":
-                    failed += 1
-                    continue
-                ok += 1
-                mismatches += detail
-                moved += args.batch * args.block_bytes
-            seconds = time.monotonic() - start
-            row = {"verify": mode, "transfers": transfers, "ok": ok, "failed": failed, "mismatches": mismatches,
-                   "seconds": round(seconds, 3), "gbps": round(moved * 8 / 1e9 / seconds, 3)}
-            rows.append(row)
-            print("%-6s transfers %5d ok %5d failed %3d mismatches %4d  %.3f Gbit/s" % (
-                mode, transfers, ok, failed, mismatches, row["gbps"]), flush=True)
-            g.close()
+        for path, same_host in PATHS:
+            for mode in MODES:
+                rows.append(run_mode(args, torch, mcguard, here, endpoint, remote, path, same_host, mode))
     finally:
         here.send("stop")
         dec.join(30)
-    off = next(r["gbps"] for r in rows if r["verify"] == "off") or 1e-9
     for r in rows:
+        off = next(o["gbps"] for o in rows if o["verify"] == "off" and o["path"] == r["path"]) or 1e-9
         r["over_off"] = round(r["gbps"] / off, 3)
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "decode_cuda": decode_cuda,
               "batch": args.batch, "block_bytes": args.block_bytes, "modes": rows}
     with open(os.path.join(args.out, "device-check.json"), "w") as f:
         json.dump(result, f, indent=2)
     print(json.dumps(result))
-    return 0 if all(r["mismatches"] == 0 for r in rows if r["verify"] != "off") and all(r["ok"] > 0 for r in rows) else 1
+    took_its_path = all((r["ipc_bytes"] > 0) == (r["path"] == "cuda-ipc") for r in rows)
+    if not took_its_path:
+        print("device check: a run did not take the path it names (see ipc_bytes)", file=sys.stderr)
+    return 0 if all(r["mismatches"] == 0 for r in rows if r["verify"] != "off") and all(r["ok"] > 0 for r in rows) and took_its_path else 1
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ class FakeCudaTensor:
         return 1
 
 
-def receiver_main(conn, path, size, transport):
+def receiver_main(conn, path, size, transport, env=None):
+    os.environ.update(env or {})
     model = Model(path)
     g = mcguard.Guard(cuda="required", cuda_library=path, **transport)
     dev = model.alloc(size)
@@ -58,6 +59,9 @@ def receiver_main(conn, path, size, transport):
         msg = conn.recv()
         if msg == "stop":
             break
+        if msg == "stats":
+            conn.send(g.stats())
+            continue
         try:
             g.sync_transfers([msg], stream=0)
             conn.send(hashlib.sha1(ctypes.string_at(dev, size)).hexdigest())
@@ -104,6 +108,94 @@ def test_gpu_to_gpu_across_processes(mode, transport):
     finally:
         here.send("stop")
         p.join(10)
+
+
+class Receiver:
+    """A receiving process with GPU memory the test can hash and query."""
+
+    def __init__(self, size, env=None, **settings):
+        ctx = mp.get_context("spawn")
+        self.pipe, there = ctx.Pipe()
+        self.proc = ctx.Process(target=receiver_main, args=(there, model_path(), size, settings, env), daemon=True)
+        self.proc.start()
+        assert self.pipe.poll(30)
+        self.endpoint, self.dev = self.pipe.recv()
+
+    def sync_hash(self, transfer_id):
+        self.pipe.send(transfer_id)
+        return self.pipe.recv()
+
+    def stats(self):
+        self.pipe.send("stats")
+        return self.pipe.recv()
+
+    def close(self):
+        self.pipe.send("stop")
+        self.proc.join(10)
+
+
+def gpu_transfer(g, model, rx, size, n=16):
+    """Random bytes in new GPU memory written to rx's GPU memory: their sha1."""
+    src = model.alloc(size)
+    data = os.urandom(size)
+    ctypes.memmove(src, data, size)
+    g.register(FakeCudaTensor(src, size))
+    res = g.transfer(rx.endpoint, [src + i * (size // n) for i in range(n)],
+                     [rx.dev + i * (size // n) for i in range(n)], [size // n] * n)
+    return res, hashlib.sha1(data).hexdigest()
+
+
+# Same host, two processes, GPU memory on both sides: the receiver opens
+# the sender's allocation by CUDA IPC and copies device to device; with
+# same_host off the bytes are staged through the socket.
+@pytest.mark.parametrize("same_host,via_ipc", [("auto", True), ("off", False)])
+@pytest.mark.parametrize("mode", ["off", "tail", "digest"])
+def test_gpu_same_host_by_cuda_ipc(mode, same_host, via_ipc):
+    size = 1 << 20
+    rx = Receiver(size, transport="tcp", same_host=same_host)
+    try:
+        model = Model(model_path())
+        with mcguard.Guard(cuda="required", cuda_library=model_path(), verify=mode, notify="always",
+                           transport="tcp", same_host=same_host) as g:
+            for _ in range(2):
+                res, want = gpu_transfer(g, model, rx, size)
+                assert rx.sync_hash(res.id) == want, "hashed on the receiver after its sync"
+        assert rx.stats()["same_host_ipc_bytes"] == (2 * size if via_ipc else 0)
+    finally:
+        rx.close()
+
+
+def test_gpu_memory_without_an_ipc_handle_is_staged(monkeypatch):
+    """Memory with no legacy IPC handle (VMM, as PyTorch's expandable
+    segments) goes through the socket, and the transfer still succeeds."""
+    monkeypatch.setenv("MCG_MODEL_NO_LEGACY_IPC", "1")
+    size = 1 << 20
+    rx = Receiver(size, transport="tcp")
+    try:
+        model = Model(model_path())
+        with mcguard.Guard(cuda="required", cuda_library=model_path(), verify="tail", notify="always", transport="tcp") as g:
+            res, want = gpu_transfer(g, model, rx, size)
+            assert rx.sync_hash(res.id) == want
+        st = rx.stats()
+        assert st["same_host_ipc_bytes"] == 0 and st["same_host_pulled_bytes"] == 0
+    finally:
+        rx.close()
+
+
+def test_a_receiver_that_cannot_open_the_handle_fails_clearly_then_stages():
+    size = 1 << 20
+    rx = Receiver(size, env={"MCG_MODEL_IPC_OPEN_FAILS": "1"}, transport="tcp")
+    try:
+        model = Model(model_path())
+        with mcguard.Guard(cuda="required", cuda_library=model_path(), verify="tail", notify="always", transport="tcp") as g:
+            with pytest.raises(MCGuardError) as e:
+                gpu_transfer(g, model, rx, size)
+            assert "CUDA IPC handle" in str(e.value) and "stage GPU bytes" in str(e.value)
+            res, want = gpu_transfer(g, model, rx, size)
+            assert rx.sync_hash(res.id) == want, "the retry went through the socket"
+        assert rx.stats()["same_host_ipc_bytes"] == 0
+    finally:
+        rx.close()
 
 
 def test_cuda_tensor_without_a_driver_is_a_clear_error():

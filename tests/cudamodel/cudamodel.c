@@ -9,7 +9,10 @@
  * Knobs (environment, read at cuInit): MCG_MODEL_NO_DEVICE=1 makes cuInit
  * fail with CUDA_ERROR_NO_DEVICE; MCG_MODEL_DRIVER_VERSION sets the version
  * cuDriverGetVersion reports; MCG_MODEL_NO_DMABUF=1 (read when asked) makes the device report
- * CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0. mcgModelFailCopies(n) makes
+ * CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0; MCG_MODEL_NO_LEGACY_IPC=1 makes
+ * device memory report no legacy IPC handle (as VMM memory does), and
+ * MCG_MODEL_IPC_OPEN_FAILS=1 makes cuIpcOpenMemHandle fail (as between
+ * GPUs without peer access), both read when asked. mcgModelFailCopies(n) makes
  * the next n copy calls fail with CUDA_ERROR_ILLEGAL_ADDRESS.
  *
  * dmabuf export (cuMemGetHandleForAddressRange) hands out a memfd standing
@@ -86,6 +89,10 @@ static int no_dmabuf(void) {
     const char *nd = getenv("MCG_MODEL_NO_DMABUF");
     return nd && *nd == '1';
 }
+static int knob(const char *name) {
+    const char *v = getenv(name);
+    return v && *v == '1';
+}
 static region *regions;
 static stream *streams;
 static op *deferred_head, *deferred_tail; /* GPUDirect-style writes not yet visible */
@@ -146,6 +153,7 @@ CUresult cuGetErrorName(CUresult r, const char **name) {
     case ILLEGAL_ADDRESS: *name = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
     case 208: *name = "CUDA_ERROR_ALREADY_MAPPED"; break;
     case 400: *name = "CUDA_ERROR_INVALID_HANDLE"; break;
+    case 217: *name = "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"; break;
     default: return INVALID_VALUE;
     }
     return SUCCESS;
@@ -159,7 +167,7 @@ CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr) {
     switch (attr) {
     case 2: *(unsigned int *)data = r->pinned ? 1 : 2; return SUCCESS; /* MEMORY_TYPE: HOST or DEVICE */
     case 7: *(unsigned long long *)data = r->id; return SUCCESS;      /* BUFFER_ID */
-    case 10: *(int *)data = !r->pinned && !r->imported; return SUCCESS; /* IS_LEGACY_CUDA_IPC_CAPABLE */
+    case 10: *(int *)data = !r->pinned && !r->imported && !knob("MCG_MODEL_NO_LEGACY_IPC"); return SUCCESS; /* IS_LEGACY_CUDA_IPC_CAPABLE */
     case 9: *(int *)data = 0; return SUCCESS;                          /* DEVICE_ORDINAL */
     case 1: *(void **)data = &primary_ctx; return SUCCESS;             /* CONTEXT */
     }
@@ -349,7 +357,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
     if (!h) return INVALID_VALUE;
     pthread_mutex_lock(&mu);
     region *r = find((void *)(uintptr_t)p, 1);
-    int ok = r && !r->pinned && !r->imported && (CUdeviceptr)(uintptr_t)r->p == p;
+    int ok = r && !r->pinned && !r->imported && (CUdeviceptr)(uintptr_t)r->p == p && !knob("MCG_MODEL_NO_LEGACY_IPC");
     ipc_handle ih = {0};
     if (ok) {
         memcpy(ih.magic, ipc_magic, sizeof ih.magic);
@@ -372,6 +380,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int fl
     memcpy(&ih, &h, sizeof ih);
     if (memcmp(ih.magic, ipc_magic, sizeof ih.magic) != 0 || ih.size == 0) return INVALID_HANDLE;
     if (ih.pid == getpid()) return INVALID_CONTEXT; /* a process cannot open its own handle */
+    if (knob("MCG_MODEL_IPC_OPEN_FAILS")) return 217;  /* CUDA_ERROR_PEER_ACCESS_UNSUPPORTED */
     pthread_mutex_lock(&mu);
     for (region *r = regions; r; r = r->next) {
         if (r->imported && r->from_pid == ih.pid && r->from_id == ih.id) {

@@ -42,6 +42,9 @@ type conn struct {
 	// pull: the target copies host-memory sources out of this process
 	// (same host), so writes carry addresses instead of bytes.
 	pull bool
+	// ipc: device-memory sources go as CUDA IPC handles (same host, a
+	// driver on both sides, another process).
+	ipc bool
 }
 
 func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, timeout time.Duration, local *memory.Regions) (*conn, error) {
@@ -127,7 +130,7 @@ func (t *conn) recv(op wire.Op, id uint64) (wire.Header, error) {
 		}
 		t.mark = max(t.mark, h.Addr) // a quiesce at the receiver: echoed before the next writes
 	}
-	pulled := op == wire.OpWrite && h.Op == wire.OpWriteFrom|wire.Reply // a write is either kind
+	pulled := op == wire.OpWrite && (h.Op == wire.OpWriteFrom|wire.Reply || h.Op == wire.OpWriteFromDevice|wire.Reply) // a write is any kind
 	if (h.Op != op|wire.Reply && !pulled) || h.ID != id {
 		return wire.Header{}, fmt.Errorf("%w: reply out of step (op %#x id %d, want op %#x id %d)", errs.Peer, byte(h.Op), h.ID, byte(op|wire.Reply), id)
 	}

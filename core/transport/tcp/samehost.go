@@ -92,6 +92,7 @@ func sameHostOffer(setting string) []byte {
 type sameHostGrant struct {
 	pid   int
 	nonce []byte
+	noIPC bool // opening one of its CUDA IPC handles failed here: it stages
 }
 
 // maxGrants bounds the grants a target keeps (one per sender's latest
@@ -111,13 +112,25 @@ func (g *grants) put(sender string, gr sameHostGrant) {
 	if g.m == nil {
 		g.m = map[string]sameHostGrant{}
 	}
-	if _, ok := g.m[sender]; !ok {
+	if old, ok := g.m[sender]; !ok {
 		g.order = append(g.order, sender)
+	} else {
+		gr.noIPC = gr.noIPC || old.noIPC
 	}
 	g.m[sender] = gr
 	for len(g.order) > maxGrants {
 		delete(g.m, g.order[0])
 		g.order = g.order[1:]
+	}
+}
+
+// refuseIPC makes the sender's next handshakes offer no CUDA IPC.
+func (g *grants) refuseIPC(sender string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gr, ok := g.m[sender]; ok {
+		gr.noIPC = true
+		g.m[sender] = gr
 	}
 }
 
@@ -232,6 +245,9 @@ func (t *conn) sameHost(ctx context.Context, setting string, a answer) error {
 		why = t.prove(ctx, a.SameHost)
 		if why == "" {
 			t.pull = true
+			// CUDA IPC needs a driver on both sides, and another process:
+			// a process cannot open its own handles.
+			t.ipc = a.CudaIPC && a.Pid != os.Getpid() && t.local.GPU() != nil
 			return nil
 		}
 	} else if why == "" {
@@ -310,7 +326,9 @@ func (t *target) prove(l *link, addr, n uint64, r io.Reader) (wire.Status, uint6
 	if !hmac.Equal(got, g.nonce) {
 		return wire.StatusNoAccess, 0, nil
 	}
+	t.mu.Lock() // read by other connections' ends (ipcMaps.drop)
 	l.pid = g.pid
+	t.mu.Unlock()
 	return wire.StatusOK, 0, nil
 }
 

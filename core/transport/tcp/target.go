@@ -47,8 +47,10 @@ type target struct {
 	q    quiescer
 	stop chan struct{} // closed when the target closes: held writes give up
 
-	grants grants       // same-host senders: their pids and nonces
-	pulled atomic.Int64 // bytes copied out of same-host senders' memory
+	grants   grants       // same-host senders: their pids and nonces
+	pulled   atomic.Int64 // bytes copied out of same-host senders' memory
+	ipcs     ipcMaps      // same-host senders' GPU allocations opened here
+	ipcBytes atomic.Int64 // bytes copied out of them
 
 	ln      net.Listener
 	mu      sync.Mutex
@@ -142,6 +144,9 @@ func (t *target) close() {
 	t.closed = true
 	t.applyMu.Unlock()
 	t.late.Wait()
+	if gpu := t.regions.GPU(); gpu != nil {
+		t.ipcs.drop(gpu, 0)
+	}
 }
 
 // serve runs one data connection until it fails or the peer leaves. A
@@ -159,8 +164,15 @@ func (t *target) serve(l *link) {
 				delete(t.senders, id)
 			}
 		}
+		last := l.pid != 0
+		for _, o := range t.conns {
+			last = last && o.pid != l.pid
+		}
 		t.mu.Unlock()
 		c.Close()
+		if gpu := t.regions.GPU(); last && gpu != nil { // the sender is gone: its GPU memory is not kept mapped
+			t.ipcs.drop(gpu, l.pid)
+		}
 	}()
 	r := bufio.NewReaderSize(c, 256<<10)
 	w := bufio.NewWriterSize(c, 64<<10)
@@ -223,6 +235,12 @@ func (t *target) serve(l *link) {
 			var src peerSource
 			if src, st, err = t.pullSource(l, r, h.Len); err == nil && st == wire.StatusOK {
 				st, err = t.write(l, h.Addr, src.n, src, lagged, cut)
+			}
+		case h.Op == wire.OpWriteFromDevice:
+			var src ipcSource
+			if src, st, err = t.pullDevice(l, r, h.Addr, h.Len); err == nil && st == wire.StatusOK {
+				st, err = t.write(l, h.Addr, src.n, src, lagged, cut)
+				src.release()
 			}
 		case h.Op == wire.OpProve:
 			st, n, err = t.prove(l, h.Addr, h.Len, r)
@@ -313,6 +331,11 @@ type source interface {
 	discard() error      // the bytes not taken: the stream stays in step
 }
 
+// storer is a source that copies into place itself (device to device).
+type storer interface {
+	store(r *memory.Regions, addr, n uint64, cut func()) error
+}
+
 type streamSource struct {
 	r io.Reader
 	n uint64
@@ -349,7 +372,12 @@ func (t *target) write(l *link, addr, n uint64, src source, lagged *transport.Pe
 		return wire.StatusQuiesced, src.discard()
 	}
 	l.applyMu.Lock()
-	err := t.regions.StoreAbortable(addr, n, cut, src.fill)
+	var err error
+	if s, ok := src.(storer); ok {
+		err = s.store(t.regions, addr, n, cut)
+	} else {
+		err = t.regions.StoreAbortable(addr, n, cut, src.fill)
+	}
 	l.applyMu.Unlock()
 	var pe errPeerRead
 	if errors.As(err, &pe) {

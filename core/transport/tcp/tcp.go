@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"time"
 
 	"github.com/mcguard/mcguard/core/cuda"
@@ -73,6 +74,10 @@ type answer struct {
 	// with; SameHostWhy says why there is none for an offer.
 	SameHost    string `json:"same_host,omitempty"`
 	SameHostWhy string `json:"same_host_why,omitempty"`
+	// CudaIPC: the target opens CUDA IPC handles of same-host senders'
+	// GPU memory; Pid is its process, which cannot open its own.
+	CudaIPC bool `json:"cuda_ipc,omitempty"`
+	Pid     int  `json:"pid,omitempty"`
 }
 
 func (*Transport) Name() string { return Name }
@@ -94,6 +99,9 @@ func (t *Transport) Accept(peer transport.Peer, offer []byte, _ []memory.Region)
 	a := answer{Data: t.target.addr(), FinalFence: t.target.faults.Mode() != fault.Reorder, Gen: t.target.q.gen.Load()}
 	if len(offer) != 0 {
 		a.SameHost, a.SameHostWhy = t.sameHostAnswer(peer.Sender, offer)
+		if gr, _ := t.target.grants.get(peer.Sender); a.SameHost != "" && t.cfg.Regions.GPU() != nil && !gr.noIPC {
+			a.CudaIPC, a.Pid = true, os.Getpid()
+		}
 	}
 	return json.Marshal(a)
 }
@@ -101,6 +109,10 @@ func (t *Transport) Accept(peer transport.Peer, offer []byte, _ []memory.Region)
 // PulledBytes counts the bytes the target copied out of same-host
 // senders' memory.
 func (t *Transport) PulledBytes() int64 { return t.target.pulled.Load() }
+
+// IPCBytes counts the bytes the target copied out of same-host senders'
+// GPU memory by CUDA IPC.
+func (t *Transport) IPCBytes() int64 { return t.target.ipcBytes.Load() }
 
 // Settle waits for the writes into ranges that the target is applying, or
 // that fault injection holds back. A write is acknowledged only after it

@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"slices"
 
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/transport"
@@ -24,6 +25,7 @@ type owedAck struct {
 	// release lets go of a pulled write's source once the target
 	// answered: until then it must stay registered.
 	release func()
+	ipc     bool // a CUDA IPC write
 }
 
 // maxOwed bounds the acknowledgements left unread while more frames go
@@ -51,6 +53,9 @@ func (t *conn) collectOwed() (refused, ioErr error) {
 		}
 		switch {
 		case h.Status == wire.StatusOK || refused != nil:
+		case h.Status == wire.StatusNoAccess && o.ipc:
+			t.ipc = false
+			refused = fmt.Errorf("%w: target refused descriptor %d at %#x: it could not open this process's CUDA IPC handle (the receiver's log says why); later transfers on this connection stage GPU bytes through the socket", errs.Device, o.desc, h.Addr)
 		case h.Status == wire.StatusStaleToken:
 			refused = fmt.Errorf("%w: %w", errs.Session, transport.ErrStaleToken)
 		case o.op == wire.OpNotice:
@@ -115,6 +120,7 @@ func (t *conn) writeLong(ctx context.Context, descs []verify.Desc, base int) err
 	t.deadline(ctx)
 	firstID := t.nextID + 1
 	acks := make(chan error, 1)
+	var noAccess bool // read after acks: a same-host copy was refused
 	go func() {
 		var refused error
 		for k := range slices {
@@ -127,6 +133,7 @@ func (t *conn) writeLong(ctx context.Context, descs []verify.Desc, base int) err
 			if h.Status != wire.StatusOK && refused == nil {
 				refused = fmt.Errorf("%w: target refused descriptor %d at %#x: %v", statusErr(h.Status), slices[k], h.Addr, h.Status)
 			}
+			noAccess = noAccess || h.Status == wire.StatusNoAccess
 		}
 		acks <- refused
 	}()
@@ -144,7 +151,12 @@ func (t *conn) writeLong(ctx context.Context, descs []verify.Desc, base int) err
 		<-acks
 		return sendErr
 	}
-	return <-acks
+	err := <-acks
+	if noAccess && anyIPC(pinned) {
+		t.ipc = false // as collectOwed: later transfers stage GPU bytes
+		err = fmt.Errorf("%w (a CUDA IPC copy may have been refused: the receiver's log says why; later transfers on this connection stage GPU bytes through the socket)", err)
+	}
+	return err
 }
 
 // Post sends a batch of writes and returns without reading their
@@ -208,45 +220,59 @@ func (t *conn) begin(ctx context.Context) error {
 
 // sendWrites sends descs' slices and flushes, recording each slice's
 // acknowledgement in owed. On the same host a host-memory source goes as
-// its address (OpWriteFrom), pinned until its acknowledgement is read.
+// its address (OpWriteFrom) and a device-memory one as its CUDA IPC
+// reference (OpWriteFromDevice), pinned until its acknowledgement is read.
 func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owedAck, base int) error {
-	var ref [16]byte
 	for sl := range transport.Slices(descs) {
-		var release func()
-		if t.pull {
-			rel, device, err := t.local.Pin(sl.Src, sl.Len, t.cut)
-			if err != nil {
-				return err
-			}
-			if device { // a GPU source is staged and sent as bytes
-				rel()
-			} else {
-				release = rel
-			}
-		}
-		var err error
-		if release != nil {
-			binary.LittleEndian.PutUint64(ref[:], sl.Src)
-			binary.LittleEndian.PutUint64(ref[8:], sl.Len)
-			err = t.send(wire.Header{Op: wire.OpWriteFrom, Addr: sl.Dst, Len: uint64(len(ref))}, ref[:])
-		} else {
-			err = t.local.LoadAbortable(sl.Src, sl.Len, t.cut, func(src []byte) error {
-				return t.send(wire.Header{Op: wire.OpWrite, Addr: sl.Dst, Len: sl.Len}, src)
-			})
-		}
+		release, ipc, err := t.sendSlice(sl)
 		if err != nil {
-			if release != nil {
-				release()
-			}
 			return err
 		}
-		*owed = append(*owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc, release: release})
+		*owed = append(*owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc, release: release, ipc: ipc})
 		t.deadline(ctx)
 	}
 	if err := t.w.Flush(); err != nil {
 		return ioErr("send", err)
 	}
 	return nil
+}
+
+// sendSlice sends one slice: its bytes, or on the same host where it is
+// in this process's memory. release (if not nil) unpins the source once
+// the target answered.
+func (t *conn) sendSlice(sl transport.Slice) (release func(), ipc bool, err error) {
+	if t.pull {
+		rel, mem, err := t.local.Pin(sl.Src, sl.Len, t.cut)
+		if err != nil {
+			return nil, false, err
+		}
+		if !mem.Device {
+			var ref [16]byte
+			binary.LittleEndian.PutUint64(ref[:], sl.Src)
+			binary.LittleEndian.PutUint64(ref[8:], sl.Len)
+			if err := t.send(wire.Header{Op: wire.OpWriteFrom, Addr: sl.Dst, Len: uint64(len(ref))}, ref[:]); err != nil {
+				rel()
+				return nil, false, err
+			}
+			return rel, false, nil
+		}
+		sent, err := t.sendDevice(sl, mem)
+		if sent && err == nil {
+			return rel, true, nil
+		}
+		rel() // staged below, or failed
+		if err != nil {
+			return nil, false, err
+		}
+	}
+	return nil, false, t.local.LoadAbortable(sl.Src, sl.Len, t.cut, func(src []byte) error {
+		return t.send(wire.Header{Op: wire.OpWrite, Addr: sl.Dst, Len: sl.Len}, src)
+	})
+}
+
+// anyIPC says whether any of owed is a CUDA IPC write.
+func anyIPC(owed []owedAck) bool {
+	return slices.ContainsFunc(owed, func(o owedAck) bool { return o.ipc })
 }
 
 // countSlices is how many frames descs take.

@@ -1,0 +1,32 @@
+"""The GPU device check (scripts/device-check.sh) run here on the CUDA
+driver model, with a stand-in for torch: the script's own logic (two
+processes, both paths, every mode, the decode side's comparison and
+counters) is exercised before it runs on a GPU."""
+
+import json
+import os
+import subprocess
+import sys
+
+from mcguard import models
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_device_check_runs_on_the_driver_model(tmp_path):
+    env = dict(os.environ)
+    env["MCGUARD_CUDA_MODEL"] = models.cuda_model_path()
+    env["MC_GUARD_CUDA_LIBRARY"] = models.cuda_model_path()
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "faketorch"), os.path.dirname(HERE)] +
+                                        [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    out = subprocess.run([sys.executable, "-m", "mcguard.devicecheck", "--out", str(tmp_path), "--seconds", "0.3",
+                          "--blocks", "32", "--block-bytes", "8192", "--batch", "8"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads((tmp_path / "device-check.json").read_text())
+    rows = result["modes"]
+    assert {(r["path"], r["verify"]) for r in rows} == {(p, m) for p in ("socket", "cuda-ipc")
+                                                        for m in ("off", "tail", "sample", "full", "digest")}
+    for r in rows:
+        assert r["ok"] > 0 and r["failed"] == 0 and r["mismatches"] == 0, r
+        assert (r["ipc_bytes"] > 0) == (r["path"] == "cuda-ipc"), r
