@@ -182,7 +182,8 @@ typedef struct mc_transport_ops {
  *   "error"|"warn"|"info"|"debug" (for the process),
  *   verbs_library, rdma_device, rdma_gid_index, rdma_qps (1 to 16),
  *   same_host "auto"|"off"|"required" (on one machine the receiver copies
- *   the bytes out of the sender: process_vm_readv), slice_bytes (tail and
+ *   the bytes out of the sender: process_vm_readv, and GPU memory by
+ *   CUDA IPC), slice_bytes (tail and
  *   sample check the tail of every slice of this size; over an engine
  *   named "mooncake" MC_SLICE_SIZE by default, else 0).
  * The vLLM variables VLLM_MOONCAKE_TRANSFER_VERIFY[_TAIL_BYTES|

@@ -74,8 +74,9 @@ type answer struct {
 	// with; SameHostWhy says why there is none for an offer.
 	SameHost    string `json:"same_host,omitempty"`
 	SameHostWhy string `json:"same_host_why,omitempty"`
-	// CudaIPC: the target opens CUDA IPC handles of same-host senders'
-	// GPU memory; Pid is its process, which cannot open its own.
+	// Pid is the target's process, which the sender lets read its memory
+	// (Yama) and which cannot open its own CUDA IPC handles. CudaIPC: the
+	// target opens CUDA IPC handles of same-host senders' GPU memory.
 	CudaIPC bool `json:"cuda_ipc,omitempty"`
 	Pid     int  `json:"pid,omitempty"`
 }
@@ -99,8 +100,10 @@ func (t *Transport) Accept(peer transport.Peer, offer []byte, _ []memory.Region)
 	a := answer{Data: t.target.addr(), FinalFence: t.target.faults.Mode() != fault.Reorder, Gen: t.target.q.gen.Load()}
 	if len(offer) != 0 {
 		a.SameHost, a.SameHostWhy = t.sameHostAnswer(peer.Sender, offer)
-		if gr, _ := t.target.grants.get(peer.Sender); a.SameHost != "" && t.cfg.Regions.GPU() != nil && !gr.noIPC {
-			a.CudaIPC, a.Pid = true, os.Getpid()
+		if a.SameHost != "" {
+			a.Pid = os.Getpid() // the sender lets it read its memory (Yama)
+			gr, _ := t.target.grants.get(peer.Sender)
+			a.CudaIPC = t.cfg.Regions.GPU() != nil && !gr.noIPC
 		}
 	}
 	return json.Marshal(a)
