@@ -85,6 +85,15 @@ func mustNoErr(b *testing.B, err error) {
 // BenchmarkSmallTransfer is one 4 KiB descriptor per transfer, the latency
 // path, in each read-back mode and off; allocs/op is the steady state's.
 func BenchmarkSmallTransfer(b *testing.B) {
+	b.Run("raw-socket", func(b *testing.B) { // the floor: one 4 KiB write and a one-byte answer
+		p := newRawPair(b, 4096)
+		defer p.close()
+		data := make([]byte, 4096)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			p.batch(data)
+		}
+	})
 	for _, m := range []verify.Mode{verify.Off, verify.Tail, verify.Sample} {
 		b.Run(string(m), func(b *testing.B) {
 			send, recv, src, dst := benchPair(b, `{"verify": "`+string(m)+`"}`, 4096)

@@ -45,7 +45,12 @@ type Config struct {
 	// SameHost: "auto" (where the handshake shows one host and the
 	// receiver can read this process, it copies the bytes straight out of
 	// it), "off", or "required" (an error where it cannot be used).
-	SameHost     string
+	SameHost string
+	// DigestAt: where the receiver's sync gets its digests in digest
+	// mode: "landing" (taken by the TCP target as the bytes landed, where
+	// it could; else read from memory) or "sync" (always read from memory
+	// at sync time).
+	DigestAt     string
 	VerbsLibrary string
 	RDMADevice   string // empty: the first device with an active port
 	RDMAGIDIndex int    // -1: the first RoCE v2 GID
@@ -69,6 +74,7 @@ func DefaultConfig() Config {
 		CUDA:           "auto",
 		Transport:      "auto",
 		SameHost:       "auto",
+		DigestAt:       "landing",
 		RDMAGIDIndex:   -1,
 		RDMAQPs:        1,
 		SyncTimeout:    5 * time.Second,
@@ -99,6 +105,7 @@ func LoadConfig(getenv config.Getenv, configJSON string) (Config, error) {
 	l.Choice("transport", []string{"MC_GUARD_TRANSPORT"}, &c.Transport, []string{"tcp", "rdma", "auto"}, nil)
 	l.Bool("require_rdma", []string{"MC_GUARD_REQUIRE_RDMA"}, &c.RequireRDMA)
 	l.Choice("same_host", []string{"MC_GUARD_SAME_HOST"}, &c.SameHost, []string{"auto", "off", "required"}, nil)
+	l.Choice("digest_at", []string{"MC_GUARD_DIGEST_AT"}, &c.DigestAt, []string{"landing", "sync"}, nil)
 	l.String("verbs_library", []string{"MC_GUARD_VERBS_LIBRARY"}, &c.VerbsLibrary)
 	l.String("rdma_device", []string{"MC_GUARD_RDMA_DEVICE"}, &c.RDMADevice)
 	l.Int("rdma_gid_index", []string{"MC_GUARD_RDMA_GID_INDEX"}, &c.RDMAGIDIndex, -1, 255)

@@ -143,7 +143,10 @@ func TestSyncComparesDigests(t *testing.T) {
 }
 
 func TestSyncTransfersByNotice(t *testing.T) {
-	p := newPair(t, `{"verify": "digest"}`, "", 600*256)
+	// digest_at "sync": the byte flipped below stands for one that landed
+	// wrong, which only a sync that reads memory sees here (landed_test.go
+	// covers digests taken as bytes land).
+	p := newPair(t, `{"verify": "digest"}`, `{"digest_at": "sync"}`, 600*256)
 	fill(p.src.b)
 	res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(600, 256), TransferOptions{})
 	require.NoError(t, err, "600 descriptors: two chunks, two notices")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -19,9 +20,10 @@ const (
 
 // notice is a transfer's completion notice as the receiver assembles it.
 type notice struct {
-	mode  verify.Mode
-	total int
-	descs []wire.NoticeDesc
+	mode   verify.Mode
+	total  int
+	descs  []wire.NoticeDesc
+	landed []transport.Landed // per chunk that came with the digests taken as it landed
 }
 
 func (n *notice) complete() bool { return len(n.descs) == n.total }
@@ -44,7 +46,7 @@ func newNoticeStore() *noticeStore {
 var errNotice = errors.New("bad notice")
 
 // add records one chunk; chunks of a transfer must come in order.
-func (s *noticeStore) add(n wire.Notice) error {
+func (s *noticeStore) add(n wire.Notice, landed transport.Landed) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	mode := verify.Modes[n.Mode]
@@ -62,6 +64,9 @@ func (s *noticeStore) add(n wire.Notice) error {
 		delete(s.evicted, n.ID)
 	}
 	e.descs = append(e.descs, n.Descs...)
+	if landed != nil {
+		e.landed = append(e.landed, landed)
+	}
 	s.descs += len(n.Descs)
 	for (len(s.entries) > maxNoticeEntries || s.descs > maxNoticeDescs) && len(s.order) > 1 {
 		s.evictOldestLocked()

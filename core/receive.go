@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -20,7 +21,7 @@ import (
 // register is refused whole.
 func (g *Guard) receiveNotice(body []byte) []byte {
 	rep := controlReply{Proto: ProtocolVersion}
-	if err := g.takeNotice(body); err != nil {
+	if err := g.takeNotice(body, nil); err != nil {
 		rep.Error = err.Error()
 		if errors.Is(err, errUnknownNoticeToken) {
 			rep.Code = codeUnknownToken
@@ -33,7 +34,7 @@ func (g *Guard) receiveNotice(body []byte) []byte {
 // takeNotice records a notice, from the control channel or a data
 // connection: it must decode, prove its handshake (token, sequence, MAC)
 // and name only memory registered here.
-func (g *Guard) takeNotice(body []byte) error {
+func (g *Guard) takeNotice(body []byte, landed transport.Landed) error {
 	n, err := wire.DecodeNotice(body, len(verify.Modes))
 	if err == nil {
 		_, err = g.auth.tokens.notice(n.Token, n.Seq, func(key []byte) bool { return hmac.Equal(n.MAC, noticeMAC(key, body)) })
@@ -47,7 +48,7 @@ func (g *Guard) takeNotice(body []byte) error {
 		}
 	}
 	if err == nil {
-		err = g.notices.add(n)
+		err = g.notices.add(n, landed)
 	}
 	if err == nil {
 		g.stats.noticesReceived.Add(1)
@@ -118,7 +119,7 @@ func (g *Guard) SyncTransfers(ids []uint64, stream uint64) (err error) {
 				digests[i] = d.Digest
 			}
 		}
-		if err := g.settle(ctx, ranges, digests, fmt.Sprintf("transfer %#x descriptor", id), stream); err != nil {
+		if err := g.settleLanded(ctx, ranges, digests, n.landed, fmt.Sprintf("transfer %#x descriptor", id), stream); err != nil {
 			return err
 		}
 	}
@@ -129,6 +130,13 @@ func (g *Guard) SyncTransfers(ids []uint64, stream uint64) (err error) {
 // each GPU the ranges are on: flush GPUDirect writes, then synchronise the
 // caller's stream or the context), and compares digests if there are any.
 func (g *Guard) settle(ctx context.Context, ranges []SyncRange, digests []uint64, what string, stream uint64) error {
+	return g.settleLanded(ctx, ranges, digests, nil, what, stream)
+}
+
+// settleLanded is settle where the target may have digested some of the
+// ranges as they landed: those digests are compared instead of reading
+// the memory again (digest_at "landing").
+func (g *Guard) settleLanded(ctx context.Context, ranges []SyncRange, digests []uint64, landed []transport.Landed, what string, stream uint64) error {
 	g.stats.syncs.Add(1)
 	regions := make([]memory.Region, len(ranges))
 	for i, r := range ranges {
@@ -156,7 +164,16 @@ func (g *Guard) settle(ctx context.Context, ranges []SyncRange, digests []uint64
 	for i, r := range ranges {
 		vr[i] = verify.Range(r)
 	}
-	digest := func(r verify.Range) (uint64, error) { return g.regions.Digest(r.Addr, r.Len) }
+	digest := func(r verify.Range) (uint64, error) {
+		for _, l := range landed {
+			if d, ok := l.Digest(r.Addr, r.Len); ok {
+				g.stats.digestsLanded.Add(1)
+				return d, nil
+			}
+		}
+		g.stats.digestsRead.Add(1)
+		return g.regions.Digest(r.Addr, r.Len)
+	}
 	if err := verify.CompareDigests(vr, digests, digest, what); err != nil {
 		g.stats.syncFailures.Add(1)
 		return err

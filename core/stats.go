@@ -13,6 +13,9 @@ type counters struct {
 	transfers, ok, failed, descriptors, bytes, retries, resends, verifyFailures, probed atomic.Int64
 	noticesSent, noticesReceived, syncs, syncFailures                                   atomic.Int64
 	cancels, abortsConfirmed, abortsUnconfirmed, abortsAnswered, quiesces               atomic.Int64
+	// digest mode's syncs: ranges compared with a digest taken as they
+	// landed, and ranges whose memory was read again
+	digestsLanded, digestsRead atomic.Int64
 }
 
 // Stats returns counters and settings as JSON.
@@ -54,6 +57,9 @@ func (g *Guard) Stats() ([]byte, error) {
 		"aborts_unconfirmed": g.stats.abortsUnconfirmed.Load(),
 		"aborts_answered":    g.stats.abortsAnswered.Load(),
 		"quiesces":           g.stats.quiesces.Load(),
+		"digests_landed":     g.stats.digestsLanded.Load(),
+		"digests_read":       g.stats.digestsRead.Load(),
+		"digest_at":          g.cfg.DigestAt,
 	}
 	if p, ok := g.plane(tcp.Name).(*tcp.Transport); ok {
 		out["same_host_pulled_bytes"] = p.PulledBytes()

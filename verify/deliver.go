@@ -34,6 +34,14 @@ type Poster interface {
 	Post(ctx context.Context, descs []Desc, base int) error
 }
 
+// DescriptorMarker is a Poster whose target can digest each descriptor as
+// its bytes land (TCP): digest mode posts its writes marked, so the
+// receiver's sync may compare those digests instead of reading the memory
+// again.
+type DescriptorMarker interface {
+	PostMarked(ctx context.Context, descs []Desc, base int) error
+}
+
 // NoticeCarrier is a Conn that carries the chunk's completion notice
 // itself, after its writes (TCP): announcing uses the connection, so the
 // notice and the fence go in turn, in one flight.
@@ -67,6 +75,9 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 	write := conn.Write
 	if p, ok := conn.(Poster); ok && cfg.Mode != Off {
 		write = p.Post
+	}
+	if m, ok := conn.(DescriptorMarker); ok && cfg.Mode == Digest {
+		write = m.PostMarked
 	}
 	if err := write(ctx, chunk, base); err != nil {
 		return d, err

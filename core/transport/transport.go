@@ -84,6 +84,14 @@ type Dialer interface {
 	Abandon()
 }
 
+// Landed answers, for one completion notice, with the digests its target
+// took of descriptors as they landed: ok only for a descriptor that landed
+// whole on the notice's connection before it and that no later write
+// through the target overlapped (tcp/landed.go says what that proves).
+type Landed interface {
+	Digest(addr, n uint64) (digest uint64, ok bool)
+}
+
 // Conn is a sender's connection to one target. Its session's lock keeps
 // it to one goroutine at a time. Every blocking call returns when ctx
 // ends.

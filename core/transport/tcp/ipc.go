@@ -222,7 +222,7 @@ func logIPCFallback(err error) {
 // sendDevice sends a device-memory slice as its IPC reference, if this
 // connection uses CUDA IPC and the allocation has a handle; false if it
 // must be staged instead.
-func (t *conn) sendDevice(sl transport.Slice, mem cuda.Memory) (bool, error) {
+func (t *conn) sendDevice(sl transport.Slice, mem cuda.Memory, m wire.Status) (bool, error) {
 	if !t.ipc {
 		return false, nil
 	}
@@ -238,5 +238,5 @@ func (t *conn) sendDevice(sl transport.Slice, mem cuda.Memory) (bool, error) {
 	copy(p[:], ref.Handle[:])
 	binary.LittleEndian.PutUint64(p[cuda.IPCHandleSize:], ref.Offset)
 	binary.LittleEndian.PutUint64(p[cuda.IPCHandleSize+8:], sl.Len)
-	return true, t.send(wire.Header{Op: wire.OpWriteFromDevice, Addr: sl.Dst, Len: uint64(len(p))}, p[:])
+	return true, t.send(wire.Header{Op: wire.OpWriteFromDevice, Status: m, Addr: sl.Dst, Len: uint64(len(p))}, p[:])
 }

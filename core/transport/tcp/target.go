@@ -39,7 +39,8 @@ type target struct {
 	// either not at all or whole.
 	faults  *fault.Injector
 	refused func(reason string) // counts refusals, if set
-	notice  func(body []byte) error
+	notice  func(body []byte, landed transport.Landed) error
+	landed  *landedIndex // digests taken as bytes land; nil: off (or faults on)
 	applyMu sync.Mutex
 	closed  bool // under applyMu: held writes stop touching memory
 	late    sync.WaitGroup
@@ -71,6 +72,9 @@ func newTarget(cfg Config) (*target, error) {
 func serveOn(ln net.Listener, cfg Config) *target {
 	t := &target{regions: cfg.Regions, tokens: cfg.Tokens, timeout: cfg.Timeout, ln: ln, conns: map[net.Conn]*link{}, senders: map[string]net.Conn{},
 		pending: transport.NewPending(), stop: make(chan struct{}), refused: cfg.Refused, notice: cfg.Notice, faults: fault.New(cfg.Faults, cfg.TailBytes, ln.Addr().String())}
+	if cfg.DigestAtLanding && t.faults == nil { // under fault injection syncs re-read: faults change bytes after they land
+		t.landed = &landedIndex{}
+	}
 	t.wg.Add(1)
 	go t.accept()
 	return t
@@ -230,16 +234,16 @@ func (t *target) serve(l *link) {
 				_, err = io.CopyN(io.Discard, r, int64(h.Len))
 			}
 		case h.Op == wire.OpWrite:
-			st, err = t.write(l, h.Addr, h.Len, streamSource{r, h.Len}, lagged, cut)
+			st, err = t.write(l, h.Addr, h.Len, streamSource{r, h.Len}, lagged, cut, h.Status)
 		case h.Op == wire.OpWriteFrom:
 			var src peerSource
 			if src, st, err = t.pullSource(l, r, h.Len); err == nil && st == wire.StatusOK {
-				st, err = t.write(l, h.Addr, src.n, src, lagged, cut)
+				st, err = t.write(l, h.Addr, src.n, src, lagged, cut, h.Status)
 			}
 		case h.Op == wire.OpWriteFromDevice:
 			var src ipcSource
 			if src, st, err = t.pullDevice(l, r, h.Addr, h.Len); err == nil && st == wire.StatusOK {
-				st, err = t.write(l, h.Addr, src.n, src, lagged, cut)
+				st, err = t.write(l, h.Addr, src.n, src, lagged, cut, h.Status)
 				src.release()
 			}
 		case h.Op == wire.OpProve:
@@ -249,7 +253,7 @@ func (t *target) serve(l *link) {
 		case h.Op == wire.OpRead:
 			st, n, payload, err = t.read(r, h.Len, cut)
 		case h.Op == wire.OpNotice:
-			st, err = t.takeNotice(r, h.Len)
+			st, err = t.takeNotice(l, r, h.Len)
 		}
 		if err != nil {
 			return
@@ -355,8 +359,8 @@ func (s streamSource) discard() error {
 // its bytes discarded, so the stream stays in step. The bytes go straight
 // into the region, which stays pinned (not locked) meanwhile: a peer that
 // stalls mid-payload holds up nobody else, and unregistering the region
-// cuts its connection.
-func (t *target) write(l *link, addr, n uint64, src source, lagged *transport.Pending, cut func()) (wire.Status, error) {
+// cuts its connection. A marked write (mark) is digested as it lands.
+func (t *target) write(l *link, addr, n uint64, src source, lagged *transport.Pending, cut func(), m wire.Status) (wire.Status, error) {
 	if err := t.regions.Check(addr, n); err != nil {
 		return wire.StatusNotRegistered, src.discard()
 	}
@@ -371,14 +375,20 @@ func (t *target) write(l *link, addr, n uint64, src source, lagged *transport.Pe
 	if t.q.refuses(l.ack.Load(), w) {
 		return wire.StatusQuiesced, src.discard()
 	}
+	run := t.beforeStore(l, addr, n, m)
 	l.applyMu.Lock()
 	var err error
 	if s, ok := src.(storer); ok {
+		if run != nil {
+			l.land.abandon() // device to device: no bytes pass through here to digest
+			run = nil
+		}
 		err = s.store(t.regions, addr, n, cut)
 	} else {
-		err = t.regions.StoreAbortable(addr, n, cut, src.fill)
+		err = t.regions.StoreAbortable(addr, n, cut, t.fillDigesting(l, run, addr, src))
 	}
 	l.applyMu.Unlock()
+	t.afterStore(l, run, err)
 	var pe errPeerRead
 	if errors.As(err, &pe) {
 		logs.Printf(logs.Info, "target: %v", err)
@@ -398,7 +408,7 @@ func (t *target) write(l *link, addr, n uint64, src source, lagged *transport.Pe
 const maxNoticeFrame = wire.NoticeHeaderSize + wire.MaxNoticeDescs*wire.NoticeDescSize + wire.NoticeMACSize
 
 // takeNotice hands a Notice frame's notice to the guard.
-func (t *target) takeNotice(r io.Reader, n uint64) (wire.Status, error) {
+func (t *target) takeNotice(l *link, r io.Reader, n uint64) (wire.Status, error) {
 	if n > maxNoticeFrame || t.notice == nil {
 		_, err := io.CopyN(io.Discard, r, int64(n))
 		return wire.StatusBadRequest, err
@@ -407,7 +417,11 @@ func (t *target) takeNotice(r io.Reader, n uint64) (wire.Status, error) {
 	if _, err := io.ReadFull(r, body); err != nil {
 		return 0, err
 	}
-	if err := t.notice(body); err != nil {
+	var landed transport.Landed
+	if t.landed != nil {
+		landed = l.land.take(t.landed)
+	}
+	if err := t.notice(body, landed); err != nil {
 		if errors.Is(err, transport.ErrStaleToken) {
 			return wire.StatusStaleToken, nil
 		}

@@ -37,8 +37,11 @@ type Config struct {
 	// Refused, if set, counts the peer writes the target refuses, by reason.
 	Refused func(reason string)
 	// Notice, if set, takes a completion notice that came on a data
-	// connection (the guard checks it as one from the control channel).
-	Notice func(body []byte) error
+	// connection (the guard checks it as one from the control channel),
+	// with the digests taken as its descriptors landed (nil: none).
+	Notice func(body []byte, landed transport.Landed) error
+	// DigestAtLanding: digest marked writes as they land (landed.go).
+	DigestAtLanding bool
 	// SameHost is SameHostAuto, SameHostOff or SameHostRequired: as a
 	// sender whether to offer same-host transfers, as a target whether
 	// to grant them.
@@ -92,7 +95,14 @@ func (t *Transport) Addr() string { return t.target.addr() }
 // Register has nothing to do: the target checks every access against the
 // guard's table itself.
 func (*Transport) Register(uint64, uint64, cuda.Memory) error { return nil }
-func (*Transport) Unregister(uint64)                          {}
+
+// Unregister forgets every digest taken as bytes landed: the memory may
+// be reused.
+func (t *Transport) Unregister(uint64) {
+	if t.target.landed != nil {
+		t.target.landed.forgetAll()
+	}
+}
 
 // Accept answers a handshake with the target's address and, for a
 // sender's same-host offer, a nonce to prove or why not.

@@ -99,7 +99,7 @@ func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
 		if err := t.begin(ctx); err != nil {
 			return err
 		}
-		return t.writeLong(ctx, descs, base)
+		return t.writeLong(ctx, descs, base, false)
 	}
 	if err := t.Post(ctx, descs, base); err != nil {
 		return err
@@ -111,7 +111,7 @@ func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
 
 // writeLong sends a batch of more than maxOwed slices while another
 // goroutine reads their acknowledgements.
-func (t *conn) writeLong(ctx context.Context, descs []verify.Desc, base int) error {
+func (t *conn) writeLong(ctx context.Context, descs []verify.Desc, base int, marked bool) error {
 	var slices []int // the descriptor of each slice, for messages
 	for sl := range transport.Slices(descs) {
 		slices = append(slices, base+sl.Desc)
@@ -145,7 +145,7 @@ func (t *conn) writeLong(ctx context.Context, descs []verify.Desc, base int) err
 			}
 		}
 	}()
-	sendErr := t.sendWrites(ctx, descs, &pinned, 0)
+	sendErr := t.sendWrites(ctx, descs, &pinned, 0, marked)
 	if sendErr != nil {
 		t.c.Close() // unblocks the reply reader
 		<-acks
@@ -164,15 +164,26 @@ func (t *conn) writeLong(ctx context.Context, descs []verify.Desc, base int) err
 // first, so writes, fence and read-backs make one flight. A batch of more
 // than maxOwed slices is written as Write does.
 func (t *conn) Post(ctx context.Context, descs []verify.Desc, base int) error {
+	return t.post(ctx, descs, base, false)
+}
+
+// PostMarked is Post with every frame marked with its descriptor
+// (verify.DescriptorMarker), so the target digests each descriptor as it
+// lands: digest mode's writes.
+func (t *conn) PostMarked(ctx context.Context, descs []verify.Desc, base int) error {
+	return t.post(ctx, descs, base, true)
+}
+
+func (t *conn) post(ctx context.Context, descs []verify.Desc, base int, marked bool) error {
 	if err := t.begin(ctx); err != nil { // nothing is owed past here
 		return err
 	}
 	if countSlices(descs) > maxOwed {
-		return t.writeLong(ctx, descs, base)
+		return t.writeLong(ctx, descs, base, marked)
 	}
 	defer t.abortOn(ctx)()
 	t.deadline(ctx)
-	return t.sendWrites(ctx, descs, &t.owed, base)
+	return t.sendWrites(ctx, descs, &t.owed, base, marked)
 }
 
 // CarriesNotices: completion notices go on this connection (PostNotice).
@@ -222,9 +233,13 @@ func (t *conn) begin(ctx context.Context) error {
 // acknowledgement in owed. On the same host a host-memory source goes as
 // its address (OpWriteFrom) and a device-memory one as its CUDA IPC
 // reference (OpWriteFromDevice), pinned until its acknowledgement is read.
-func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owedAck, base int) error {
+func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owedAck, base int, marked bool) error {
 	for sl := range transport.Slices(descs) {
-		release, ipc, err := t.sendSlice(sl)
+		var m wire.Status
+		if marked {
+			m = mark(descs[sl.Desc].Len, sl.Dst == descs[sl.Desc].Dst)
+		}
+		release, ipc, err := t.sendSlice(sl, m)
 		if err != nil {
 			return err
 		}
@@ -237,10 +252,10 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owed
 	return nil
 }
 
-// sendSlice sends one slice: its bytes, or on the same host where it is
-// in this process's memory. release (if not nil) unpins the source once
-// the target answered.
-func (t *conn) sendSlice(sl transport.Slice) (release func(), ipc bool, err error) {
+// sendSlice sends one slice, marked with m: its bytes, or on the same
+// host where it is in this process's memory. release (if not nil) unpins
+// the source once the target answered.
+func (t *conn) sendSlice(sl transport.Slice, m wire.Status) (release func(), ipc bool, err error) {
 	if t.pull {
 		rel, mem, err := t.local.Pin(sl.Src, sl.Len, t.cut)
 		if err != nil {
@@ -250,13 +265,13 @@ func (t *conn) sendSlice(sl transport.Slice) (release func(), ipc bool, err erro
 			var ref [16]byte
 			binary.LittleEndian.PutUint64(ref[:], sl.Src)
 			binary.LittleEndian.PutUint64(ref[8:], sl.Len)
-			if err := t.send(wire.Header{Op: wire.OpWriteFrom, Addr: sl.Dst, Len: uint64(len(ref))}, ref[:]); err != nil {
+			if err := t.send(wire.Header{Op: wire.OpWriteFrom, Status: m, Addr: sl.Dst, Len: uint64(len(ref))}, ref[:]); err != nil {
 				rel()
 				return nil, false, err
 			}
 			return rel, false, nil
 		}
-		sent, err := t.sendDevice(sl, mem)
+		sent, err := t.sendDevice(sl, mem, m)
 		if sent && err == nil {
 			return rel, true, nil
 		}
@@ -266,7 +281,7 @@ func (t *conn) sendSlice(sl transport.Slice) (release func(), ipc bool, err erro
 		}
 	}
 	return nil, false, t.local.LoadAbortable(sl.Src, sl.Len, t.cut, func(src []byte) error {
-		return t.send(wire.Header{Op: wire.OpWrite, Addr: sl.Dst, Len: sl.Len}, src)
+		return t.send(wire.Header{Op: wire.OpWrite, Status: m, Addr: sl.Dst, Len: sl.Len}, src)
 	})
 }
 

@@ -1,0 +1,276 @@
+package tcp
+
+import (
+	"sync"
+
+	"github.com/mcguard/mcguard/core/wire"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// Digests taken as the bytes land (digest mode, the receiver's
+// digest_at "landing"): the sender marks each frame of a descriptor with
+// the descriptor's length, and the target digests the descriptor's bytes
+// right after copying them into place, while they are in cache, so the
+// receiver's sync compares instead of reading the memory again. What it
+// proves: the bytes this target stored into the descriptor's range, whole
+// and in order on the connection that then carried the notice, were the
+// sender's, and no later write through this target overlapped them before
+// the sync. It does not see a change by anything else (the application, a
+// device, another data plane) between landing and sync; digest_at "sync"
+// re-reads the memory for that.
+
+// landed is one descriptor's digest, from its first slice on (landing)
+// until it is invalidated or evicted.
+type landed struct {
+	addr, len uint64
+	next      uint64 // landing: where the next slice must start
+	h         verify.Digester
+	digest    uint64
+	done      bool // every byte landed and digested
+	valid     bool // under landedIndex.mu: no other write overlapped it
+	removed   bool // under landedIndex.mu: out of the index
+}
+
+// Index bounds: past maxLanded entries, or maxPerBucket in one MiB of
+// address space (tiny descriptors packed together: each write scans its
+// buckets), the oldest are forgotten and their syncs re-read memory.
+const (
+	maxLanded    = 1 << 16
+	maxPerBucket = 512
+	bucketShift  = 20
+)
+
+// landedIndex finds the entries a write overlaps, to invalidate them.
+type landedIndex struct {
+	mu      sync.Mutex
+	buckets map[uint64][]*landed
+	fifo    []*landed
+}
+
+func buckets(addr, n uint64) (lo, hi uint64) { return addr >> bucketShift, (addr + n - 1) >> bucketShift }
+
+// begin registers a descriptor about to land at [addr, addr+n).
+func (x *landedIndex) begin(addr, n uint64) *landed {
+	e := &landed{addr: addr, len: n, next: addr, h: verify.NewDigester(), valid: true}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.buckets == nil {
+		x.buckets = map[uint64][]*landed{}
+	}
+	lo, hi := buckets(addr, n)
+	for b := lo; b <= hi; b++ {
+		if list := x.buckets[b]; len(list) >= maxPerBucket {
+			x.removeLocked(list[0]) // the oldest there (removal keeps the rest roughly in age order)
+		}
+		x.buckets[b] = append(x.buckets[b], e)
+	}
+	x.fifo = append(x.fifo, e)
+	for len(x.fifo) > maxLanded || len(x.fifo) > 0 && x.fifo[0].removed {
+		x.removeLocked(x.fifo[0])
+		x.fifo = x.fifo[1:]
+	}
+	return e
+}
+
+// removeLocked forgets e: it is invalid from now on.
+func (x *landedIndex) removeLocked(e *landed) {
+	if e.removed {
+		return
+	}
+	e.valid, e.removed = false, true
+	lo, hi := buckets(e.addr, e.len)
+	for b := lo; b <= hi; b++ {
+		list := x.buckets[b]
+		for i, o := range list {
+			if o == e {
+				list[i] = list[len(list)-1]
+				list = list[:len(list)-1]
+				break
+			}
+		}
+		if len(list) == 0 {
+			delete(x.buckets, b)
+		} else {
+			x.buckets[b] = list
+		}
+	}
+}
+
+// wrote invalidates every entry [addr, addr+n) overlaps but self (the
+// descriptor this write belongs to). It is called before the bytes are
+// stored, so no sync can take an entry for bytes being overwritten.
+func (x *landedIndex) wrote(addr, n uint64, self *landed) {
+	if n == 0 {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if len(x.buckets) == 0 {
+		return
+	}
+	lo, hi := buckets(addr, n)
+	for b := lo; b <= hi; b++ {
+		for i := 0; i < len(x.buckets[b]); i++ {
+			e := x.buckets[b][i]
+			if e != self && e.addr < addr+n && addr < e.addr+e.len {
+				x.removeLocked(e)
+				i-- // removeLocked moved the last entry here
+			}
+		}
+	}
+}
+
+// forgetAll invalidates every entry (a region was unregistered: its
+// memory may be reused).
+func (x *landedIndex) forgetAll() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for _, e := range x.fifo {
+		x.removeLocked(e)
+	}
+	x.fifo = nil
+}
+
+// digestOf returns e's digest if it landed whole and is still valid.
+func (x *landedIndex) digestOf(e *landed) (uint64, bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return e.digest, e.done && e.valid
+}
+
+// landedSet is what a notice carries: the descriptors that landed on its
+// connection since the connection's previous notice (transport.Landed).
+type landedSet struct {
+	x       *landedIndex
+	entries map[uint64]*landed // by address
+}
+
+func (s landedSet) Digest(addr, n uint64) (uint64, bool) {
+	if e, ok := s.entries[addr]; ok && e.len == n {
+		return s.x.digestOf(e)
+	}
+	return 0, false
+}
+
+// Marks: a request frame's Status carries, for a write of a descriptor
+// to digest as it lands, the descriptor's length shifted left by one and,
+// in bit 0, whether this is its first slice. 0: not marked.
+func mark(descLen uint64, first bool) wire.Status {
+	if descLen == 0 || descLen >= 1<<30 {
+		return 0
+	}
+	m := uint32(descLen) << 1
+	if first {
+		m |= 1
+	}
+	return wire.Status(m)
+}
+
+func unmark(s wire.Status) (descLen uint64, first bool) {
+	return uint64(uint32(s) >> 1), uint32(s)&1 != 0
+}
+
+// beforeStore, on a write about to be stored, invalidates the digests it
+// overlaps and returns the descriptor it lands for, if it is marked.
+func (t *target) beforeStore(l *link, addr, n uint64, m wire.Status) *landed {
+	if t.landed == nil {
+		return nil
+	}
+	var run *landed
+	if descLen, first := unmark(m); descLen > 0 {
+		run = l.land.before(t.landed, addr, descLen, first)
+	}
+	t.landed.wrote(addr, n, run)
+	return run
+}
+
+// fillDigesting is src's fill, digesting the bytes into run as they are
+// stored (in cache now: the receiver's sync need not read them again).
+func (t *target) fillDigesting(l *link, run *landed, addr uint64, src source) func([]byte) error {
+	if run == nil {
+		return src.fill
+	}
+	return func(b []byte) error {
+		if err := src.fill(b); err != nil {
+			return err
+		}
+		l.land.digest(run, addr, b)
+		return nil
+	}
+}
+
+// afterStore completes a marked write's descriptor if it was its last
+// slice and its store succeeded; else the descriptor is abandoned (its
+// sync re-reads).
+func (t *target) afterStore(l *link, run *landed, err error) {
+	switch {
+	case run == nil:
+	case err != nil:
+		l.land.abandon()
+	default:
+		l.land.finish(t.landed, run)
+	}
+}
+
+// maxLandedPerNotice bounds what a connection collects between notices.
+const maxLandedPerNotice = 2 * wire.MaxNoticeDescs
+
+// landing is a connection's digests taken as bytes land.
+type landing struct {
+	run  *landed   // the descriptor landing now
+	done []*landed // landed whole since the last notice
+}
+
+// before is called before a marked slice at addr of a descriptor of
+// descLen bytes is stored: the descriptor it belongs to (a new one at its
+// first slice), or nil where it does not continue the one landing.
+func (l *landing) before(x *landedIndex, addr, descLen uint64, first bool) *landed {
+	switch {
+	case first:
+		l.run = x.begin(addr, descLen)
+	case l.run == nil || l.run.next != addr || l.run.len != descLen:
+		l.run = nil
+	}
+	return l.run
+}
+
+// digest adds slice b, just stored at addr (host memory, or the buffer
+// a GPU copy takes), to e.
+func (l *landing) digest(e *landed, addr uint64, b []byte) {
+	n := uint64(len(b))
+	if l.run != e || e.next != addr || addr+n > e.addr+e.len {
+		l.run = nil
+		return
+	}
+	e.h.Write(b)
+	e.next += n
+}
+
+// finish, after slice's store succeeded, completes e at its last slice.
+func (l *landing) finish(x *landedIndex, e *landed) {
+	if l.run != e || e.next != e.addr+e.len {
+		return
+	}
+	x.mu.Lock()
+	e.digest, e.done = e.h.Sum64(), true
+	x.mu.Unlock()
+	e.h = nil
+	l.done = append(l.done, e)
+	if len(l.done) > maxLandedPerNotice {
+		l.done = l.done[1:]
+	}
+	l.run = nil
+}
+
+// abandon drops the descriptor landing now (a refused or device write).
+func (l *landing) abandon() { l.run = nil }
+
+// take hands what landed to a notice.
+func (l *landing) take(x *landedIndex) landedSet {
+	s := landedSet{x: x, entries: make(map[uint64]*landed, len(l.done))}
+	for _, e := range l.done {
+		s.entries[e.addr] = e // a later landing at the same address wins
+	}
+	l.done = nil
+	return s
+}
