@@ -47,7 +47,9 @@ type landedIndex struct {
 	fifo    []*landed
 }
 
-func buckets(addr, n uint64) (lo, hi uint64) { return addr >> bucketShift, (addr + n - 1) >> bucketShift }
+func buckets(addr, n uint64) (lo, hi uint64) {
+	return addr >> bucketShift, (addr + n - 1) >> bucketShift
+}
 
 // begin registers a descriptor about to land at [addr, addr+n).
 func (x *landedIndex) begin(addr, n uint64) *landed {
