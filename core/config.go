@@ -47,9 +47,11 @@ type Config struct {
 	// it), "off", or "required" (an error where it cannot be used).
 	SameHost string
 	// DigestAt: where the receiver's sync gets its digests in digest
-	// mode: "landing" (taken by the TCP target as the bytes landed, where
-	// it could; else read from memory) or "sync" (always read from memory
-	// at sync time).
+	// mode: "sync" (read from memory at sync time: what memory holds
+	// then) or "landing" (taken by the TCP target as the bytes landed,
+	// where it could; else read from memory). Sync is the default: it
+	// proves more, and landing measured no faster on the machines we
+	// have (BENCHMARKS.md).
 	DigestAt     string
 	VerbsLibrary string
 	RDMADevice   string // empty: the first device with an active port
@@ -74,7 +76,7 @@ func DefaultConfig() Config {
 		CUDA:           "auto",
 		Transport:      "auto",
 		SameHost:       "auto",
-		DigestAt:       "landing",
+		DigestAt:       "sync",
 		RDMAGIDIndex:   -1,
 		RDMAQPs:        1,
 		SyncTimeout:    5 * time.Second,

@@ -9,6 +9,8 @@ import (
 	"github.com/mcguard/mcguard/verify"
 )
 
+const landing = `{"digest_at": "landing"}`
+
 func landedAndRead(t *testing.T, g *Guard) (landed, read int64) {
 	s := stats(t, g)
 	return int64(s["digests_landed"].(float64)), int64(s["digests_read"].(float64))
@@ -23,10 +25,10 @@ func TestDigestsTakenAsTheBytesLand(t *testing.T) {
 		n, size          int
 		landed           bool
 	}{
-		{"socket", `{"verify": "digest", "same_host": "off"}`, ``, 64, 4096, true},
-		{"same host", `{"verify": "digest"}`, ``, 64, 4096, true},
-		{"sliced descriptors", `{"verify": "digest", "same_host": "off"}`, ``, 2, 9<<20 + 123, true},
-		{"digest_at sync", `{"verify": "digest"}`, `{"digest_at": "sync"}`, 64, 4096, false},
+		{"socket", `{"verify": "digest", "same_host": "off"}`, landing, 64, 4096, true},
+		{"same host", `{"verify": "digest"}`, landing, 64, 4096, true},
+		{"sliced descriptors", `{"verify": "digest", "same_host": "off"}`, landing, 2, 9<<20 + 123, true},
+		{"digest_at sync (the default)", `{"verify": "digest"}`, ``, 64, 4096, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p := newPair(t, c.send, c.recv, c.n*c.size)
@@ -52,7 +54,7 @@ func TestDigestsTakenAsTheBytesLand(t *testing.T) {
 // A later write over a landed range makes its sync read the memory again:
 // the landed digest no longer describes it.
 func TestALaterWriteInvalidatesALandedDigest(t *testing.T) {
-	p := newPair(t, `{"verify": "digest", "same_host": "off"}`, ``, 64*4096)
+	p := newPair(t, `{"verify": "digest", "same_host": "off"}`, landing, 64*4096)
 	fill(p.src.b)
 	first, err := p.send.Transfer(p.session, p.blocks(64, 4096), TransferOptions{})
 	require.NoError(t, err)
@@ -93,7 +95,7 @@ func TestDigestAtSyncSeesWhatLandingCannot(t *testing.T) {
 // Unregistering a region forgets the landed digests: its memory may be
 // reused before a sync.
 func TestUnregisterForgetsLandedDigests(t *testing.T) {
-	p := newPair(t, `{"verify": "digest", "same_host": "off"}`, ``, 4*4096)
+	p := newPair(t, `{"verify": "digest", "same_host": "off"}`, landing, 4*4096)
 	fill(p.src.b)
 	res, err := p.send.Transfer(p.session, p.blocks(4, 4096), TransferOptions{})
 	require.NoError(t, err)

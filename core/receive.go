@@ -174,6 +174,11 @@ func (g *Guard) settleLanded(ctx context.Context, ranges []SyncRange, digests []
 		g.stats.digestsRead.Add(1)
 		return g.regions.Digest(r.Addr, r.Len)
 	}
+	defer func() {
+		for _, l := range landed {
+			l.Release()
+		}
+	}()
 	if err := verify.CompareDigests(vr, digests, digest, what); err != nil {
 		g.stats.syncFailures.Add(1)
 		return err

@@ -183,9 +183,9 @@ typedef struct mc_transport_ops {
  *   verbs_library, rdma_device, rdma_gid_index, rdma_qps (1 to 16),
  *   same_host "auto"|"off"|"required" (on one machine the receiver copies
  *   the bytes out of the sender: process_vm_readv, and GPU memory by
- *   CUDA IPC), digest_at "landing"|"sync" (the receiver's digest-mode
- *   sync compares digests its TCP target took as the bytes landed, where
- *   it could, or always reads memory), slice_bytes (tail and
+ *   CUDA IPC), digest_at "sync"|"landing" (the receiver's digest-mode
+ *   sync reads its memory, or compares digests its TCP target took as
+ *   the bytes landed, where it could), slice_bytes (tail and
  *   sample check the tail of every slice of this size; over an engine
  *   named "mooncake" MC_SLICE_SIZE by default, else 0).
  * The vLLM variables VLLM_MOONCAKE_TRANSFER_VERIFY[_TAIL_BYTES|

@@ -90,6 +90,7 @@ type Dialer interface {
 // through the target overlapped (tcp/landed.go says what that proves).
 type Landed interface {
 	Digest(addr, n uint64) (digest uint64, ok bool)
+	Release() // the sync is done with them
 }
 
 // Conn is a sender's connection to one target. Its session's lock keeps

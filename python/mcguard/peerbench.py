@@ -39,12 +39,24 @@ MOONCAKE_ENV = {"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "16384", "MC_LOG_LEVEL":
 # own TCP), "guarded-mooncake-MODE" (mcguard over Mooncake's engine),
 # "guarded-mooncake-desctail" (tail with slice_bytes 0: each descriptor's tail
 # only), "vllm-fix" (Mooncake, then the original vLLM fix's check: a 64-byte
-# tail of each descriptor read back through Mooncake and polled), "socket".
+# tail of each descriptor read back through Mooncake and polled), "socket",
+# and "mcguard[-socket]-digest+sync[-read]": digest mode with
+# the receiver's sync_transfers after every transfer (its request and answer
+# cross a pipe to the receiving process), comparing the digests its target
+# took as the bytes landed, or reading its memory again (digest_at "sync").
 TAIL = 64
+
+
+def receiver_syncs(kind):
+    return "+sync" in kind
 
 
 def new_engine(kind):
     """A new engine of kind, not yet initialized."""
+    if receiver_syncs(kind):
+        from .mooncake import GuardedTransferEngine
+        at = "sync" if kind.endswith("-read") else "landing"
+        return GuardedTransferEngine(verify="digest", digest_at=at, same_host="off" if "-socket-" in kind else "auto")
     if kind in ("mooncake", "vllm-fix"):
         from mooncake.engine import TransferEngine
         return TransferEngine()
@@ -109,6 +121,9 @@ def serve(kind):
         if cmd[0] == "hash":
             off, n = int(cmd[1]), int(cmd[2])
             print(hashlib.sha1(ctypes.string_at(addr + off, n)).hexdigest(), flush=True)
+        elif cmd[0] == "sync":
+            engine.guard.sync_transfers([int(cmd[1])])  # raises on a mismatch: the run stops
+            print("ok", flush=True)
         elif cmd[0] == "quit":
             break
 
@@ -178,6 +193,13 @@ class Receiver:
         self.proc.stdin.write("hash %d %d\n" % (off, n))
         self.proc.stdin.flush()
         return self.proc.stdout.readline().strip()
+
+    def sync(self, transfer_id):
+        """The receiver's sync_transfers for one transfer."""
+        self.proc.stdin.write("sync %d\n" % transfer_id)
+        self.proc.stdin.flush()
+        if self.proc.stdout.readline().strip() != "ok":
+            raise RuntimeError("the receiver's sync_transfers failed (its stderr says why)")
 
     def close(self):
         try:
@@ -252,6 +274,8 @@ class Sender:
         ret = self.engine.batch_transfer_sync_write(self.recv.session, src, dst, [size] * count)
         if ret != 0:
             raise RuntimeError("%s: batch_transfer_sync_write returned %d" % (self.kind, ret))
+        if receiver_syncs(self.kind):
+            self.recv.sync(self.engine.last_transfer_id)
         if self.kind == "vllm-fix":
             self.poll_tails(src, dst, size)
 

@@ -51,9 +51,14 @@ func buckets(addr, n uint64) (lo, hi uint64) {
 	return addr >> bucketShift, (addr + n - 1) >> bucketShift
 }
 
+// hashers are the digesters of descriptors landing, reused.
+var hashers = sync.Pool{New: func() any { return verify.NewDigester() }}
+
 // begin registers a descriptor about to land at [addr, addr+n).
 func (x *landedIndex) begin(addr, n uint64) *landed {
-	e := &landed{addr: addr, len: n, next: addr, h: verify.NewDigester(), valid: true}
+	h := hashers.Get().(verify.Digester)
+	h.Reset()
+	e := &landed{addr: addr, len: n, next: addr, h: h, valid: true}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.buckets == nil {
@@ -152,6 +157,17 @@ func (s landedSet) Digest(addr, n uint64) (uint64, bool) {
 		return s.x.digestOf(e)
 	}
 	return 0, false
+}
+
+// Release takes the set's entries out of the index once their sync
+// compared them: the index then holds only what awaits a sync, and each
+// write scans little.
+func (s landedSet) Release() {
+	s.x.mu.Lock()
+	defer s.x.mu.Unlock()
+	for _, e := range s.entries {
+		s.x.removeLocked(e)
+	}
 }
 
 // Marks: a request frame's Status carries, for a write of a descriptor
@@ -256,6 +272,7 @@ func (l *landing) finish(x *landedIndex, e *landed) {
 	x.mu.Lock()
 	e.digest, e.done = e.h.Sum64(), true
 	x.mu.Unlock()
+	hashers.Put(e.h)
 	e.h = nil
 	l.done = append(l.done, e)
 	if len(l.done) > maxLandedPerNotice {
