@@ -45,6 +45,11 @@ type conn struct {
 	// ipc: device-memory sources go as CUDA IPC handles (same host, a
 	// driver on both sides, another process).
 	ipc bool
+	// rc is the socket, for unread's peek (nil: not a socket); peekNow
+	// is that peek, made once, and peeked its result.
+	rc      syscall.RawConn
+	peekNow func(fd uintptr) bool
+	peeked  int
 }
 
 func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, timeout time.Duration, local *memory.Regions) (*conn, error) {
@@ -63,6 +68,11 @@ func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, tim
 		src = pr
 	}
 	t.r = bufio.NewReaderSize(src, 256<<10)
+	if sc, ok := c.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			t.rc, t.peekNow = rc, t.peek
+		}
+	}
 	if err := t.hello(ctx, peer); err != nil {
 		t.Close()
 		return nil, err
@@ -88,7 +98,7 @@ func (t *conn) Close() {
 // abortOn closes the connection if ctx ends (the guard is closing) while
 // an operation waits on it; call the returned stop when the operation ends.
 func (t *conn) abortOn(ctx context.Context) (stop func() bool) {
-	return context.AfterFunc(ctx, func() { t.c.Close() })
+	return context.AfterFunc(ctx, t.cut)
 }
 
 func (t *conn) deadline(ctx context.Context) {
@@ -243,21 +253,19 @@ func (t *conn) unread() bool {
 	if t.r.Buffered() > 0 {
 		return true
 	}
-	sc, ok := t.c.(syscall.Conn)
-	if !ok {
+	if t.rc == nil {
 		return false
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	n := 0
-	rc.Read(func(fd uintptr) bool {
-		var b [1]byte
-		n, _, _ = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		return true
-	})
-	return n > 0
+	t.peeked = 0
+	t.rc.Read(t.peekNow)
+	return t.peeked > 0
+}
+
+// peek looks for a byte waiting on the socket without taking it.
+func (t *conn) peek(fd uintptr) bool {
+	var b [1]byte
+	t.peeked, _, _ = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	return true
 }
 
 // Fence asks the target to reply once every earlier write on this

@@ -22,31 +22,43 @@ import (
 type pollReader struct {
 	rc    syscall.RawConn
 	until *time.Time // the connection's deadline, as conn.deadline set it
+	// One read's state, and the function that does it, made once: a read
+	// allocates nothing.
+	b       []byte
+	n       int
+	rerr    error
+	wait    time.Duration
+	fds     []unix.PollFd
+	readNow func(fd uintptr)
 }
 
 // pollSlice bounds one poll: a connection closed meanwhile (a cancel, the
 // guard closing) is noticed within it.
 const pollSlice = 10 * time.Millisecond
 
-func (p pollReader) Read(b []byte) (int, error) {
+// read is one read of p.b, and where nothing has come, one poll.
+func (p *pollReader) read(fd uintptr) {
+	p.n, p.rerr = syscall.Read(int(fd), p.b)
+	if p.rerr != syscall.EAGAIN {
+		return
+	}
+	p.fds[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	_, p.rerr = unix.Poll(p.fds, int(min(p.wait, pollSlice).Milliseconds())+1)
+	if p.rerr == nil || p.rerr == syscall.EINTR {
+		p.rerr = syscall.EAGAIN // read again
+	}
+}
+
+func (p *pollReader) Read(b []byte) (int, error) {
+	defer func() { p.b = nil }()
 	for {
-		var n int
-		var rerr error
-		wait := time.Until(*p.until)
-		if wait <= 0 {
+		p.wait = time.Until(*p.until)
+		if p.wait <= 0 {
 			return 0, fmt.Errorf("read: %w", os.ErrDeadlineExceeded)
 		}
-		err := p.rc.Control(func(fd uintptr) {
-			n, rerr = syscall.Read(int(fd), b)
-			if rerr != syscall.EAGAIN {
-				return
-			}
-			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-			_, rerr = unix.Poll(fds, int(min(wait, pollSlice).Milliseconds())+1)
-			if rerr == nil || rerr == syscall.EINTR {
-				rerr = syscall.EAGAIN // read again
-			}
-		})
+		p.b = b
+		err := p.rc.Control(p.readNow)
+		n, rerr := p.n, p.rerr
 		switch {
 		case err != nil: // closed
 			return 0, err
@@ -81,5 +93,7 @@ func readerOf(c interface{}, until *time.Time) (io.Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	return pollReader{rc: rc, until: until}, nil
+	p := &pollReader{rc: rc, until: until, fds: make([]unix.PollFd, 1)}
+	p.readNow = p.read
+	return p, nil
 }
