@@ -10,6 +10,7 @@ import (
 	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/transport/rdma"
+	"github.com/mcguard/mcguard/core/transport/tcp"
 	"github.com/mcguard/mcguard/verify"
 )
 
@@ -57,6 +58,7 @@ type Config struct {
 	RDMADevice   string // empty: the first device with an active port
 	RDMAGIDIndex int    // -1: the first RoCE v2 GID
 	RDMAQPs      int    // queue pairs per session that a batch's writes are striped over
+	TCPStripes   int    // TCP data connections per session that a large batch is striped over
 	// LogLevel, when set, is the process's log level (see core/logs).
 	LogLevel string
 	Verify   verify.Config // the verification policy, and when notices are sent
@@ -79,6 +81,7 @@ func DefaultConfig() Config {
 		DigestAt:       "sync",
 		RDMAGIDIndex:   -1,
 		RDMAQPs:        1,
+		TCPStripes:     1,
 		SyncTimeout:    5 * time.Second,
 		Verify:         verify.Defaults(),
 		Inject:         fault.Config{Mode: fault.None, Rate: 0.1, LagMax: 20 * time.Millisecond},
@@ -112,6 +115,7 @@ func LoadConfig(getenv config.Getenv, configJSON string) (Config, error) {
 	l.String("rdma_device", []string{"MC_GUARD_RDMA_DEVICE"}, &c.RDMADevice)
 	l.Int("rdma_gid_index", []string{"MC_GUARD_RDMA_GID_INDEX"}, &c.RDMAGIDIndex, -1, 255)
 	l.Int("rdma_qps", []string{"MC_GUARD_RDMA_QPS"}, &c.RDMAQPs, 1, rdma.MaxQPs)
+	l.Int("tcp_stripes", []string{"MC_GUARD_TCP_STRIPES"}, &c.TCPStripes, 1, tcp.MaxStripes)
 	l.Choice("log_level", []string{"MC_GUARD_LOG_LEVEL"}, &c.LogLevel, logs.Levels, nil)
 	c.Verify = verify.Load(l)
 	l.Choice("inject", []string{"MC_GUARD_INJECT"}, &c.Inject.Mode, fault.Modes, map[string]string{"": "none", "off": "none"})

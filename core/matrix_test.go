@@ -21,10 +21,15 @@ import (
 // baseline), and counts successes whose destination differs from the
 // source.
 // The data plane is "socket" (TCP, bytes through the socket), "same-host"
-// (TCP, the target copying them out of the sender), or "engine" (the
+// (TCP, the target copying them out of the sender), "striped" (TCP over
+// four connections, batches large enough to be striped), or "engine" (the
 // fault injected at the sender's engine callbacks instead of the target).
 func matrixCell(t *testing.T, injected string, mode verify.Mode, plane string) (ok, failed, mismatches int) {
-	const n, size, rounds = 16, 4096, 6
+	const n, rounds = 16, 6
+	size := 4096
+	if plane == "striped" {
+		size = 64 << 10 // 1 MiB batches: striped
+	}
 	sendJS := fmt.Sprintf(`"verify": %q, "max_retries": 15, "retry_sleep_s": 0.001`, mode)
 	inject := fmt.Sprintf(`"inject": %q, "inject_rate": 0.3, "inject_lag_max_ms": 5, "inject_seed": 11`, injected)
 	var p *pair
@@ -33,6 +38,8 @@ func matrixCell(t *testing.T, injected string, mode verify.Mode, plane string) (
 		p = newEnginePair(t, "{"+sendJS+", "+inject+"}", "", n*size, newFakeEngines())
 	case "same-host":
 		p = newPair(t, "{"+sendJS+`, "same_host": "required"}`, "{"+inject+"}", n*size)
+	case "striped":
+		p = newPair(t, "{"+sendJS+`, "same_host": "off", "tcp_stripes": 4}`, "{"+inject+"}", n*size)
 	default:
 		p = newPair(t, "{"+sendJS+`, "same_host": "off"}`, "{"+inject+"}", n*size)
 	}
@@ -76,7 +83,7 @@ func matrixCell(t *testing.T, injected string, mode verify.Mode, plane string) (
 }
 
 func TestDetectionMatrix(t *testing.T) {
-	for _, plane := range []string{"socket", "same-host"} {
+	for _, plane := range []string{"socket", "same-host", "striped"} {
 		for _, injected := range fault.Delivery {
 			for _, mode := range verify.Modes {
 				t.Run(plane+"/"+injected+"/"+string(mode), func(t *testing.T) {

@@ -50,6 +50,7 @@ func (g *Guard) Stats() ([]byte, error) {
 		"notify":             g.cfg.Verify.Notify,
 		"cuda":               g.cudaState,
 		"rdma_qps":           g.cfg.RDMAQPs,
+		"tcp_stripes":        g.cfg.TCPStripes,
 		"verify_failures":    g.stats.verifyFailures.Load(),
 		"probed_bytes":       g.stats.probed.Load(),
 		"cancels":            g.stats.cancels.Load(),

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sync"
 	"syscall"
 	"time"
 	"unsafe"
@@ -131,35 +130,9 @@ func (c *conn) rkey(addr, n uint64) (uint32, error) {
 
 func rdmaErr(err error) error { return fmt.Errorf("%w: %v", errs.Peer, err) }
 
-// eachStripe runs fn on the stripes that want at once, one goroutine each, and returns the first error. A lone
-// stripe (rdma_qps 1, the default) runs on the caller's goroutine.
+// eachStripe runs fn on the stripes that want at once (transport.Each).
 func (c *conn) eachStripe(want func(i int, s *stripe) bool, fn func(i int, s *stripe) error) error {
-	var chosen []int
-	for i, s := range c.stripes {
-		if want(i, s) {
-			chosen = append(chosen, i)
-		}
-	}
-	if len(chosen) == 1 {
-		return fn(chosen[0], c.stripes[chosen[0]])
-	}
-	errs := make([]error, len(c.stripes))
-	var wg sync.WaitGroup
-	for _, i := range chosen {
-		s := c.stripes[i]
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = fn(i, s)
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return transport.Each(len(c.stripes), func(i int) bool { return want(i, c.stripes[i]) }, func(i int) error { return fn(i, c.stripes[i]) })
 }
 
 // Write slices the descriptors into WRITEs and stripes them in order over

@@ -52,7 +52,7 @@ type conn struct {
 	peeked  int
 }
 
-func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, timeout time.Duration, local *memory.Regions) (*conn, error) {
+func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, timeout time.Duration, local *memory.Regions, stripe int) (*conn, error) {
 	d := net.Dialer{Timeout: timeout}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -73,7 +73,7 @@ func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, tim
 			t.rc, t.peekNow = rc, t.peek
 		}
 	}
-	if err := t.hello(ctx, peer); err != nil {
+	if err := t.hello(ctx, peer, stripe); err != nil {
 		t.Close()
 		return nil, err
 	}
@@ -193,7 +193,7 @@ func (t *conn) Refresh([]byte, []memory.Region) error { return nil }
 
 // hello answers the target's challenge: the token, and the proof over
 // the challenge that the sender holds the handshake's key.
-func (t *conn) hello(ctx context.Context, peer transport.Peer) error {
+func (t *conn) hello(ctx context.Context, peer transport.Peer, stripe int) error {
 	t.deadline(ctx)
 	var hdr [wire.HeaderSize]byte
 	if _, err := io.ReadFull(t.r, hdr[:]); err != nil {
@@ -208,7 +208,15 @@ func (t *conn) hello(ctx context.Context, peer transport.Peer) error {
 		return ioErr("receive the challenge", err)
 	}
 	payload := append(append(make([]byte, 0, wire.HelloSize), peer.Token...), transport.ConnectionProof(peer.Key, challenge)...)
-	rep, err := t.requestAt(ctx, wire.OpHello, t.mark, payload)
+	// The hello's Status names the connection's stripe (tcp_stripes): the
+	// target replaces a sender's connection only by one of the same stripe.
+	if err := t.send(wire.Header{Op: wire.OpHello, Status: wire.Status(stripe), Addr: t.mark, Len: uint64(len(payload))}, payload); err != nil {
+		return err
+	}
+	if err := t.w.Flush(); err != nil {
+		return ioErr("send", err)
+	}
+	rep, err := t.owedThen(wire.OpHello, t.nextID)
 	if err != nil {
 		return err
 	}

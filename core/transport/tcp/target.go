@@ -221,9 +221,12 @@ func (t *target) serve(l *link) {
 		case h.Op == wire.OpHello:
 			var sender string
 			st, sender = t.hello(r, h.Len, challenge)
+			if st == wire.StatusOK && (h.Status < 0 || h.Status >= MaxStripes) {
+				st = wire.StatusBadRequest // no such stripe
+			}
 			bound = st == wire.StatusOK
 			if bound {
-				t.claim(sender, l)
+				t.claim(sender, int(h.Status), l)
 			}
 		case !bound:
 			st = wire.StatusUnauthorized
@@ -312,20 +315,21 @@ func (t *target) reply(l *link, w *bufio.Writer, hdr []byte, rep wire.Header, pa
 	return nil
 }
 
-// claim makes l the sender's data connection and drops the one before it:
-// a sender reconnects after giving up on the old one, whose late bytes
-// must not land on top of newer writes.
-func (t *target) claim(sender string, l *link) {
+// claim makes l the sender's data connection of its stripe and drops the
+// one before it: a sender reconnects after giving up on the old one, whose
+// late bytes must not land on top of newer writes.
+func (t *target) claim(sender string, stripe int, l *link) {
 	if sender == "" {
 		return
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	l.sender = sender
-	if old, ok := t.senders[sender]; ok && old != l.c {
+	key := fmt.Sprintf("%s/%d", sender, stripe)
+	if old, ok := t.senders[key]; ok && old != l.c {
 		old.Close()
 	}
-	t.senders[sender] = l.c
+	t.senders[key] = l.c
 }
 
 // source is where a write's bytes come from: the frame's payload in the

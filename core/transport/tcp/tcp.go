@@ -42,6 +42,9 @@ type Config struct {
 	Notice func(body []byte, landed transport.Landed) error
 	// DigestAtLanding: digest marked writes as they land (landed.go).
 	DigestAtLanding bool
+	// Stripes is the data connections per session (1 to MaxStripes; 0
+	// means 1): see stripes.go.
+	Stripes int
 	// SameHost is SameHostAuto, SameHostOff or SameHostRequired: as a
 	// sender whether to offer same-host transfers, as a target whether
 	// to grant them.
@@ -181,16 +184,26 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, _ 
 			addr = net.JoinHostPort(peer.Host, port)
 		}
 	}
-	c, err := dial(ctx, addr, peer, a.Gen, d.t.cfg.Timeout, d.t.cfg.Regions)
-	if err != nil {
-		return nil, err
+	n := min(max(d.t.cfg.Stripes, 1), MaxStripes)
+	s := &striped{written: make([]bool, n)}
+	for i := range n {
+		c, err := dial(ctx, addr, peer, a.Gen, d.t.cfg.Timeout, d.t.cfg.Regions, i)
+		if err == nil {
+			c.finalFence = a.FinalFence
+			if err = c.sameHost(ctx, d.t.cfg.SameHost, a); err != nil {
+				c.Close()
+			}
+		}
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		s.parts = append(s.parts, c)
 	}
-	c.finalFence = a.FinalFence
-	if err := c.sameHost(ctx, d.t.cfg.SameHost, a); err != nil {
-		c.Close()
-		return nil, err
+	if n == 1 {
+		return s.parts[0], nil // one connection: no striping layer
 	}
-	return c, nil
+	return s, nil
 }
 
 var (
