@@ -107,7 +107,7 @@ func (s *striped) Read(ctx context.Context, ranges []verify.Range, out []byte, f
 	return s.parts[0].Read(ctx, ranges, out, fenced)
 }
 
-func (s *striped) FenceIsFinal() bool  { return s.parts[0].FenceIsFinal() }
+func (s *striped) FenceIsFinal() bool   { return s.parts[0].FenceIsFinal() }
 func (s *striped) CarriesNotices() bool { return true }
 
 // PostNotice sends the notice on the first part once the others' writes
