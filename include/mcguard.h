@@ -181,6 +181,7 @@ typedef struct mc_transport_ops {
  *   cuda_library, transport "tcp"|"rdma"|"auto", require_rdma, log_level
  *   "error"|"warn"|"info"|"debug" (for the process),
  *   verbs_library, rdma_device, rdma_gid_index, rdma_qps (1 to 16),
+ *   tcp_stripes (1 to 8: TCP connections a large batch is striped over),
  *   same_host "auto"|"off"|"required" (on one machine the receiver copies
  *   the bytes out of the sender: process_vm_readv, and GPU memory by
  *   CUDA IPC), digest_at "sync"|"landing" (the receiver's digest-mode
