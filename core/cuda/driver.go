@@ -226,6 +226,23 @@ func (d *Driver) Settle(ordinal int, stream uint64) error {
 	})
 }
 
+// allocation returns the device allocation that holds [addr, addr+n);
+// missing is the error to wrap where the driver lacks the entry point.
+// Call it with a context current.
+func (d *Driver) allocation(addr, n uint64, missing error) (base C.CUdeviceptr, size C.size_t, err error) {
+	r := C.mcg_cu_mem_get_address_range(d.c, C.CUdeviceptr(addr), &base, &size)
+	if r == C.MCG_CUDA_MISSING {
+		return 0, 0, fmt.Errorf("%w: the driver lacks cuMemGetAddressRange", missing)
+	}
+	if err := d.check(r, "cuMemGetAddressRange"); err != nil {
+		return 0, 0, err
+	}
+	if addr+n > uint64(base)+uint64(size) {
+		return 0, 0, fmt.Errorf("%w: [%#x, +%d) is not inside one device allocation", ErrDevice, addr, n)
+	}
+	return base, size, nil
+}
+
 // ErrNoDmabuf: this driver or device cannot export device memory as a
 // dmabuf (a driver before CUDA 11.7, or a device that reports
 // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0).
@@ -248,17 +265,9 @@ func (d *Driver) Dmabuf(addr, n uint64, m Memory) (fd int, offset uint64, err er
 		case supported == 0:
 			return fmt.Errorf("%w: device %d reports DMA_BUF_SUPPORTED = 0", ErrNoDmabuf, m.Ordinal)
 		}
-		var base C.CUdeviceptr
-		var size C.size_t
-		r := C.mcg_cu_mem_get_address_range(d.c, C.CUdeviceptr(addr), &base, &size)
-		if r == C.MCG_CUDA_MISSING {
-			return fmt.Errorf("%w: the driver lacks cuMemGetAddressRange", ErrNoDmabuf)
-		}
-		if err := d.check(r, "cuMemGetAddressRange"); err != nil {
+		base, size, err := d.allocation(addr, n, ErrNoDmabuf)
+		if err != nil {
 			return err
-		}
-		if addr+n > uint64(base)+uint64(size) {
-			return fmt.Errorf("%w: [%#x, +%d) is not inside one device allocation", ErrDevice, addr, n)
 		}
 		// The export wants host-page bounds; an allocation is backed in
 		// whole pages (of its granularity, 2 MiB), so rounding stays inside.

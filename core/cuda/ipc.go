@@ -48,17 +48,9 @@ const maxExports = 4096
 func (d *Driver) ExportIPC(addr, n uint64, m Memory) (IPCRef, error) {
 	var ref IPCRef
 	err := d.on(m.Ordinal, func(*device) error {
-		var base C.CUdeviceptr
-		var size C.size_t
-		r := C.mcg_cu_mem_get_address_range(d.c, C.CUdeviceptr(addr), &base, &size)
-		if r == C.MCG_CUDA_MISSING {
-			return fmt.Errorf("%w: the driver lacks cuMemGetAddressRange", ErrNoIPC)
-		}
-		if err := d.check(r, "cuMemGetAddressRange"); err != nil {
+		base, _, err := d.allocation(addr, n, ErrNoIPC)
+		if err != nil {
 			return err
-		}
-		if addr+n > uint64(base)+uint64(size) {
-			return fmt.Errorf("%w: [%#x, +%d) is not inside one device allocation", ErrDevice, addr, n)
 		}
 		var id C.ulonglong
 		if err := d.check(C.mcg_cu_pointer_get_attribute(d.c, unsafe.Pointer(&id), C.MCG_CU_POINTER_ATTRIBUTE_BUFFER_ID, base), "cuPointerGetAttribute(BUFFER_ID)"); err != nil {

@@ -47,7 +47,7 @@ enum {
 };
 
 typedef struct op {
-    int kind; /* 0: host->device, 1: device->host */
+    int kind; /* 0: host->device, 1: device->host, 2: device->device */
     char *dst;
     const char *src;
     size_t n;
@@ -238,10 +238,12 @@ static void free_region(region *r) {
     free(r);
 }
 
-static CUresult release(void *p) {
+/* release frees the region at p: an allocation of this process, or
+ * (imported) a mapping opened from another's IPC handle. */
+static CUresult release(const void *p, int imported) {
     pthread_mutex_lock(&mu);
     for (region **pp = &regions; *pp; pp = &(*pp)->next) {
-        if ((*pp)->p == p && !(*pp)->imported) {
+        if ((*pp)->p == p && (*pp)->imported == imported) {
             region *r = *pp;
             *pp = r->next;
             pthread_mutex_unlock(&mu);
@@ -254,9 +256,9 @@ static CUresult release(void *p) {
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { return alloc((void **)p, n, 0); }
-CUresult cuMemFree_v2(CUdeviceptr p) { return release((void *)(uintptr_t)p); }
+CUresult cuMemFree_v2(CUdeviceptr p) { return release((void *)(uintptr_t)p, 0); }
 CUresult cuMemHostAlloc(void **p, size_t n, unsigned int flags) { (void)flags; return alloc(p, n, 1); }
-CUresult cuMemFreeHost(void *p) { return release(p); }
+CUresult cuMemFreeHost(void *p) { return release(p, 0); }
 
 CUresult cuStreamCreate(void **s, unsigned int flags) {
     (void)flags;
@@ -306,8 +308,10 @@ static CUresult copy_async(int kind, void *dst, const void *src, size_t n, void 
         pthread_mutex_unlock(&mu);
         return ILLEGAL_ADDRESS;
     }
-    region *dev = find(kind == 0 ? dst : src, n);
-    if (!dev || dev->pinned || !s) {
+    /* the device end(s): the destination (0: host to device, 2: device
+     * to device), the source (1: device to host, 2) */
+    region *d = kind != 1 ? find(dst, n) : NULL, *r = kind != 0 ? find(src, n) : NULL;
+    if ((kind != 1 && (!d || d->pinned)) || (kind != 0 && (!r || r->pinned)) || !s) {
         pthread_mutex_unlock(&mu);
         return INVALID_VALUE;
     }
@@ -330,25 +334,7 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
 }
 
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s) {
-    if (current_ctx != &primary_ctx) return INVALID_CONTEXT;
-    pthread_mutex_lock(&mu);
-    if (fail_copies > 0) {
-        fail_copies--;
-        pthread_mutex_unlock(&mu);
-        return ILLEGAL_ADDRESS;
-    }
-    region *d = find((void *)(uintptr_t)dst, n), *r = find((void *)(uintptr_t)src, n);
-    if (!d || d->pinned || !r || r->pinned || !s) {
-        pthread_mutex_unlock(&mu);
-        return INVALID_VALUE;
-    }
-    op *o = calloc(1, sizeof *o);
-    o->dst = (char *)(uintptr_t)dst;
-    o->src = (const char *)(uintptr_t)src;
-    o->n = n;
-    enqueue(&((stream *)s)->head, &((stream *)s)->tail, o);
-    pthread_mutex_unlock(&mu);
-    return SUCCESS;
+    return copy_async(2, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, s);
 }
 
 enum { ALREADY_MAPPED = 208, INVALID_HANDLE = 400 };
@@ -420,20 +406,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int fl
     return SUCCESS;
 }
 
-CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
-    pthread_mutex_lock(&mu);
-    for (region **pp = &regions; *pp; pp = &(*pp)->next) {
-        if ((*pp)->imported && (CUdeviceptr)(uintptr_t)(*pp)->p == p) {
-            region *r = *pp;
-            *pp = r->next;
-            pthread_mutex_unlock(&mu);
-            free_region(r);
-            return SUCCESS;
-        }
-    }
-    pthread_mutex_unlock(&mu);
-    return INVALID_VALUE;
-}
+CUresult cuIpcCloseMemHandle(CUdeviceptr p) { return release((void *)(uintptr_t)p, 1); }
 
 enum { NOT_SUPPORTED = 801 };
 
