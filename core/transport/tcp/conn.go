@@ -50,6 +50,7 @@ type conn struct {
 	rc      syscall.RawConn
 	peekNow func(fd uintptr) bool
 	peeked  int
+	gather  net.Buffers // a large frame's header and payload, for writev
 }
 
 func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, timeout time.Duration, local *memory.Regions, stripe int) (*conn, error) {
@@ -110,10 +111,26 @@ func (t *conn) deadline(ctx context.Context) {
 	t.c.SetDeadline(d)
 }
 
+// gatherMin is the payload from which a frame is written with writev,
+// header and payload straight from where they are, instead of being
+// copied through the buffered writer (which would copy all but what fits
+// after the frames already buffered).
+const gatherMin = 64 << 10
+
 func (t *conn) send(h wire.Header, payload []byte) error {
 	t.nextID++
 	h.ID = t.nextID
 	h.Encode(t.hdr[:])
+	if len(payload) >= gatherMin {
+		if err := t.w.Flush(); err != nil { // the frames before it, in order
+			return ioErr("send", err)
+		}
+		t.gather = append(t.gather[:0], t.hdr[:], payload)
+		if _, err := t.gather.WriteTo(t.c); err != nil {
+			return ioErr("send", err)
+		}
+		return nil
+	}
 	if _, err := t.w.Write(t.hdr[:]); err != nil {
 		return ioErr("send", err)
 	}
