@@ -37,6 +37,7 @@ type landed struct {
 const (
 	maxLanded    = 1 << 16
 	maxPerBucket = 512
+	maxSlots     = 1 << 20 // bucket entries in all: long descriptors take many
 	bucketShift  = 20
 )
 
@@ -45,10 +46,11 @@ type landedIndex struct {
 	mu      sync.Mutex
 	buckets map[uint64][]*landed
 	fifo    []*landed
+	slots   int // entries in buckets
 }
 
 func buckets(addr, n uint64) (lo, hi uint64) {
-	return addr >> bucketShift, (addr + n - 1) >> bucketShift
+	return addr >> bucketShift, (addr + max(n, 1) - 1) >> bucketShift
 }
 
 // hashers are the digesters of descriptors landing, reused.
@@ -70,9 +72,10 @@ func (x *landedIndex) begin(addr, n uint64) *landed {
 			x.removeLocked(list[0]) // the oldest there (removal keeps the rest roughly in age order)
 		}
 		x.buckets[b] = append(x.buckets[b], e)
+		x.slots++
 	}
 	x.fifo = append(x.fifo, e)
-	for len(x.fifo) > maxLanded || len(x.fifo) > 0 && x.fifo[0].removed {
+	for len(x.fifo) > maxLanded || x.slots > maxSlots || len(x.fifo) > 0 && x.fifo[0].removed {
 		x.removeLocked(x.fifo[0])
 		x.fifo = x.fifo[1:]
 	}
@@ -92,6 +95,7 @@ func (x *landedIndex) removeLocked(e *landed) {
 			if o == e {
 				list[i] = list[len(list)-1]
 				list = list[:len(list)-1]
+				x.slots--
 				break
 			}
 		}
@@ -136,6 +140,8 @@ func (x *landedIndex) forgetAll() {
 		x.removeLocked(e)
 	}
 	x.fifo = nil
+	clear(x.buckets)
+	x.slots = 0
 }
 
 // digestOf returns e's digest if it landed whole and is still valid.
@@ -195,7 +201,9 @@ func (t *target) beforeStore(l *link, addr, n uint64, m wire.Status) *landed {
 		return nil
 	}
 	var run *landed
-	if descLen, first := unmark(m); descLen > 0 {
+	// only a descriptor inside registered memory: a peer's marks cannot
+	// make the index cover address space it may not write
+	if descLen, first := unmark(m); descLen > 0 && (!first || t.regions.Check(addr, descLen) == nil) {
 		run = l.land.before(t.landed, addr, descLen, first)
 	}
 	t.landed.wrote(addr, n, run)

@@ -61,6 +61,13 @@ func TestLandedIndex(t *testing.T) {
 
 	x.forgetAll()
 	require.Empty(t, x.buckets)
+	require.Zero(t, x.slots)
+
+	// Long descriptors take a slot per MiB; the slots are bounded too.
+	for i := 0; i < 2*maxSlots/1024; i++ {
+		x.begin(uint64(i)<<30, 1<<30-1)
+	}
+	require.LessOrEqual(t, x.slots, maxSlots)
 
 	// Marks round-trip; too long a descriptor is not marked.
 	n, f := unmark(mark(12345, true))
