@@ -90,6 +90,20 @@ func TestConfigRejectsBadValues(t *testing.T) {
 
 // fakeTarget is remote memory as a map of address to byte, with optional
 // writes that become visible only after a number of reads (a lagging target).
+// partlyArrived returns n patterned source bytes and a target holding
+// those of them that arrived says landed.
+func partlyArrived(n int, arrived func(i int) bool) ([]byte, *fakeTarget) {
+	src := make([]byte, n)
+	f := &fakeTarget{mem: map[uint64]byte{}, after: -1}
+	for i := range src {
+		src[i] = byte(i*13 + 5)
+		if arrived(i) {
+			f.mem[uint64(i)] = src[i]
+		}
+	}
+	return src, f
+}
+
 type fakeTarget struct {
 	mu    sync.Mutex
 	mem   map[uint64]byte
@@ -227,14 +241,7 @@ func TestFullSpansCoverEveryByteInPieces(t *testing.T) {
 }
 
 func TestSampleCatchesAHoleThatTailMisses(t *testing.T) {
-	src := make([]byte, 64<<10)
-	for i := range src {
-		src[i] = byte(i*7 + 1)
-	}
-	f := &fakeTarget{mem: map[uint64]byte{}, after: -1}
-	for i := len(src) - 4096; i < len(src); i++ { // only the last page arrived
-		f.mem[uint64(i)] = src[i]
-	}
+	src, f := partlyArrived(64<<10, func(i int) bool { return i >= 64<<10-4096 }) // only the last page arrived
 	d := []Desc{{Src: 0, Dst: 0, Len: uint64(len(src))}}
 	cfg := Defaults()
 	cfg.MaxRetries = 0
@@ -263,16 +270,7 @@ func TestSliceBytesChecksTheTailOfEverySlice(t *testing.T) {
 }
 
 func TestSliceBytesCatchesAMissingMiddleSlice(t *testing.T) {
-	src := make([]byte, 256<<10)
-	for i := range src {
-		src[i] = byte(i*13 + 5)
-	}
-	f := &fakeTarget{mem: map[uint64]byte{}, after: -1}
-	for i := range src {
-		if i < 64<<10 || i >= 128<<10 { // the second slice never arrived
-			f.mem[uint64(i)] = src[i]
-		}
-	}
+	src, f := partlyArrived(256<<10, func(i int) bool { return i < 64<<10 || i >= 128<<10 }) // the second slice never arrived
 	d := []Desc{{Src: 0, Dst: 0, Len: uint64(len(src))}}
 	cfg := Defaults()
 	cfg.MaxRetries = 0

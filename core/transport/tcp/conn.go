@@ -50,7 +50,10 @@ type conn struct {
 	rc      syscall.RawConn
 	peekNow func(fd uintptr) bool
 	peeked  int
-	gather  net.Buffers // a large frame's header and payload, for writev
+	// gather is a large frame's header and payload for writev, over
+	// gatherBufs.
+	gather     net.Buffers
+	gatherBufs [2][]byte
 }
 
 func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, timeout time.Duration, local *memory.Regions, stripe int) (*conn, error) {
@@ -125,8 +128,13 @@ func (t *conn) send(h wire.Header, payload []byte) error {
 		if err := t.w.Flush(); err != nil { // the frames before it, in order
 			return ioErr("send", err)
 		}
-		t.gather = append(t.gather[:0], t.hdr[:], payload)
-		if _, err := t.gather.WriteTo(t.c); err != nil {
+		// WriteTo consumes the slice it is given: it is made again each
+		// time over the same two-element array, so nothing is allocated.
+		t.gatherBufs = [2][]byte{t.hdr[:], payload}
+		t.gather = t.gatherBufs[:]
+		_, err := t.gather.WriteTo(t.c)
+		t.gatherBufs[1] = nil // keep no reference to the caller's memory
+		if err != nil {
 			return ioErr("send", err)
 		}
 		return nil
