@@ -47,6 +47,12 @@ type Config struct {
 	// receiver can read this process, it copies the bytes straight out of
 	// it), "off", or "required" (an error where it cannot be used).
 	SameHost string
+	// SameHostWriter, as a receiver: who copies a same-host sender's
+	// host-memory writes: "sender" (it writes into this process itself
+	// with process_vm_writev under a shared lease that unregister,
+	// quiesce and abort honour: no socket round trip) or "receiver" (this
+	// process reads them out of the sender).
+	SameHostWriter string
 	// DigestAt: where the receiver's sync gets its digests in digest
 	// mode: "sync" (read from memory at sync time: what memory holds
 	// then) or "landing" (taken by the TCP target as the bytes landed,
@@ -78,6 +84,7 @@ func DefaultConfig() Config {
 		CUDA:           "auto",
 		Transport:      "auto",
 		SameHost:       "auto",
+		SameHostWriter: "sender",
 		DigestAt:       "sync",
 		RDMAGIDIndex:   -1,
 		RDMAQPs:        1,
@@ -110,6 +117,7 @@ func LoadConfig(getenv config.Getenv, configJSON string) (Config, error) {
 	l.Choice("transport", []string{"MC_GUARD_TRANSPORT"}, &c.Transport, []string{"tcp", "rdma", "auto"}, nil)
 	l.Bool("require_rdma", []string{"MC_GUARD_REQUIRE_RDMA"}, &c.RequireRDMA)
 	l.Choice("same_host", []string{"MC_GUARD_SAME_HOST"}, &c.SameHost, []string{"auto", "off", "required"}, nil)
+	l.Choice("same_host_writer", []string{"MC_GUARD_SAME_HOST_WRITER"}, &c.SameHostWriter, []string{"sender", "receiver"}, nil)
 	l.Choice("digest_at", []string{"MC_GUARD_DIGEST_AT"}, &c.DigestAt, []string{"landing", "sync"}, nil)
 	l.String("verbs_library", []string{"MC_GUARD_VERBS_LIBRARY"}, &c.VerbsLibrary)
 	l.String("rdma_device", []string{"MC_GUARD_RDMA_DEVICE"}, &c.RDMADevice)

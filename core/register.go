@@ -68,8 +68,11 @@ func (g *Guard) Unregister(addr uint64) error {
 	if err := g.regions.Remove(addr); err != nil {
 		return err
 	}
+	var first error
 	for _, p := range g.planes {
-		p.Unregister(addr)
+		if err := p.Unregister(addr); err != nil && first == nil {
+			first = fmt.Errorf("%w: unregistering %#x: %s: %v", ErrTimeout, addr, p.Name(), err)
+		}
 	}
-	return nil
+	return first
 }

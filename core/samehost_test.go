@@ -16,19 +16,38 @@ func pulled(t *testing.T, g *Guard) int64 {
 	return int64(stats(t, g)["same_host_pulled_bytes"].(float64))
 }
 
-func TestSameHostTheTargetCopiesTheBytesOutOfTheSender(t *testing.T) {
-	p := newPair(t, `{"verify": "tail"}`, "", 64*4096)
-	for _, mode := range verify.Modes {
-		fill(p.src.b)
-		res, err := p.send.Transfer(p.session, p.blocks(64, 4096), TransferOptions{Verify: ptr(mode)})
-		require.NoError(t, err, mode)
-		if mode == verify.Digest {
-			require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0))
-		}
-		require.True(t, bytes.Equal(p.src.b, p.dst.b), mode)
+func pushed(t *testing.T, g *Guard) int64 {
+	return int64(stats(t, g)["same_host_pushed_bytes"].(float64))
+}
+
+// By default the sender writes into the receiver itself; with
+// same_host_writer "receiver" the receiver copies out of the sender.
+// Either way every mode delivers every byte, and the counters say who
+// copied them.
+func TestSameHostEitherEndCopiesTheBytes(t *testing.T) {
+	for _, writer := range []string{"sender", "receiver"} {
+		t.Run(writer, func(t *testing.T) {
+			p := newPair(t, `{"verify": "tail"}`, `{"same_host_writer": "`+writer+`"}`, 64*4096)
+			for _, mode := range verify.Modes {
+				fill(p.src.b)
+				res, err := p.send.Transfer(p.session, p.blocks(64, 4096), TransferOptions{Verify: ptr(mode)})
+				require.NoError(t, err, mode)
+				if mode == verify.Digest {
+					require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0))
+				}
+				require.True(t, bytes.Equal(p.src.b, p.dst.b), mode)
+			}
+			all := int64(5 * 64 * 4096)
+			if writer == "sender" {
+				require.Equal(t, all, pushed(t, p.send), "every byte of every mode was written by the sender")
+				require.Zero(t, pulled(t, p.recv))
+			} else {
+				require.Equal(t, all, pulled(t, p.recv), "every byte of every mode was pulled, none sent")
+				require.Zero(t, pushed(t, p.send))
+			}
+			require.Equal(t, "auto", stats(t, p.send)["same_host"])
+		})
 	}
-	require.EqualValues(t, 5*64*4096, pulled(t, p.recv), "every byte of every mode was pulled, none sent")
-	require.Equal(t, "auto", stats(t, p.send)["same_host"])
 }
 
 func TestSameHostOffSendsTheBytesThroughTheSocket(t *testing.T) {
@@ -38,12 +57,14 @@ func TestSameHostOffSendsTheBytesThroughTheSocket(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(p.src.b, p.dst.b))
 	require.Zero(t, pulled(t, p.recv))
+	require.Zero(t, pushed(t, p.send))
 
 	q := newPair(t, "", `{"same_host": "off"}`, 4*4096)
 	fill(q.src.b)
 	_, err = q.send.Transfer(q.session, q.blocks(4, 4096), TransferOptions{})
 	require.NoError(t, err, "a receiver that grants nothing: the sender falls back")
 	require.Zero(t, pulled(t, q.recv))
+	require.Zero(t, pushed(t, q.send))
 }
 
 // A receiver that cannot read the sender (Yama, seccomp, another user):
@@ -72,8 +93,10 @@ func TestSameHostConcurrentSessions(t *testing.T) {
 	dst := newMem(t, senders*16*4096)
 	require.NoError(t, recv.Register(dst.addr(0), uint64(len(dst.b))))
 	var wg sync.WaitGroup
+	var sends []*Guard
 	for k := 0; k < senders; k++ {
 		send := openGuard(t, `{"verify": "sample"}`)
+		sends = append(sends, send)
 		src := newMem(t, 16*4096)
 		require.NoError(t, send.Register(src.addr(0), uint64(len(src.b))))
 		wg.Add(1)
@@ -92,5 +115,9 @@ func TestSameHostConcurrentSessions(t *testing.T) {
 		}(k)
 	}
 	wg.Wait()
-	require.EqualValues(t, senders*20*16*4096, pulled(t, recv))
+	var all int64
+	for _, send := range sends {
+		all += pushed(t, send)
+	}
+	require.EqualValues(t, senders*20*16*4096, all)
 }

@@ -16,6 +16,7 @@ type counters struct {
 	// digest mode's syncs: ranges compared with a digest taken as they
 	// landed, and ranges whose memory was read again
 	digestsLanded, digestsRead atomic.Int64
+	pushed                     atomic.Int64 // bytes written into same-host targets by this process itself
 }
 
 // Stats returns counters and settings as JSON.
@@ -66,7 +67,9 @@ func (g *Guard) Stats() ([]byte, error) {
 		out["same_host_pulled_bytes"] = p.PulledBytes()
 		out["same_host_ipc_bytes"] = p.IPCBytes()
 	}
+	out["same_host_pushed_bytes"] = g.stats.pushed.Load()
 	out["same_host"] = g.cfg.SameHost
+	out["same_host_writer"] = g.cfg.SameHostWriter
 	for name, state := range g.planeState { // "tcp": what it runs on; "rdma": that, or why not
 		out[name] = state
 	}

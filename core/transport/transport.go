@@ -43,9 +43,10 @@ type Transport interface {
 	Describe() string
 
 	// Register makes a registered region reachable by peers over this
-	// data plane (an RDMA memory region, say); Unregister undoes it.
+	// data plane (an RDMA memory region, say); Unregister undoes it, and
+	// fails where a peer may still be writing into the region.
 	Register(addr, n uint64, mem cuda.Memory) error
-	Unregister(addr uint64)
+	Unregister(addr uint64) error
 
 	// Dial begins a connection to a target: the dialer's Offer travels in
 	// the handshake request, and the target's answer finishes it.

@@ -115,13 +115,14 @@ func (p *Plane) Register(addr, n uint64, _ cuda.Memory) error {
 
 // Unregister hands the region back; the guard's own table has let go of it
 // already, so a refusal is only logged.
-func (p *Plane) Unregister(addr uint64) {
+func (p *Plane) Unregister(addr uint64) error {
 	if p.ops.Unregister == nil {
-		return
+		return nil
 	}
 	if err := p.ops.Unregister(addr); err != nil {
 		logs.Printf(logs.Warn, "the engine refused to unregister %#x: %v", addr, err)
 	}
+	return nil
 }
 
 // Dial is not how this data plane connects: a session over an engine needs

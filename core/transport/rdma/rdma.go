@@ -139,7 +139,7 @@ func (t *Transport) registerDevice(addr, n uint64, mem cuda.Memory) (*verbs.MR, 
 }
 
 // Unregister deregisters the memory region of the region at addr.
-func (t *Transport) Unregister(addr uint64) {
+func (t *Transport) Unregister(addr uint64) error {
 	t.mu.Lock()
 	mr := t.mrs[addr]
 	delete(t.mrs, addr)
@@ -148,6 +148,7 @@ func (t *Transport) Unregister(addr uint64) {
 	if mr != nil {
 		t.ep.Deregister(mr)
 	}
+	return nil
 }
 
 // offer is a sender's part of the handshake: its queue pairs, one per

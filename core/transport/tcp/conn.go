@@ -8,8 +8,11 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/memory"
@@ -45,6 +48,17 @@ type conn struct {
 	// ipc: device-memory sources go as CUDA IPC handles (same host, a
 	// driver on both sides, another process).
 	ipc bool
+	// lease: this connection may write into the target itself (same
+	// host, push.go), counting the bytes in pushed; iovLocal, iovRemote,
+	// ranges and pins are a push's, kept for the next. unfenced: writes
+	// went through the socket since the last fence.
+	lease     *pushLease
+	pushed    *atomic.Int64
+	iovLocal  []unix.Iovec
+	iovRemote []unix.RemoteIovec
+	ranges    []verify.Range
+	pins      []func()
+	unfenced  bool
 	// rc is the socket, for unread's peek (nil: not a socket); peekNow
 	// is that peek, made once, and peeked its result.
 	rc      syscall.RawConn
@@ -97,6 +111,10 @@ func (t *conn) Close() {
 		}
 	}
 	t.owed = nil
+	if t.lease != nil {
+		t.lease.close()
+		t.lease = nil
+	}
 }
 
 // abortOn closes the connection if ctx ends (the guard is closing) while
@@ -304,6 +322,9 @@ func (t *conn) peek(fd uintptr) bool {
 // Fence asks the target to reply once every earlier write on this
 // connection is applied.
 func (t *conn) Fence(ctx context.Context) error {
+	if !t.unfenced && len(t.owed) == 0 {
+		return nil // nothing went through the socket: pushed writes are in place
+	}
 	defer t.abortOn(ctx)()
 	h, err := t.request(ctx, wire.OpFence, nil)
 	if err != nil {
@@ -312,6 +333,7 @@ func (t *conn) Fence(ctx context.Context) error {
 	if h.Status != wire.StatusOK {
 		return fmt.Errorf("%w: target failed the fence: %v", errs.Peer, h.Status)
 	}
+	t.unfenced = false
 	return nil
 }
 
@@ -319,6 +341,11 @@ func (t *conn) Fence(ctx context.Context) error {
 // wire.MaxPayload bytes. With fenced, a Fence frame precedes the first
 // request and both replies are read after one flush: one round trip.
 func (t *conn) Read(ctx context.Context, ranges []verify.Range, out []byte, fenced bool) error {
+	if t.lease != nil && !t.unfenced {
+		if done, err := t.pullRanges(ctx, ranges, out); done || err != nil {
+			return err
+		}
+	}
 	defer t.abortOn(ctx)()
 	var fenceID uint64
 	if fenced {
@@ -328,7 +355,13 @@ func (t *conn) Read(ctx context.Context, ranges []verify.Range, out []byte, fenc
 		}
 		fenceID = t.nextID
 	}
-	return t.readRanges(ctx, ranges, out, fenceID)
+	if err := t.readRanges(ctx, ranges, out, fenceID); err != nil {
+		return err
+	}
+	if fenced {
+		t.unfenced = false
+	}
+	return nil
 }
 
 // readRanges does Read's requests; a fenceID other than 0 is a Fence sent

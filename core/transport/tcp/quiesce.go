@@ -39,6 +39,7 @@ type link struct {
 	bound   atomic.Bool   // its hello was taken: it may be sent marks
 	applyMu sync.Mutex    // held while one of its writes is applied
 	pid     int           // a same-host sender that proved it is this pid (serve loop only)
+	slot    int           // its lease slot (lease.go), -1: none (serve loop only)
 	land    landing       // digests taken as its marked writes land (serve loop only)
 }
 

@@ -40,6 +40,9 @@ const (
 	SameHostAuto     = "auto"     // use it where the handshake shows one host and the target can read the sender
 	SameHostOff      = "off"      // always send the bytes through the socket
 	SameHostRequired = "required" // fail where it cannot be used, saying why
+
+	SameHostWriterSender   = "sender"   // same-host senders write host memory into the target themselves
+	SameHostWriterReceiver = "receiver" // the target copies it out of them
 )
 
 // hostID is what a handshake compares: the kernel's boot id and this
@@ -245,9 +248,16 @@ func (t *conn) sameHost(ctx context.Context, setting string, a answer) error {
 		why = grantPtrace(a.Pid)
 	}
 	if a.SameHost != "" && why == "" {
-		why = t.prove(ctx, a.SameHost)
+		var slot int
+		why, slot = t.prove(ctx, a.SameHost)
 		if why == "" {
 			t.pull = true
+			if slot >= 0 && a.LeaseNonce != "" {
+				var lwhy string
+				if t.lease, lwhy = attachLease(a.Pid, a.LeaseFD, a.LeaseNonce, slot); lwhy != "" {
+					logPushFallback(lwhy)
+				}
+			}
 			// CUDA IPC needs a driver on both sides, and another process:
 			// a process cannot open its own handles.
 			t.ipc = a.CudaIPC && a.Pid != os.Getpid() && t.local.GPU() != nil
@@ -266,26 +276,27 @@ func (t *conn) sameHost(ctx context.Context, setting string, a answer) error {
 }
 
 // prove has the target read the nonce back out of this process; it
-// returns why that failed, or "".
-func (t *conn) prove(ctx context.Context, nonceHex string) string {
+// returns why that failed, or "", and the lease slot the target handed
+// this connection (-1: none; the target copies every write).
+func (t *conn) prove(ctx context.Context, nonceHex string) (why string, slot int) {
 	nonce, err := hex.DecodeString(nonceHex)
 	if err != nil || len(nonce) == 0 {
-		return "the receiver's nonce is malformed"
+		return "the receiver's nonce is malformed", -1
 	}
 	p, err := newProbe(nonce)
 	if err != nil {
-		return "no probe page: " + err.Error()
+		return "no probe page: " + err.Error(), -1
 	}
 	defer p.free()
 	defer t.abortOn(ctx)()
 	h, err := t.requestAt(ctx, wire.OpProve, p.addr(), nil)
 	if err != nil {
-		return err.Error()
+		return err.Error(), -1
 	}
 	if h.Status != wire.StatusOK {
-		return errnoText(h.Len)
+		return errnoText(h.Len), -1
 	}
-	return ""
+	return "", int(h.Len) - 1 // Len is the slot + 1 on success
 }
 
 // pullSource decodes a WriteFrom frame's payload, on a connection that
@@ -332,7 +343,11 @@ func (t *target) prove(l *link, addr, n uint64, r io.Reader) (wire.Status, uint6
 	t.mu.Lock() // read by other connections' ends (ipcMaps.drop)
 	l.pid = g.pid
 	t.mu.Unlock()
-	return wire.StatusOK, 0, nil
+	if t.lease == nil || l.slot >= 0 {
+		return wire.StatusOK, 0, nil
+	}
+	l.slot = t.lease.assign(l.sender, g.pid)
+	return wire.StatusOK, uint64(l.slot + 1), nil // 0: no slot
 }
 
 // peerSource is [src, src+n) in process pid.

@@ -52,6 +52,7 @@ type target struct {
 	pulled   atomic.Int64 // bytes copied out of same-host senders' memory
 	ipcs     ipcMaps      // same-host senders' GPU allocations opened here
 	ipcBytes atomic.Int64 // bytes copied out of them
+	lease    *lease       // same-host senders write host memory themselves; nil: off
 
 	ln      net.Listener
 	mu      sync.Mutex
@@ -74,6 +75,14 @@ func serveOn(ln net.Listener, cfg Config) *target {
 		pending: transport.NewPending(), stop: make(chan struct{}), refused: cfg.Refused, notice: cfg.Notice, faults: fault.New(cfg.Faults, cfg.TailBytes, ln.Addr().String())}
 	if cfg.DigestAtLanding && t.faults == nil { // under fault injection syncs re-read: faults change bytes after they land
 		t.landed = &landedIndex{}
+	}
+	// Senders write themselves only where nothing needs the target to
+	// apply each write: no fault injection, no digests as bytes land.
+	if cfg.SameHost != SameHostOff && cfg.SameHostWriter != SameHostWriterReceiver && t.faults == nil && t.landed == nil {
+		var err error
+		if t.lease, err = newLease(cfg.Timeout); err != nil {
+			logs.Printf(logs.Info, "same-host writes by the sender not offered: no lease file: %v", err)
+		}
 	}
 	t.wg.Add(1)
 	go t.accept()
@@ -111,7 +120,7 @@ func (t *target) accept() {
 			c.Close()
 			continue
 		}
-		l := &link{c: c}
+		l := &link{c: c, slot: -1}
 		t.conns[c] = l
 		t.wg.Add(1)
 		t.mu.Unlock()
@@ -151,6 +160,9 @@ func (t *target) close() {
 	if gpu := t.regions.GPU(); gpu != nil {
 		t.ipcs.drop(gpu, 0)
 	}
+	if t.lease != nil {
+		t.lease.close()
+	}
 }
 
 // serve runs one data connection until it fails or the peer leaves. A
@@ -174,6 +186,9 @@ func (t *target) serve(l *link) {
 		}
 		t.mu.Unlock()
 		c.Close()
+		if l.slot >= 0 {
+			t.lease.release(l.slot)
+		}
 		if gpu := t.regions.GPU(); last && gpu != nil { // the sender is gone: its GPU memory is not kept mapped
 			t.ipcs.drop(gpu, l.pid)
 		}

@@ -6,10 +6,12 @@ package tcp
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/mcguard/mcguard/core/cuda"
@@ -49,6 +51,14 @@ type Config struct {
 	// sender whether to offer same-host transfers, as a target whether
 	// to grant them.
 	SameHost string
+	// SameHostWriter is, for a target, who copies same-host senders'
+	// host-memory writes: SameHostWriterSender (they write into this
+	// process themselves, push.go) or SameHostWriterReceiver (the target
+	// reads them out of the sender).
+	SameHostWriter string
+	// Pushed, if set, counts the bytes this guard's connections wrote
+	// into same-host targets themselves.
+	Pushed *atomic.Int64
 }
 
 // Transport is the TCP data plane of one guard.
@@ -85,6 +95,11 @@ type answer struct {
 	// target opens CUDA IPC handles of same-host senders' GPU memory.
 	CudaIPC bool `json:"cuda_ipc,omitempty"`
 	Pid     int  `json:"pid,omitempty"`
+	// LeaseFD is the target's lease file (lease.go) in process Pid, and
+	// LeaseNonce what its first bytes say: a proved connection's sender
+	// writes into the target's host memory itself.
+	LeaseFD    int    `json:"lease_fd,omitempty"`
+	LeaseNonce string `json:"lease_nonce,omitempty"`
 }
 
 func (*Transport) Name() string { return Name }
@@ -95,16 +110,27 @@ func (t *Transport) Describe() string { return "tcp target on " + t.target.addr(
 // Addr is the target server's "host:port".
 func (t *Transport) Addr() string { return t.target.addr() }
 
-// Register has nothing to do: the target checks every access against the
-// guard's table itself.
-func (*Transport) Register(uint64, uint64, cuda.Memory) error { return nil }
+// Register puts host memory in the lease table, for same-host senders
+// to write into themselves; the target checks its own writes against the
+// guard's table.
+func (t *Transport) Register(addr, n uint64, mem cuda.Memory) error {
+	if l := t.target.lease; l != nil && !mem.Device {
+		l.add(addr, n)
+	}
+	return nil
+}
 
-// Unregister forgets every digest taken as bytes landed: the memory may
-// be reused.
-func (t *Transport) Unregister(uint64) {
+// Unregister forgets every digest taken as bytes landed, and waits until
+// no same-host sender can still be writing into the region: the memory
+// may be reused.
+func (t *Transport) Unregister(addr uint64) error {
 	if t.target.landed != nil {
 		t.target.landed.forgetAll()
 	}
+	if l := t.target.lease; l != nil {
+		return l.remove(addr)
+	}
+	return nil
 }
 
 // Accept answers a handshake with the target's address and, for a
@@ -117,6 +143,9 @@ func (t *Transport) Accept(peer transport.Peer, offer []byte, _ []memory.Region)
 			a.Pid = os.Getpid() // the sender lets it read its memory (Yama)
 			gr, _ := t.target.grants.get(peer.Sender)
 			a.CudaIPC = t.cfg.Regions.GPU() != nil && !gr.noIPC
+			if l := t.target.lease; l != nil {
+				a.LeaseFD, a.LeaseNonce = l.fd, hex.EncodeToString(l.nonce[:])
+			}
 		}
 	}
 	return json.Marshal(a)
@@ -135,19 +164,37 @@ func (t *Transport) IPCBytes() int64 { return t.target.ipcBytes.Load() }
 // is applied, so outside fault injection this waits at most for a write
 // still arriving.
 func (t *Transport) Settle(ctx context.Context, ranges []memory.Region) error {
+	if l := t.target.lease; l != nil {
+		if err := l.settle(ctx); err != nil {
+			return err
+		}
+	}
 	return t.target.pending.Wait(ctx, ranges)
 }
 
 // Quiesce refuses from now on every write into ranges sent before this
-// call, wherever it is queued, and waits for those being applied.
+// call, wherever it is queued, and waits for those being applied, by the
+// target or by same-host senders writing themselves (those that begin
+// after it are writes sent after the call).
 func (t *Transport) Quiesce(ctx context.Context, ranges []memory.Region) error {
+	if l := t.target.lease; l != nil {
+		if err := l.settle(ctx); err != nil {
+			return err
+		}
+	}
 	return t.target.quiesce(ctx, ranges)
 }
 
 // Abort makes sure nothing more from the sender's data connections lands:
-// they are closed, and a write of theirs being applied is waited for.
+// they are closed, their same-host writes revoked, and a write of theirs
+// in progress is waited for.
 func (t *Transport) Abort(peer transport.Peer) error {
 	t.target.abort(peer.Sender)
+	if l := t.target.lease; l != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), t.cfg.Timeout)
+		defer cancel()
+		return l.revoke(ctx, peer.Sender)
+	}
 	return nil
 }
 
@@ -189,7 +236,7 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, _ 
 	for i := range n {
 		c, err := dial(ctx, addr, peer, a.Gen, d.t.cfg.Timeout, d.t.cfg.Regions, i)
 		if err == nil {
-			c.finalFence = a.FinalFence
+			c.finalFence, c.pushed = a.FinalFence, d.t.cfg.Pushed
 			if err = c.sameHost(ctx, d.t.cfg.SameHost, a); err != nil {
 				c.Close()
 			}

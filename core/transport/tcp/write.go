@@ -95,6 +95,14 @@ func (t *conn) owedThen(op wire.Op, id uint64) (wire.Header, error) {
 // replies read while the writes go out, so it cannot fill both socket
 // buffers and stall.
 func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
+	if t.lease != nil {
+		if err := t.begin(ctx); err != nil {
+			return err
+		}
+		if done, err := t.push(ctx, descs); done || err != nil {
+			return err
+		}
+	}
 	if countSlices(descs) > maxOwed {
 		if err := t.begin(ctx); err != nil {
 			return err
@@ -178,6 +186,11 @@ func (t *conn) post(ctx context.Context, descs []verify.Desc, base int, marked b
 	if err := t.begin(ctx); err != nil { // nothing is owed past here
 		return err
 	}
+	if t.lease != nil {
+		if done, err := t.push(ctx, descs); done || err != nil {
+			return err
+		}
+	}
 	if countSlices(descs) > maxOwed {
 		return t.writeLong(ctx, descs, base, marked)
 	}
@@ -234,6 +247,7 @@ func (t *conn) begin(ctx context.Context) error {
 // its address (OpWriteFrom) and a device-memory one as its CUDA IPC
 // reference (OpWriteFromDevice), pinned until its acknowledgement is read.
 func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owedAck, base int, marked bool) error {
+	t.unfenced = true
 	for sl := range transport.Slices(descs) {
 		var m wire.Status
 		if marked {

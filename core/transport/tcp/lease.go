@@ -1,0 +1,289 @@
+package tcp
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mcguard/mcguard/core/logs"
+)
+
+// The lease file: how a same-host sender may write into the target's
+// registered host memory itself (process_vm_writev, push.go) while the
+// target still honours unregister, quiesce and abort without its CPU
+// taking part in the writes. It is a small shared memory file (memfd) the
+// target creates; a sender that proved it is the sending process takes a
+// copy of its descriptor from the target with pidfd_getfd, which needs the
+// same permission as writing the target's memory, and maps it.
+//
+// What it holds, all 8-byte words:
+//   - gen: even while the table is stable; odd while the target changes it.
+//     Every unregister, quiesce, settle and abort raises it.
+//   - the table: the target's registered host regions (address, length).
+//   - a slot per data connection: busy, the gen+1 its sender entered under
+//     (0: not writing), and revoked (the target aborted the connection).
+//
+// A sender stores busy = g+1, then loads gen (and revoked): if gen is
+// still g (even) and revoked is 0, it checks its destinations against the
+// table, loads gen once more (a change means the table moved under it:
+// start again), writes, and stores busy = 0. A target that removes a
+// region (or quiesces) changes the table, raises gen to g', and then waits
+// until no slot's busy names an older gen. These are sequentially
+// consistent atomics on both sides, so either the sender saw the new gen
+// (and the new table), or the target saw its busy and waited: a write into
+// an unregistered region can never begin after Unregister returns.
+//
+// This protects against a sender that keeps to it. A process with ptrace
+// access can write anywhere in the target anyway; the pull path's proof
+// (samehost.go) is what stops anyone else from getting a slot.
+
+const (
+	leaseNonceSize  = 16
+	leaseGenOff     = 16
+	leaseCountOff   = 24
+	leaseTableOff   = 64
+	maxLeaseRegions = 1024 // registered host regions past it are written through the socket
+	leaseSlotsOff   = leaseTableOff + 16*maxLeaseRegions
+	leaseSlotSize   = 64 // a cache line each: senders do not share lines
+	maxLeaseSlots   = 1024
+	leaseSize       = (leaseSlotsOff + leaseSlotSize*maxLeaseSlots + 4095) &^ 4095
+)
+
+// leaseWords addresses a mapped lease file's words (both ends).
+type leaseWords []byte
+
+func (m leaseWords) word(off int) *uint64 { return (*uint64)(unsafe.Pointer(&m[off])) }
+
+func (m leaseWords) gen() *uint64   { return m.word(leaseGenOff) }
+func (m leaseWords) count() *uint64 { return m.word(leaseCountOff) }
+func (m leaseWords) entry(i int) (a, n *uint64) {
+	return m.word(leaseTableOff + 16*i), m.word(leaseTableOff + 16*i + 8)
+}
+func (m leaseWords) busy(slot int) *uint64    { return m.word(leaseSlotsOff + leaseSlotSize*slot) }
+func (m leaseWords) revoked(slot int) *uint64 { return m.word(leaseSlotsOff + leaseSlotSize*slot + 8) }
+
+// leaseSlot is the target's record of a slot it handed out.
+type leaseSlot struct {
+	used   bool
+	sender string
+	pidfd  int // the sender process, to tell a dead writer from a slow one
+}
+
+// lease is the target's side of the lease file.
+type lease struct {
+	mem     leaseWords
+	fd      int
+	nonce   [leaseNonceSize]byte
+	timeout time.Duration
+
+	mu      sync.Mutex // table changes and slot records
+	table   []regionEntry
+	slots   [maxLeaseSlots]leaseSlot
+	removed atomic.Int64 // waits that found a writer to wait for (tests)
+}
+
+type regionEntry struct{ addr, n uint64 }
+
+// newLease creates the lease file; timeout bounds each wait for writers.
+func newLease(timeout time.Duration) (*lease, error) {
+	fd, err := unix.MemfdCreate("mcguard-lease", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Ftruncate(fd, leaseSize); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	mem, err := unix.Mmap(fd, 0, leaseSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	l := &lease{mem: mem, fd: fd, timeout: timeout}
+	rand.Read(l.nonce[:])
+	copy(mem, l.nonce[:])
+	for i := range l.slots {
+		l.slots[i].pidfd = -1
+	}
+	return l, nil
+}
+
+func (l *lease) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := range l.slots {
+		if l.slots[i].pidfd >= 0 {
+			unix.Close(l.slots[i].pidfd)
+		}
+	}
+	unix.Munmap(l.mem)
+	unix.Close(l.fd)
+}
+
+// change runs fn on the table between two raises of gen (odd meanwhile:
+// senders wait) and returns the even gen after it.
+func (l *lease) changeLocked(fn func()) uint64 {
+	atomic.AddUint64(l.mem.gen(), 1)
+	fn()
+	atomic.StoreUint64(l.mem.count(), uint64(len(l.table)))
+	for i, e := range l.table {
+		a, n := l.mem.entry(i)
+		atomic.StoreUint64(a, e.addr)
+		atomic.StoreUint64(n, e.n)
+	}
+	return atomic.AddUint64(l.mem.gen(), 1)
+}
+
+// add puts a registered host region in the table; past maxLeaseRegions it
+// is left out, and senders write into it through the socket.
+func (l *lease) add(addr, n uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.table) >= maxLeaseRegions {
+		return
+	}
+	l.changeLocked(func() { l.table = append(l.table, regionEntry{addr, n}) })
+}
+
+// remove takes the region at addr out of the table and waits until no
+// sender can still be writing into it.
+func (l *lease) remove(addr uint64) error {
+	l.mu.Lock()
+	i := -1
+	for k, e := range l.table {
+		if e.addr == addr {
+			i = k
+		}
+	}
+	if i < 0 {
+		l.mu.Unlock()
+		return nil
+	}
+	g := l.changeLocked(func() { l.table = append(l.table[:i], l.table[i+1:]...) })
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+	defer cancel()
+	return l.waitOlder(ctx, g, "")
+}
+
+// settle raises gen and waits for the writers that entered before: after
+// it, no same-host write that began earlier is still landing.
+func (l *lease) settle(ctx context.Context) error {
+	l.mu.Lock()
+	g := l.changeLocked(func() {})
+	l.mu.Unlock()
+	return l.waitOlder(ctx, g, "")
+}
+
+// revoke stops sender's connections from writing (their next write sees
+// revoked) and waits for a write of theirs in progress.
+func (l *lease) revoke(ctx context.Context, sender string) error {
+	l.mu.Lock()
+	for i := range l.slots {
+		if l.slots[i].used && l.slots[i].sender == sender {
+			atomic.StoreUint64(l.mem.revoked(i), 1)
+		}
+	}
+	g := l.changeLocked(func() {})
+	l.mu.Unlock()
+	return l.waitOlder(ctx, g, sender)
+}
+
+// waitOlder waits until no slot (of sender, if not "") is busy under a gen
+// older than g, or its process has exited.
+func (l *lease) waitOlder(ctx context.Context, g uint64, sender string) error {
+	pause := 20 * time.Microsecond
+	waited := false
+	for i := 0; i < maxLeaseSlots; i++ {
+		for {
+			b := atomic.LoadUint64(l.mem.busy(i))
+			if b == 0 || b-1 >= g {
+				break
+			}
+			l.mu.Lock()
+			s := l.slots[i]
+			l.mu.Unlock()
+			if (sender != "" && s.sender != sender) || !s.used || exited(s.pidfd) {
+				break
+			}
+			if !waited {
+				waited = true
+				l.removed.Add(1)
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("a same-host sender (slot %d) is still writing into this process: %w", i, ctx.Err())
+			case <-time.After(pause):
+			}
+			pause = min(2*pause, time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// assign hands a slot to a connection of sender, process pid; -1 where
+// none is free (it writes through the socket, or the target pulls).
+func (l *lease) assign(sender string, pid int) int {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return -1
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := range l.slots {
+		if !l.slots[i].used && atomic.LoadUint64(l.mem.busy(i)) == 0 {
+			atomic.StoreUint64(l.mem.revoked(i), 0)
+			l.slots[i] = leaseSlot{used: true, sender: sender, pidfd: pidfd}
+			return i
+		}
+	}
+	unix.Close(pidfd)
+	return -1
+}
+
+// release takes a slot back when its connection ends: revoked, and free
+// again once no write under it is in progress. A writer that does not
+// finish in time keeps its slot, logged (bounded by maxLeaseSlots).
+func (l *lease) release(slot int) {
+	l.mu.Lock()
+	atomic.StoreUint64(l.mem.revoked(slot), 1)
+	l.mu.Unlock()
+	deadline := time.Now().Add(l.timeout)
+	for atomic.LoadUint64(l.mem.busy(slot)) != 0 {
+		l.mu.Lock()
+		dead := exited(l.slots[slot].pidfd)
+		l.mu.Unlock()
+		if dead {
+			atomic.StoreUint64(l.mem.busy(slot), 0)
+			break
+		}
+		if time.Now().After(deadline) {
+			logs.Printf(logs.Warn, "same-host lease slot %d: its sender is still writing %v after its connection ended; the slot stays taken", slot, l.timeout)
+			return
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.slots[slot].pidfd >= 0 {
+		unix.Close(l.slots[slot].pidfd)
+	}
+	l.slots[slot] = leaseSlot{pidfd: -1}
+}
+
+// exited reports whether the process behind pidfd has ended (a pidfd
+// polls readable then).
+func exited(pidfd int) bool {
+	if pidfd < 0 {
+		return false
+	}
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n > 0
+}

@@ -1,0 +1,308 @@
+package tcp
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/logs"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// Same-host writes by the sender: where the target handed this connection
+// a lease slot (lease.go), a batch whose sources are host memory here and
+// whose destinations are all in the target's lease table is written
+// straight into the target with process_vm_writev, and tail read-backs are
+// read with process_vm_readv: no frame, no socket round trip, no target
+// thread. The call is a synchronous kernel copy, so its return means the
+// bytes are in the target's memory; a fence has nothing left to wait for.
+// Anything else (device memory, a region the table does not hold, a
+// changing table, a kernel that refuses the calls) goes the socket's way.
+
+// pushLease is a sender connection's view of the target's lease file.
+type pushLease struct {
+	mem   leaseWords
+	slot  int
+	pid   int // the target
+	pidfd int // the target, to tell it from a later process with its pid
+}
+
+// attachLease maps the target's lease file: fd in process pid, checked
+// against the handshake's nonce. It returns why not, or "".
+func attachLease(pid, fd int, nonceHex string, slot int) (*pushLease, string) {
+	nonce, err := hex.DecodeString(nonceHex)
+	if err != nil || len(nonce) != leaseNonceSize || slot < 0 || slot >= maxLeaseSlots || fd < 0 {
+		return nil, "the receiver's lease is malformed"
+	}
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, "pidfd_open: " + err.Error()
+	}
+	own, err := unix.PidfdGetfd(pidfd, fd, 0)
+	if err != nil {
+		unix.Close(pidfd)
+		return nil, "pidfd_getfd: " + err.Error()
+	}
+	defer unix.Close(own)
+	var st unix.Stat_t
+	if err := unix.Fstat(own, &st); err != nil || st.Size != leaseSize {
+		unix.Close(pidfd)
+		return nil, "the receiver's lease file has the wrong size"
+	}
+	mem, err := unix.Mmap(own, 0, leaseSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(pidfd)
+		return nil, "mapping the lease: " + err.Error()
+	}
+	if string(mem[:leaseNonceSize]) != string(nonce) {
+		unix.Munmap(mem)
+		unix.Close(pidfd)
+		return nil, "the receiver's lease file is not the one its handshake named"
+	}
+	return &pushLease{mem: mem, slot: slot, pid: pid, pidfd: pidfd}, ""
+}
+
+func (p *pushLease) close() {
+	atomic.StoreUint64(p.mem.busy(p.slot), 0)
+	unix.Munmap(p.mem)
+	unix.Close(p.pidfd)
+}
+
+// errRevoked: the target aborted this connection (or it ended there).
+var errRevoked = errors.New("the receiver revoked this connection's same-host writes")
+
+// maxEnterTries bounds the tries to find the table stable; past them the
+// batch goes through the socket.
+const maxEnterTries = 64
+
+// enter marks this slot busy under a stable gen in which every range is in
+// the target's table. ok false: write them through the socket instead.
+func (p *pushLease) enter(ranges []verify.Range) (ok bool, err error) {
+	busy := p.mem.busy(p.slot)
+	for try := 0; try < maxEnterTries; try++ {
+		g := atomic.LoadUint64(p.mem.gen())
+		if g&1 != 0 {
+			runtime.Gosched() // the target is changing its table
+			continue
+		}
+		atomic.StoreUint64(busy, g+1)
+		if atomic.LoadUint64(p.mem.gen()) != g {
+			atomic.StoreUint64(busy, 0)
+			continue
+		}
+		if atomic.LoadUint64(p.mem.revoked(p.slot)) != 0 {
+			atomic.StoreUint64(busy, 0)
+			return false, errRevoked
+		}
+		covered := p.covers(ranges)
+		if atomic.LoadUint64(p.mem.gen()) != g {
+			atomic.StoreUint64(busy, 0) // the table moved while we read it
+			continue
+		}
+		if !covered {
+			atomic.StoreUint64(busy, 0)
+			return false, nil
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
+func (p *pushLease) exit() { atomic.StoreUint64(p.mem.busy(p.slot), 0) }
+
+// covers reports whether every range lies inside one region of the table.
+func (p *pushLease) covers(ranges []verify.Range) bool {
+	n := min(int(atomic.LoadUint64(p.mem.count())), maxLeaseRegions)
+	last := -1 // batches mostly stay in one region: try it first
+	for _, r := range ranges {
+		if last >= 0 && p.inEntry(last, r) {
+			continue
+		}
+		last = -1
+		for i := 0; i < n; i++ {
+			if p.inEntry(i, r) {
+				last = i
+				break
+			}
+		}
+		if last < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *pushLease) inEntry(i int, r verify.Range) bool {
+	a, n := p.mem.entry(i)
+	base, size := atomic.LoadUint64(a), atomic.LoadUint64(n)
+	return r.Len > 0 && r.Addr >= base && r.Addr+r.Len >= r.Addr && r.Addr+r.Len <= base+size
+}
+
+// alive reports whether the target process of the handshake still runs
+// (its pid may otherwise be another process's by now).
+func (p *pushLease) alive() bool {
+	return unix.PidfdSendSignal(p.pidfd, 0, nil, 0) == nil
+}
+
+// maxIov is the iovecs one process_vm_writev call takes (IOV_MAX).
+const maxIov = 1024
+
+// vmCopy copies local[i] to or from remote[i] in process pid, continuing
+// short copies, IOV_MAX pairs per call; both sides' lengths match pairwise.
+func vmCopy(pid int, local []unix.Iovec, remote []unix.RemoteIovec, write bool) error {
+	for len(local) > 0 {
+		k := min(len(local), maxIov)
+		var n int
+		var err error
+		if write {
+			n, err = unix.ProcessVMWritev(pid, local[:k], remote[:k], 0)
+		} else {
+			n, err = unix.ProcessVMReadv(pid, local[:k], remote[:k], 0)
+		}
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return syscall.EFAULT
+		}
+		// Skip the pairs done, and cut into the one done partly.
+		for n > 0 && len(local) > 0 {
+			l := int(local[0].Len)
+			if n >= l {
+				n -= l
+				local, remote = local[1:], remote[1:]
+				continue
+			}
+			local[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(local[0].Base), n))
+			local[0].SetLen(l - n)
+			remote[0].Base += uintptr(n)
+			remote[0].Len -= n
+			n = 0
+		}
+	}
+	return nil
+}
+
+// pushFallback logs, once per process, why same-host writes by the sender
+// stopped and the target copies (or the socket carries) the bytes.
+var pushFallback sync.Once
+
+func logPushFallback(why string) {
+	pushFallback.Do(func() {
+		logs.Printf(logs.Info, "same-host writes by the sender not used (the receiver copies the bytes instead): %s", why)
+	})
+}
+
+// push writes descs into the target itself. done false (and no error):
+// send them through the socket.
+func (t *conn) push(ctx context.Context, descs []verify.Desc) (done bool, err error) {
+	if len(descs) == 0 {
+		return false, nil
+	}
+	t.iovLocal, t.iovRemote, t.ranges = t.iovLocal[:0], t.iovRemote[:0], t.ranges[:0]
+	var total uint64
+	for _, d := range descs {
+		rel, mem, err := t.local.Pin(d.Src, d.Len, nil)
+		if err != nil || mem.Device {
+			if err == nil {
+				rel()
+			}
+			t.unpin()
+			return false, nil // the socket path says what is wrong with it
+		}
+		t.pins = append(t.pins, rel)
+		lv := unix.Iovec{Base: (*byte)(unsafe.Pointer(uintptr(d.Src)))}
+		lv.SetLen(int(d.Len))
+		t.iovLocal = append(t.iovLocal, lv)
+		t.iovRemote = append(t.iovRemote, unix.RemoteIovec{Base: uintptr(d.Dst), Len: int(d.Len)})
+		t.ranges = append(t.ranges, verify.Range{Addr: d.Dst, Len: d.Len})
+		total += d.Len
+	}
+	defer t.unpin()
+	ok, err := t.lease.enter(t.ranges)
+	if err != nil {
+		return false, fmt.Errorf("%w: %v", errs.Peer, err)
+	}
+	if !ok {
+		return false, nil
+	}
+	switch {
+	case !t.lease.alive():
+		err = fmt.Errorf("%w: the receiving process %d has exited", errs.Peer, t.lease.pid)
+	case ctx.Err() != nil:
+		err = ctx.Err()
+	default:
+		err = vmCopy(t.lease.pid, t.iovLocal, t.iovRemote, true)
+	}
+	t.lease.exit()
+	if err != nil {
+		return false, t.pushFailed(err)
+	}
+	if t.pushed != nil {
+		t.pushed.Add(int64(total))
+	}
+	return true, nil
+}
+
+// pushFailed turns a failed process_vm_writev into what the caller does:
+// where the kernel refuses it (seccomp, a changed ptrace rule), the
+// connection stops pushing and the batch goes through the socket; other
+// failures fail the transfer.
+func (t *conn) pushFailed(err error) error {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return err
+	}
+	if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.ENOSYS) {
+		logPushFallback("process_vm_writev: " + err.Error())
+		t.lease.close()
+		t.lease = nil
+		return nil
+	}
+	return fmt.Errorf("%w: writing into the receiving process: %v", errs.Peer, err)
+}
+
+// pullRanges reads ranges out of the target into out itself, where they
+// are all in its table; done false: read them through the socket.
+func (t *conn) pullRanges(ctx context.Context, ranges []verify.Range, out []byte) (done bool, err error) {
+	ok, err := t.lease.enter(ranges)
+	if err != nil {
+		return false, fmt.Errorf("%w: %v", errs.Peer, err)
+	}
+	if !ok {
+		return false, nil
+	}
+	defer t.lease.exit()
+	t.iovLocal, t.iovRemote = t.iovLocal[:0], t.iovRemote[:0]
+	for _, r := range ranges { // enter refused empty ranges
+		lv := unix.Iovec{Base: &out[0]}
+		lv.SetLen(int(r.Len))
+		t.iovLocal = append(t.iovLocal, lv)
+		t.iovRemote = append(t.iovRemote, unix.RemoteIovec{Base: uintptr(r.Addr), Len: int(r.Len)})
+		out = out[r.Len:]
+	}
+	if err := vmCopy(t.lease.pid, t.iovLocal, t.iovRemote, false); err != nil {
+		return false, fmt.Errorf("%w: reading back from the receiving process: %v", errs.Peer, err)
+	}
+	return true, nil
+}
+
+func (t *conn) unpin() {
+	for _, rel := range t.pins {
+		rel()
+	}
+	clear(t.pins)
+	t.pins = t.pins[:0]
+}
