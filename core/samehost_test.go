@@ -3,8 +3,10 @@ package core
 import (
 	"bytes"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -120,4 +122,43 @@ func TestSameHostConcurrentSessions(t *testing.T) {
 		all += pushed(t, send)
 	}
 	require.EqualValues(t, senders*20*16*4096, all)
+}
+
+// A sender writing into the receiver itself keeps to the receiver's
+// unregister: once Unregister returns, nothing the sender still tries
+// lands in the region (its later transfers fail), while the sender kept
+// changing its source the whole time.
+func TestSameHostUnregisterShutsOutTheSendersWrites(t *testing.T) {
+	p := newPair(t, "", "", 16*4096)
+	stop, done := make(chan struct{}), make(chan struct{})
+	var ok, failed atomic.Int64
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			fill(p.src.b)
+			if _, err := p.send.Transfer(p.session, p.blocks(16, 4096), TransferOptions{}); err == nil {
+				ok.Add(1)
+			} else {
+				require.ErrorIs(t, err, ErrNotRegistered)
+				failed.Add(1)
+			}
+		}
+	}()
+	for ok.Load() < 20 {
+		time.Sleep(time.Millisecond)
+	}
+	require.NoError(t, p.recv.Unregister(p.dst.addr(0)))
+	after := bytes.Clone(p.dst.b)
+	for failed.Load() < 20 {
+		time.Sleep(time.Millisecond)
+	}
+	close(stop)
+	<-done
+	require.Equal(t, after, p.dst.b, "nothing landed after Unregister returned")
+	require.Positive(t, pushed(t, p.send))
 }

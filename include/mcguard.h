@@ -184,7 +184,10 @@ typedef struct mc_transport_ops {
  *   tcp_stripes (1 to 8: TCP connections a large batch is striped over),
  *   same_host "auto"|"off"|"required" (on one machine the receiver copies
  *   the bytes out of the sender: process_vm_readv, and GPU memory by
- *   CUDA IPC), digest_at "sync"|"landing" (the receiver's digest-mode
+ *   CUDA IPC), same_host_writer "sender"|"receiver" (receiver side: a
+ *   same-host sender writes host memory into this process itself, under
+ *   a lease that unregister, quiesce and aborts honour, or this process
+ *   copies it out of the sender), digest_at "sync"|"landing" (the receiver's digest-mode
  *   sync reads its memory, or compares digests its TCP target took as
  *   the bytes landed, where it could), slice_bytes (tail and
  *   sample check the tail of every slice of this size; over an engine
@@ -240,7 +243,10 @@ mc_status mc_guard_register(mc_guard_t g, void *addr, size_t len);
 mc_status mc_guard_register_device(mc_guard_t g, void *addr, size_t len);
 
 /* Unregister the region starting at addr. Waits for accesses in
- * progress; afterwards peers' writes to it are refused. */
+ * progress; afterwards peers' writes to it are refused. MC_ERR_TIMEOUT:
+ * a same-host sender that writes into this process itself did not finish
+ * its write within the timeout (it is stopped, say); the region is out of
+ * the table, but its memory must not be reused until that sender is gone. */
 mc_status mc_guard_unregister(mc_guard_t g, void *addr);
 
 /* Write n descriptors to session ("host:port" of the receiving guard):

@@ -77,8 +77,9 @@ def parse_args(argv=None):
                    help="rdma fails with the reason where there is no usable RDMA device; rdma-model runs "
                         "the RDMA transport on the software NIC (tests/nicmodel), where --inject lag "
                         "delays the visibility of completed WRITEs; tcp sends the bytes through the socket, "
-                        "same-host has the receiver copy them out of the sender (process_vm_readv; an error "
-                        "where it cannot); mooncake moves the bytes with Mooncake's "
+                        "same-host moves them within the machine without the socket (the sender writes into the "
+                        "receiver with process_vm_writev; under --inject the receiver copies them out of "
+                        "the sender, so its faults apply; an error where neither can); mooncake moves the bytes with Mooncake's "
                         "own engine (its wheel, TCP, P2PHANDSHAKE) under the guard, faults injected at the "
                         "guard's callbacks into it")
     p.add_argument("--rdma-qps", type=int, default=1,

@@ -1,7 +1,10 @@
-"""Same-host transfers between two processes: the receiver copies the bytes
-straight out of the sender (process_vm_readv), hashed on the receiving
-side; lag is shown by off and caught by tail; a receiver that cannot read
-the sender gives the logged fallback or, where required, a clear error."""
+"""Same-host transfers between two processes, hashed on the receiving side:
+the sender writes into the receiver itself (process_vm_writev under the
+receiver's lease), or with same_host_writer "receiver" the receiver copies
+the bytes out of the sender (process_vm_readv); lag (injected at the
+receiver, which then copies) is shown by off and caught by tail; a receiver
+that cannot read the sender gives the logged fallback or, where required, a
+clear error."""
 
 import ctypes
 import hashlib
@@ -42,12 +45,14 @@ def send_and_hash(sender_cfg, recv):
         return recv.hash() == hashlib.sha1(src.raw).hexdigest(), g.stats()
 
 
+@pytest.mark.parametrize("writer", ["sender", "receiver"])
 @pytest.mark.parametrize("mode", ["off", "tail", "sample", "full"])
-def test_two_processes_same_host_in_every_read_back_mode(mode):
-    recv = Receiver({"same_host": "required"})
+def test_two_processes_same_host_in_every_read_back_mode(mode, writer):
+    recv = Receiver({"same_host": "required", "same_host_writer": writer})
     try:
-        landed, _ = send_and_hash({"verify": mode, "same_host": "required"}, recv)
+        landed, stats = send_and_hash({"verify": mode, "same_host": "required"}, recv)
         assert landed
+        assert stats["same_host_pushed_bytes"] == (SIZE if writer == "sender" else 0)
     finally:
         assert recv.close() == 0
 

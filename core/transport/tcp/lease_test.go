@@ -1,0 +1,173 @@
+package tcp
+
+import (
+	"context"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/mcguard/mcguard/verify"
+)
+
+// newLeasePair is a target's lease and a sender's view of it, in this
+// process (pidfd_getfd of our own descriptor, as another process would).
+func newLeasePair(t *testing.T, timeout time.Duration) (*lease, *pushLease) {
+	l, err := newLease(timeout)
+	require.NoError(t, err)
+	t.Cleanup(l.close)
+	slot := l.assign("sender", os.Getpid())
+	require.GreaterOrEqual(t, slot, 0)
+	p, why := attachLease(os.Getpid(), l.fd, hex.EncodeToString(l.nonce[:]), slot)
+	require.Empty(t, why)
+	t.Cleanup(p.close)
+	return l, p
+}
+
+func rng(addr, n uint64) []verify.Range { return []verify.Range{{Addr: addr, Len: n}} }
+
+func TestLeaseCoversOnlyTheTable(t *testing.T) {
+	l, p := newLeasePair(t, time.Second)
+	l.add(0x10000, 0x1000)
+	l.add(0x40000, 0x2000)
+	ok, err := p.enter([]verify.Range{{Addr: 0x10000, Len: 0x1000}, {Addr: 0x41000, Len: 0x1000}})
+	require.NoError(t, err)
+	require.True(t, ok)
+	p.exit()
+	for _, r := range []verify.Range{{Addr: 0x10800, Len: 0x1000}, {Addr: 0x20000, Len: 1}, {Addr: 0x10000, Len: 0}, {Addr: ^uint64(0), Len: 2}} {
+		ok, err := p.enter([]verify.Range{r})
+		require.NoError(t, err)
+		require.False(t, ok, "%+v is not inside one registered region", r)
+	}
+	require.Zero(t, atomic.LoadUint64(p.mem.busy(p.slot)), "a refused enter leaves the slot idle")
+}
+
+func TestLeaseAttachRefusesAnotherFile(t *testing.T) {
+	l, err := newLease(time.Second)
+	require.NoError(t, err)
+	defer l.close()
+	_, why := attachLease(os.Getpid(), l.fd, hex.EncodeToString(make([]byte, leaseNonceSize)), 0)
+	require.Contains(t, why, "not the one its handshake named")
+	_, why = attachLease(os.Getpid(), 9999, hex.EncodeToString(l.nonce[:]), 0)
+	require.Contains(t, why, "pidfd_getfd")
+}
+
+// Unregister waits for a write that entered before it, and a write that
+// begins after it finds the region gone.
+func TestLeaseRemoveWaitsForAWriterAndShutsOutTheNext(t *testing.T) {
+	l, p := newLeasePair(t, 5*time.Second)
+	l.add(0x10000, 0x1000)
+	ok, err := p.enter(rng(0x10000, 0x1000))
+	require.NoError(t, err)
+	require.True(t, ok)
+	removed := make(chan error, 1)
+	go func() { removed <- l.remove(0x10000) }()
+	select {
+	case <-removed:
+		t.Fatal("remove returned while a write into the region was in progress")
+	case <-time.After(50 * time.Millisecond):
+	}
+	p.exit()
+	require.NoError(t, <-removed)
+	ok, err = p.enter(rng(0x10000, 0x1000))
+	require.NoError(t, err)
+	require.False(t, ok, "after remove the region is not in the table")
+}
+
+func TestLeaseRemoveFailsWhereAWriterNeverFinishes(t *testing.T) {
+	l, p := newLeasePair(t, 50*time.Millisecond)
+	l.add(0x10000, 0x1000)
+	ok, _ := p.enter(rng(0x10000, 0x1000))
+	require.True(t, ok)
+	defer p.exit()
+	err := l.remove(0x10000)
+	require.ErrorContains(t, err, "still writing into this process")
+}
+
+// A writer that entered under a newer gen is not waited for: a settle
+// waits only for what began before it.
+func TestLeaseSettleWaitsOnlyForOlderWriters(t *testing.T) {
+	l, p := newLeasePair(t, time.Second)
+	l.add(0x10000, 0x1000)
+	require.NoError(t, l.settle(context.Background()))
+	ok, _ := p.enter(rng(0x10000, 0x1000))
+	require.True(t, ok)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	require.Error(t, l.settle(ctx), "a writer that entered before this settle is waited for")
+	p.exit()
+	require.NoError(t, l.settle(context.Background()))
+}
+
+func TestLeaseRevokeStopsTheSendersWrites(t *testing.T) {
+	l, p := newLeasePair(t, time.Second)
+	l.add(0x10000, 0x1000)
+	require.NoError(t, l.revoke(context.Background(), "someone else"))
+	ok, err := p.enter(rng(0x10000, 0x1000))
+	require.NoError(t, err)
+	require.True(t, ok)
+	p.exit()
+	require.NoError(t, l.revoke(context.Background(), "sender"))
+	_, err = p.enter(rng(0x10000, 0x1000))
+	require.ErrorIs(t, err, errRevoked)
+}
+
+// A writer whose process died mid-write does not hold up unregister, and
+// its slot is free again when its connection ends.
+func TestLeaseADeadWriterHoldsNothing(t *testing.T) {
+	l, err := newLease(5 * time.Second)
+	require.NoError(t, err)
+	defer l.close()
+	l.add(0x10000, 0x1000)
+	cmd := exec.Command("sleep", "30")
+	require.NoError(t, cmd.Start())
+	slot := l.assign("dead", cmd.Process.Pid)
+	require.GreaterOrEqual(t, slot, 0)
+	atomic.StoreUint64(l.mem.busy(slot), atomic.LoadUint64(l.mem.gen())+1) // it entered, then died
+	cmd.Process.Kill()
+	cmd.Wait()
+	start := time.Now()
+	require.NoError(t, l.remove(0x10000))
+	require.Less(t, time.Since(start), time.Second)
+	l.release(slot)
+	require.Equal(t, slot, l.assign("next", os.Getpid()), "the slot is free again")
+}
+
+func TestLeaseSlotsAreBounded(t *testing.T) {
+	l, err := newLease(time.Second)
+	require.NoError(t, err)
+	defer l.close()
+	for i := 0; i < maxLeaseSlots; i++ {
+		require.Equal(t, i, l.assign("s", os.Getpid()))
+	}
+	require.Equal(t, -1, l.assign("s", os.Getpid()), "past the bound a connection gets no slot")
+	l.release(7)
+	require.Equal(t, 7, l.assign("s", os.Getpid()))
+}
+
+// vmCopy goes past IOV_MAX pairs in several calls, into this process.
+func TestVMCopyManyPairs(t *testing.T) {
+	const pairs, size = 1500, 24
+	src := make([]byte, pairs*size)
+	dst := make([]byte, pairs*size)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	local := make([]unix.Iovec, pairs)
+	remote := make([]unix.RemoteIovec, pairs)
+	for i := range local {
+		local[i] = unix.Iovec{Base: &src[i*size]}
+		local[i].SetLen(size)
+		remote[i] = unix.RemoteIovec{Base: uintptr(unsafe.Pointer(&dst[(pairs-1-i)*size])), Len: size}
+	}
+	require.NoError(t, vmCopy(os.Getpid(), local, remote, true))
+	for i := 0; i < pairs; i++ {
+		require.Equal(t, src[i*size:(i+1)*size], dst[(pairs-1-i)*size:(pairs-i)*size])
+	}
+}
