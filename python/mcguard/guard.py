@@ -110,11 +110,27 @@ def _session(session):
     return session.encode()
 
 
+_U64_ARRAYS = {}  # n -> ctypes.c_uint64 * n: building the type each call costs as much as filling it
+
+
+def _u64_type(n):
+    t = _U64_ARRAYS.get(n)
+    if t is None:
+        t = ctypes.c_uint64 * n
+        if len(_U64_ARRAYS) < 4096:
+            _U64_ARRAYS[n] = t
+    return t
+
+
 def u64_array(values, what="address or length"):
-    """(ctypes pointer, count, keepalive) for a sequence of addresses or
-    lengths: a list or tuple, array.array('Q'), a numpy uint64 array, or a
-    single int. Contiguous unsigned 64-bit buffers are passed without
-    copying; anything else is checked element by element."""
+    """(ctypes array or pointer, count, keepalive) for a sequence of
+    addresses or lengths: a list or tuple, array.array('Q'), a numpy uint64
+    array, or a single int. Contiguous unsigned 64-bit buffers are passed
+    without copying; anything else is checked element by element. A ctypes
+    array of c_uint64 passes for a uint64_t * parameter or field as it is."""
+    if type(values) is list and values and all(type(v) is int and 0 <= v < 1 << 64 for v in values):
+        buf = _u64_type(len(values))(*values)  # the common case, kept cheap
+        return buf, len(values), buf
     if isinstance(values, (str, bytes, dict)) or values is None:
         raise MCGuardError(MC_ERR_INVALID_ARG, "%s: expected a sequence of integers, not %s"
                            % (what, type(values).__name__))
@@ -124,8 +140,8 @@ def u64_array(values, what="address or length"):
         n = len(values)
         if n == 0:
             return None, 0, values
-        buf = (ctypes.c_uint64 * n).from_buffer(values)
-        return ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint64)), n, (values, buf)
+        buf = _u64_type(n).from_buffer(values)
+        return buf, n, (values, buf)
     iface = getattr(values, "__array_interface__", None)
     if iface is not None and iface.get("typestr") == "<u8" and iface.get("strides") is None \
             and len(iface.get("shape", ())) == 1:
@@ -133,18 +149,15 @@ def u64_array(values, what="address or length"):
         ptr = ctypes.cast(iface["data"][0], ctypes.POINTER(ctypes.c_uint64))
         return (ptr if n else None), n, values
     try:
-        if type(values) is list and all(type(v) is int and 0 <= v < 1 << 64 for v in values):
-            items = values  # plain ints in range: nothing to convert (the common case, kept cheap)
-        else:
-            items = [address_of(v, what) for v in values]
+        items = [address_of(v, what) for v in values]
     except TypeError:
         raise MCGuardError(MC_ERR_INVALID_ARG, "%s: expected a sequence of integers, not %s"
                            % (what, type(values).__name__)) from None
     n = len(items)
     if n == 0:
         return None, 0, None
-    buf = (ctypes.c_uint64 * n)(*items)
-    return ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint64)), n, buf
+    buf = _u64_type(n)(*items)
+    return buf, n, buf
 
 
 class TransferResult:

@@ -64,6 +64,10 @@ type conn struct {
 	rc      syscall.RawConn
 	peekNow func(fd uintptr) bool
 	peeked  int
+	// closedByPeer: the last peek found the target's end closed. A
+	// same-host push checks it: a process's sockets close before its pid
+	// can be another process's.
+	closedByPeer bool
 	// gather is a large frame's header and payload for writev, over
 	// gatherBufs.
 	gather     net.Buffers
@@ -312,10 +316,13 @@ func (t *conn) unread() bool {
 	return t.peeked > 0
 }
 
-// peek looks for a byte waiting on the socket without taking it.
+// peek looks for a byte waiting on the socket without taking it, and
+// notes whether the target closed the connection (its process ended).
 func (t *conn) peek(fd uintptr) bool {
 	var b [1]byte
-	t.peeked, _, _ = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	var err error
+	t.peeked, _, err = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	t.closedByPeer = t.peeked == 0 && err == nil || err != nil && err != syscall.EAGAIN && err != syscall.EINTR
 	return true
 }
 

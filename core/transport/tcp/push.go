@@ -30,10 +30,9 @@ import (
 
 // pushLease is a sender connection's view of the target's lease file.
 type pushLease struct {
-	mem   leaseWords
-	slot  int
-	pid   int // the target
-	pidfd int // the target, to tell it from a later process with its pid
+	mem  leaseWords
+	slot int
+	pid  int // the target
 }
 
 // attachLease maps the target's lease file: fd in process pid, checked
@@ -48,33 +47,29 @@ func attachLease(pid, fd int, nonceHex string, slot int) (*pushLease, string) {
 		return nil, "pidfd_open: " + err.Error()
 	}
 	own, err := unix.PidfdGetfd(pidfd, fd, 0)
+	unix.Close(pidfd)
 	if err != nil {
-		unix.Close(pidfd)
 		return nil, "pidfd_getfd: " + err.Error()
 	}
 	defer unix.Close(own)
 	var st unix.Stat_t
 	if err := unix.Fstat(own, &st); err != nil || st.Size != leaseSize {
-		unix.Close(pidfd)
 		return nil, "the receiver's lease file has the wrong size"
 	}
 	mem, err := unix.Mmap(own, 0, leaseSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		unix.Close(pidfd)
 		return nil, "mapping the lease: " + err.Error()
 	}
 	if string(mem[:leaseNonceSize]) != string(nonce) {
 		unix.Munmap(mem)
-		unix.Close(pidfd)
 		return nil, "the receiver's lease file is not the one its handshake named"
 	}
-	return &pushLease{mem: mem, slot: slot, pid: pid, pidfd: pidfd}, ""
+	return &pushLease{mem: mem, slot: slot, pid: pid}, ""
 }
 
 func (p *pushLease) close() {
 	atomic.StoreUint64(p.mem.busy(p.slot), 0)
 	unix.Munmap(p.mem)
-	unix.Close(p.pidfd)
 }
 
 // errRevoked: the target aborted this connection (or it ended there).
@@ -145,12 +140,6 @@ func (p *pushLease) inEntry(i int, r verify.Range) bool {
 	a, n := p.mem.entry(i)
 	base, size := atomic.LoadUint64(a), atomic.LoadUint64(n)
 	return r.Len > 0 && r.Addr >= base && r.Addr+r.Len >= r.Addr && r.Addr+r.Len <= base+size
-}
-
-// alive reports whether the target process of the handshake still runs
-// (its pid may otherwise be another process's by now).
-func (p *pushLease) alive() bool {
-	return unix.PidfdSendSignal(p.pidfd, 0, nil, 0) == nil
 }
 
 // maxIov is the iovecs one process_vm_writev call takes (IOV_MAX).
@@ -239,8 +228,8 @@ func (t *conn) push(ctx context.Context, descs []verify.Desc) (done bool, err er
 		return false, nil
 	}
 	switch {
-	case !t.lease.alive():
-		err = fmt.Errorf("%w: the receiving process %d has exited", errs.Peer, t.lease.pid)
+	case t.closedByPeer: // begin's peek: the target (maybe its process) is gone, and its pid may be another's
+		err = fmt.Errorf("%w: the receiving process %d closed the data connection", errs.Peer, t.lease.pid)
 	case ctx.Err() != nil:
 		err = ctx.Err()
 	default:
