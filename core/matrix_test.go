@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -78,6 +79,10 @@ func matrixCell(t *testing.T, injected string, mode verify.Mode, plane string) (
 			}
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	if plane == "same-host" { // faults that act on a write at once the sender injects itself, writing into the receiver
+		sync := slices.Contains([]string{fault.Drop, fault.Tear, fault.Stale}, injected)
+		require.Equal(t, sync, pushed(t, p.send) > 0, "%s: the sender writes into the receiver itself exactly where it can inject the fault", injected)
 	}
 	return ok, failed, mismatches
 }

@@ -94,3 +94,23 @@ def test_a_receiver_that_cannot_read_the_sender_falls_back_or_fails_clearly():
         assert "same_host is required" in e.value.message and "operation not permitted" in e.value.message
     finally:
         assert recv.close() == 0
+
+
+def test_a_sender_writing_itself_fails_clearly_once_the_receiver_is_gone():
+    """The sender writes into the receiver's memory itself: once the receiver
+    process is killed, the next transfer must fail, never report success
+    (nor write into whatever process gets the pid next)."""
+    recv = Receiver({})
+    src = ctypes.create_string_buffer(os.urandom(SIZE), SIZE)
+    with Guard({"verify": "tail", "timeout_ms": 2000}) as g:
+        g.register(ctypes.addressof(src), SIZE)
+        args = ([ctypes.addressof(src)], [recv.addr], [SIZE])
+        g.transfer(recv.endpoint, *args)
+        assert recv.hash() == hashlib.sha1(src.raw).hexdigest()
+        assert g.stats()["same_host_pushed_bytes"] == SIZE
+        recv.proc.kill()
+        recv.proc.wait(30)
+        with pytest.raises(MCGuardError) as e:
+            g.transfer(recv.endpoint, *args)
+        assert e.value.name in ("MC_ERR_PEER", "MC_ERR_TIMEOUT"), e.value
+        assert g.stats()["same_host_pushed_bytes"] == SIZE, "nothing more was written"

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
@@ -59,6 +60,7 @@ type conn struct {
 	ranges    []verify.Range
 	pins      []func()
 	unfenced  bool
+	faults    *fault.Injector // the target's drop, tear or stale, injected here for pushed writes
 	// rc is the socket, for unread's peek (nil: not a socket); peekNow
 	// is that peek, made once, and peeked its result.
 	rc      syscall.RawConn

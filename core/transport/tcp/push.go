@@ -14,7 +14,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/logs"
+	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/verify"
 )
 
@@ -148,7 +150,13 @@ const maxIov = 1024
 // vmCopy copies local[i] to or from remote[i] in process pid, continuing
 // short copies, IOV_MAX pairs per call; both sides' lengths match pairwise.
 func vmCopy(pid int, local []unix.Iovec, remote []unix.RemoteIovec, write bool) error {
-	for len(local) > 0 {
+	for {
+		for len(local) > 0 && local[0].Len == 0 { // an empty pair (a dropped write) at the front
+			local, remote = local[1:], remote[1:]
+		}
+		if len(local) == 0 {
+			return nil
+		}
 		k := min(len(local), maxIov)
 		var n int
 		var err error
@@ -181,7 +189,6 @@ func vmCopy(pid int, local []unix.Iovec, remote []unix.RemoteIovec, write bool) 
 			n = 0
 		}
 	}
-	return nil
 }
 
 // pushFallback logs, once per process, why same-host writes by the sender
@@ -226,6 +233,9 @@ func (t *conn) push(ctx context.Context, descs []verify.Desc) (done bool, err er
 	}
 	if !ok {
 		return false, nil
+	}
+	if t.faults != nil {
+		t.injectFaults()
 	}
 	switch {
 	case t.closedByPeer: // begin's peek: the target (maybe its process) is gone, and its pid may be another's
@@ -294,4 +304,40 @@ func (t *conn) unpin() {
 	}
 	clear(t.pins)
 	t.pins = t.pins[:0]
+}
+
+// pushFaults reports whether senders may write into a target with these
+// faults themselves: none, or one that acts on each write at once (drop,
+// tear, stale), which the sender injects on the target's behalf. Faults
+// that hold writes back need the target to apply them later.
+func pushFaults(f *fault.Injector) bool {
+	switch f.Mode() {
+	case fault.None, fault.Drop, fault.Tear, fault.Stale:
+		return true
+	}
+	return false
+}
+
+// injectFaults cuts the pending push's pairs as the target's fault says
+// (under the lease: stale reads the destination's tail): a dropped write
+// becomes an empty pair, a torn one a prefix.
+func (t *conn) injectFaults() {
+	k := t.faults.TailBytes()
+	for i := range t.iovLocal {
+		n := int(t.iovLocal[i].Len)
+		payload := memory.BytesAt(uint64(uintptr(unsafe.Pointer(t.iovLocal[i].Base))), uint64(n))
+		var dstTail []byte
+		if t.faults.Mode() == fault.Stale {
+			dstTail = make([]byte, min(k, n))
+			lv := []unix.Iovec{{Base: &dstTail[0]}}
+			lv[0].SetLen(len(dstTail))
+			rv := []unix.RemoteIovec{{Base: t.iovRemote[i].Base + uintptr(n-len(dstTail)), Len: len(dstTail)}}
+			if vmCopy(t.lease.pid, lv, rv, false) != nil {
+				dstTail = nil
+			}
+		}
+		now, _ := t.faults.Fate(payload, dstTail)
+		t.iovLocal[i].SetLen(len(now))
+		t.iovRemote[i].Len = len(now)
+	}
 }

@@ -77,8 +77,10 @@ func serveOn(ln net.Listener, cfg Config) *target {
 		t.landed = &landedIndex{}
 	}
 	// Senders write themselves only where nothing needs the target to
-	// apply each write: no fault injection, no digests as bytes land.
-	if cfg.SameHost != SameHostOff && cfg.SameHostWriter != SameHostWriterReceiver && t.faults == nil && t.landed == nil {
+	// apply each write: no digests as bytes land, and no fault that holds
+	// writes back (the faults that act on one write at once, senders
+	// inject themselves: pushFaults).
+	if cfg.SameHost != SameHostOff && cfg.SameHostWriter != SameHostWriterReceiver && pushFaults(t.faults) && t.landed == nil {
 		var err error
 		if t.lease, err = newLease(cfg.Timeout); err != nil {
 			logs.Printf(logs.Info, "same-host writes by the sender not offered: no lease file: %v", err)

@@ -100,6 +100,11 @@ type answer struct {
 	// writes into the target's host memory itself.
 	LeaseFD    int    `json:"lease_fd,omitempty"`
 	LeaseNonce string `json:"lease_nonce,omitempty"`
+	// Faults is the target's fault injection, for a sender that writes
+	// into it itself to inject on its behalf (push.go); TailBytes the
+	// tail check's length (stale).
+	Faults    *fault.Config `json:"faults,omitempty"`
+	TailBytes int           `json:"tail_bytes,omitempty"`
 }
 
 func (*Transport) Name() string { return Name }
@@ -145,6 +150,9 @@ func (t *Transport) Accept(peer transport.Peer, offer []byte, _ []memory.Region)
 			a.CudaIPC = t.cfg.Regions.GPU() != nil && !gr.noIPC
 			if l := t.target.lease; l != nil {
 				a.LeaseFD, a.LeaseNonce = l.fd, hex.EncodeToString(l.nonce[:])
+				if t.target.faults != nil {
+					a.Faults, a.TailBytes = &t.cfg.Faults, t.cfg.TailBytes
+				}
 			}
 		}
 	}
@@ -239,6 +247,8 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, _ 
 			c.finalFence, c.pushed = a.FinalFence, d.t.cfg.Pushed
 			if err = c.sameHost(ctx, d.t.cfg.SameHost, a); err != nil {
 				c.Close()
+			} else if c.lease != nil && a.Faults != nil {
+				c.faults = fault.New(*a.Faults, a.TailBytes, "same-host writes into "+addr)
 			}
 		}
 		if err != nil {
