@@ -124,8 +124,11 @@ test-python: $(LIB) $(CUDA_MODEL) $(NIC_MODEL) deps-python mooncake-venv
 demo: build
 	$(PYTHON) -m mcguard.demo
 
-## bench: guarded vs unguarded vs a raw socket pair (Go), one vs four queue pairs on the NIC model, and the stress's off vs tail (Python)
+## bench: guarded vs unguarded vs a raw socket pair (Go), one vs four queue pairs on the NIC model, small-transfer latency through the C ABI (same host and socket, two processes), and the stress's off vs tail (Python)
 bench: build
+	cmake -S . -B $(CTEST_DIR) -DMCGUARD_LIBRARY=$(CURDIR)/$(LIB) >/dev/null
+	cmake --build $(CTEST_DIR) --target latency
+	$(CTEST_DIR)/latency 20000
 	$(GO) test -run '^$$' -bench Modes -benchtime 3s -count 5 ./core/
 	$(GO) test -run '^$$' -bench RDMAModelStripes -benchtime 20x -count 5 ./core/
 	$(GO) test -run '^$$' -bench Quiesce -benchtime 1x -count 3 ./core/

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -331,8 +332,17 @@ func (t *conn) peek(fd uintptr) bool {
 // Fence asks the target to reply once every earlier write on this
 // connection is applied.
 func (t *conn) Fence(ctx context.Context) error {
-	if !t.unfenced && len(t.owed) == 0 {
-		return nil // nothing went through the socket: pushed writes are in place
+	if !t.unfenced && !slices.ContainsFunc(t.owed, func(o owedAck) bool { return o.op != wire.OpNotice }) {
+		// No write went through the socket: pushed writes are in place.
+		// A notice posted after them is answered here, in this call, so
+		// that a receiver that forgot the handshake is seen while the
+		// sender can still shake hands again and announce once more.
+		defer t.abortOn(ctx)()
+		t.deadline(ctx)
+		if err := t.w.Flush(); err != nil {
+			return ioErr("send", err)
+		}
+		return firstErr(t.collectOwed())
 	}
 	defer t.abortOn(ctx)()
 	h, err := t.request(ctx, wire.OpFence, nil)

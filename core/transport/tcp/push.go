@@ -341,3 +341,13 @@ func (t *conn) injectFaults() {
 		t.iovRemote[i].Len = len(now)
 	}
 }
+
+// pushFirst reads what earlier calls left owed and the target's quiesce
+// marks (begin, whose peek also sets closedByPeer), then tries a push.
+// done false (and no error): send descs through the socket.
+func (t *conn) pushFirst(ctx context.Context, descs []verify.Desc) (done bool, err error) {
+	if err := t.begin(ctx); err != nil {
+		return false, err
+	}
+	return t.push(ctx, descs)
+}

@@ -51,20 +51,27 @@ func (t *conn) collectOwed() (refused, ioErr error) {
 		if err != nil {
 			return nil, err
 		}
-		switch {
-		case h.Status == wire.StatusOK || refused != nil:
-		case h.Status == wire.StatusNoAccess && o.ipc:
-			t.ipc = false
-			refused = fmt.Errorf("%w: target refused descriptor %d at %#x: it could not open this process's CUDA IPC handle (the receiver's log says why); later transfers on this connection stage GPU bytes through the socket", errs.Device, o.desc, h.Addr)
-		case h.Status == wire.StatusStaleToken:
-			refused = fmt.Errorf("%w: %w", errs.Session, transport.ErrStaleToken)
-		case o.op == wire.OpNotice:
-			refused = fmt.Errorf("%w: the receiver refused the completion notice (%v); its log says why", errs.Session, h.Status)
-		default:
-			refused = fmt.Errorf("%w: target refused descriptor %d at %#x: %v", statusErr(h.Status), o.desc, h.Addr, h.Status)
+		if refused == nil {
+			refused = t.judge(o, h)
 		}
 	}
 	return refused, nil
+}
+
+// judge is what the reply h to posted frame o says: nil, or a refusal.
+func (t *conn) judge(o owedAck, h wire.Header) error {
+	switch {
+	case h.Status == wire.StatusOK:
+		return nil
+	case h.Status == wire.StatusNoAccess && o.ipc:
+		t.ipc = false
+		return fmt.Errorf("%w: target refused descriptor %d at %#x: it could not open this process's CUDA IPC handle (the receiver's log says why); later transfers on this connection stage GPU bytes through the socket", errs.Device, o.desc, h.Addr)
+	case h.Status == wire.StatusStaleToken:
+		return fmt.Errorf("%w: %w", errs.Session, transport.ErrStaleToken)
+	case o.op == wire.OpNotice:
+		return fmt.Errorf("%w: the receiver refused the completion notice (%v); its log says why", errs.Session, h.Status)
+	}
+	return fmt.Errorf("%w: target refused descriptor %d at %#x: %v", statusErr(h.Status), o.desc, h.Addr, h.Status)
 }
 
 // firstErr is collectOwed's I/O error, else its refusal.
@@ -96,10 +103,7 @@ func (t *conn) owedThen(op wire.Op, id uint64) (wire.Header, error) {
 // buffers and stall.
 func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
 	if t.lease != nil {
-		if err := t.begin(ctx); err != nil {
-			return err
-		}
-		if done, err := t.push(ctx, descs); done || err != nil {
+		if done, err := t.pushFirst(ctx, descs); done || err != nil {
 			return err
 		}
 	}
@@ -183,13 +187,13 @@ func (t *conn) PostMarked(ctx context.Context, descs []verify.Desc, base int) er
 }
 
 func (t *conn) post(ctx context.Context, descs []verify.Desc, base int, marked bool) error {
-	if err := t.begin(ctx); err != nil { // nothing is owed past here
-		return err
-	}
 	if t.lease != nil {
-		if done, err := t.push(ctx, descs); done || err != nil {
+		if done, err := t.pushFirst(ctx, descs); done || err != nil {
 			return err
 		}
+	}
+	if err := t.begin(ctx); err != nil { // nothing is owed past here
+		return err
 	}
 	if countSlices(descs) > maxOwed {
 		return t.writeLong(ctx, descs, base, marked)
