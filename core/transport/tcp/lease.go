@@ -27,10 +27,13 @@ import (
 //     Every unregister, quiesce, settle and abort raises it.
 //   - the table: the target's registered host regions (address, length).
 //   - a slot per data connection: busy, the gen+1 its sender entered under
-//     (0: not writing), and revoked (the target aborted the connection).
+//     (0: not writing), and owner, the epoch the target handed the slot
+//     out under (0 once it took it back: the connection ended or was
+//     aborted). A sender whose epoch is not the slot's owner writes
+//     nothing, so a slot given to a new connection is never the old one's.
 //
-// A sender stores busy = g+1, then loads gen (and revoked): if gen is
-// still g (even) and revoked is 0, it checks its destinations against the
+// A sender stores busy = g+1, then loads gen (and owner): if gen is still
+// g (even) and owner is its epoch, it checks its destinations against the
 // table, loads gen once more (a change means the table moved under it:
 // start again), writes, and stores busy = 0. A target that removes a
 // region (or quiesces) changes the table, raises gen to g', and then waits
@@ -65,8 +68,8 @@ func (m leaseWords) count() *uint64 { return m.word(leaseCountOff) }
 func (m leaseWords) entry(i int) (a, n *uint64) {
 	return m.word(leaseTableOff + 16*i), m.word(leaseTableOff + 16*i + 8)
 }
-func (m leaseWords) busy(slot int) *uint64    { return m.word(leaseSlotsOff + leaseSlotSize*slot) }
-func (m leaseWords) revoked(slot int) *uint64 { return m.word(leaseSlotsOff + leaseSlotSize*slot + 8) }
+func (m leaseWords) busy(slot int) *uint64  { return m.word(leaseSlotsOff + leaseSlotSize*slot) }
+func (m leaseWords) owner(slot int) *uint64 { return m.word(leaseSlotsOff + leaseSlotSize*slot + 8) }
 
 // leaseSlot is the target's record of a slot it handed out.
 type leaseSlot struct {
@@ -83,6 +86,7 @@ type lease struct {
 	timeout time.Duration
 
 	mu      sync.Mutex // table changes and slot records
+	epoch   uint64     // the last slot owner handed out
 	table   []regionEntry
 	slots   [maxLeaseSlots]leaseSlot
 	removed atomic.Int64 // waits that found a writer to wait for (tests)
@@ -114,7 +118,22 @@ func newLease(timeout time.Duration) (*lease, error) {
 	return l, nil
 }
 
+// close empties the table and revokes every slot, so that senders, which
+// keep their own mapping of the file, write nothing more into this
+// process (its memory may be freed once the guard is closed), waits for
+// writes in progress, and lets go of the file.
 func (l *lease) close() {
+	l.mu.Lock()
+	for i := range l.slots {
+		atomic.StoreUint64(l.mem.owner(i), 0)
+	}
+	g := l.changeLocked(func() { l.table = nil })
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+	defer cancel()
+	if err := l.waitOlder(ctx, g, ""); err != nil {
+		logs.Printf(logs.Warn, "closing: %v", err)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i := range l.slots {
@@ -126,8 +145,8 @@ func (l *lease) close() {
 	unix.Close(l.fd)
 }
 
-// change runs fn on the table between two raises of gen (odd meanwhile:
-// senders wait) and returns the even gen after it.
+// changeLocked runs fn on the table between two raises of gen (odd
+// meanwhile: senders wait) and returns the even gen after it.
 func (l *lease) changeLocked(fn func()) uint64 {
 	atomic.AddUint64(l.mem.gen(), 1)
 	fn()
@@ -175,24 +194,27 @@ func (l *lease) remove(addr uint64) error {
 // settle raises gen and waits for the writers that entered before: after
 // it, no same-host write that began earlier is still landing.
 func (l *lease) settle(ctx context.Context) error {
-	l.mu.Lock()
-	g := l.changeLocked(func() {})
-	l.mu.Unlock()
-	return l.waitOlder(ctx, g, "")
+	return l.waitOlder(ctx, l.raise(), "")
 }
 
-// revoke stops sender's connections from writing (their next write sees
-// revoked) and waits for a write of theirs in progress.
+// raise moves gen on by two, the table unchanged, and returns it.
+func (l *lease) raise() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return atomic.AddUint64(l.mem.gen(), 2)
+}
+
+// revoke stops sender's connections from writing (their next write finds
+// its slot without an owner) and waits for a write of theirs in progress.
 func (l *lease) revoke(ctx context.Context, sender string) error {
 	l.mu.Lock()
 	for i := range l.slots {
 		if l.slots[i].used && l.slots[i].sender == sender {
-			atomic.StoreUint64(l.mem.revoked(i), 1)
+			atomic.StoreUint64(l.mem.owner(i), 0)
 		}
 	}
-	g := l.changeLocked(func() {})
 	l.mu.Unlock()
-	return l.waitOlder(ctx, g, sender)
+	return l.waitOlder(ctx, l.raise(), sender)
 }
 
 // waitOlder waits until no slot (of sender, if not "") is busy under a gen
@@ -227,32 +249,34 @@ func (l *lease) waitOlder(ctx context.Context, g uint64, sender string) error {
 	return nil
 }
 
-// assign hands a slot to a connection of sender, process pid; -1 where
-// none is free (it writes through the socket, or the target pulls).
-func (l *lease) assign(sender string, pid int) int {
+// assign hands a slot to a connection of sender, process pid, under a new
+// epoch; slot -1 where none is free (it writes through the socket, or the
+// target pulls).
+func (l *lease) assign(sender string, pid int) (slot int, epoch uint64) {
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
-		return -1
+		return -1, 0
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i := range l.slots {
 		if !l.slots[i].used && atomic.LoadUint64(l.mem.busy(i)) == 0 {
-			atomic.StoreUint64(l.mem.revoked(i), 0)
+			l.epoch++
+			atomic.StoreUint64(l.mem.owner(i), l.epoch)
 			l.slots[i] = leaseSlot{used: true, sender: sender, pidfd: pidfd}
-			return i
+			return i, l.epoch
 		}
 	}
 	unix.Close(pidfd)
-	return -1
+	return -1, 0
 }
 
-// release takes a slot back when its connection ends: revoked, and free
+// release takes a slot back when its connection ends: no owner, and free
 // again once no write under it is in progress. A writer that does not
 // finish in time keeps its slot, logged (bounded by maxLeaseSlots).
 func (l *lease) release(slot int) {
 	l.mu.Lock()
-	atomic.StoreUint64(l.mem.revoked(slot), 1)
+	atomic.StoreUint64(l.mem.owner(slot), 0)
 	l.mu.Unlock()
 	deadline := time.Now().Add(l.timeout)
 	for atomic.LoadUint64(l.mem.busy(slot)) != 0 {

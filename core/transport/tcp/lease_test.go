@@ -22,9 +22,9 @@ func newLeasePair(t *testing.T, timeout time.Duration) (*lease, *pushLease) {
 	l, err := newLease(timeout)
 	require.NoError(t, err)
 	t.Cleanup(l.close)
-	slot := l.assign("sender", os.Getpid())
+	slot, epoch := l.assign("sender", os.Getpid())
 	require.GreaterOrEqual(t, slot, 0)
-	p, why := attachLease(os.Getpid(), l.fd, hex.EncodeToString(l.nonce[:]), slot)
+	p, why := attachLease(os.Getpid(), l.fd, hex.EncodeToString(l.nonce[:]), slot, epoch)
 	require.Empty(t, why)
 	t.Cleanup(p.close)
 	return l, p
@@ -52,9 +52,9 @@ func TestLeaseAttachRefusesAnotherFile(t *testing.T) {
 	l, err := newLease(time.Second)
 	require.NoError(t, err)
 	defer l.close()
-	_, why := attachLease(os.Getpid(), l.fd, hex.EncodeToString(make([]byte, leaseNonceSize)), 0)
+	_, why := attachLease(os.Getpid(), l.fd, hex.EncodeToString(make([]byte, leaseNonceSize)), 0, 1)
 	require.Contains(t, why, "not the one its handshake named")
-	_, why = attachLease(os.Getpid(), 9999, hex.EncodeToString(l.nonce[:]), 0)
+	_, why = attachLease(os.Getpid(), 9999, hex.EncodeToString(l.nonce[:]), 0, 1)
 	require.Contains(t, why, "pidfd_getfd")
 }
 
@@ -127,7 +127,7 @@ func TestLeaseADeadWriterHoldsNothing(t *testing.T) {
 	l.add(0x10000, 0x1000)
 	cmd := exec.Command("sleep", "30")
 	require.NoError(t, cmd.Start())
-	slot := l.assign("dead", cmd.Process.Pid)
+	slot, _ := l.assign("dead", cmd.Process.Pid)
 	require.GreaterOrEqual(t, slot, 0)
 	atomic.StoreUint64(l.mem.busy(slot), atomic.LoadUint64(l.mem.gen())+1) // it entered, then died
 	cmd.Process.Kill()
@@ -136,7 +136,8 @@ func TestLeaseADeadWriterHoldsNothing(t *testing.T) {
 	require.NoError(t, l.remove(0x10000))
 	require.Less(t, time.Since(start), time.Second)
 	l.release(slot)
-	require.Equal(t, slot, l.assign("next", os.Getpid()), "the slot is free again")
+	again, _ := l.assign("next", os.Getpid())
+	require.Equal(t, slot, again, "the slot is free again")
 }
 
 func TestLeaseSlotsAreBounded(t *testing.T) {
@@ -144,11 +145,14 @@ func TestLeaseSlotsAreBounded(t *testing.T) {
 	require.NoError(t, err)
 	defer l.close()
 	for i := 0; i < maxLeaseSlots; i++ {
-		require.Equal(t, i, l.assign("s", os.Getpid()))
+		slot, _ := l.assign("s", os.Getpid())
+		require.Equal(t, i, slot)
 	}
-	require.Equal(t, -1, l.assign("s", os.Getpid()), "past the bound a connection gets no slot")
+	slot, _ := l.assign("s", os.Getpid())
+	require.Equal(t, -1, slot, "past the bound a connection gets no slot")
 	l.release(7)
-	require.Equal(t, 7, l.assign("s", os.Getpid()))
+	slot, _ = l.assign("s", os.Getpid())
+	require.Equal(t, 7, slot)
 }
 
 // vmCopy goes past IOV_MAX pairs in several calls, into this process.
@@ -170,4 +174,40 @@ func TestVMCopyManyPairs(t *testing.T) {
 	for i := 0; i < pairs; i++ {
 		require.Equal(t, src[i*size:(i+1)*size], dst[(pairs-1-i)*size:(pairs-i)*size])
 	}
+}
+
+// A slot handed to a new connection is never the old one's: the old
+// connection's epoch no longer owns it, even though the slot is in use.
+func TestLeaseAReassignedSlotRefusesItsFormerConnection(t *testing.T) {
+	l, p := newLeasePair(t, time.Second)
+	l.add(0x10000, 0x1000)
+	l.release(p.slot)
+	slot, epoch := l.assign("sender", os.Getpid())
+	require.Equal(t, p.slot, slot)
+	require.NotEqual(t, p.epoch, epoch)
+	_, err := p.enter(rng(0x10000, 0x1000))
+	require.ErrorIs(t, err, errRevoked)
+	q, why := attachLease(os.Getpid(), l.fd, hex.EncodeToString(l.nonce[:]), slot, epoch)
+	require.Empty(t, why)
+	defer q.close()
+	ok, err := q.enter(rng(0x10000, 0x1000))
+	require.NoError(t, err)
+	require.True(t, ok)
+	q.exit()
+}
+
+// Closing the target empties the table: a sender's mapping outlives it,
+// and must not lead to writes into memory the process may free.
+func TestLeaseCloseShutsOutEverySender(t *testing.T) {
+	l, err := newLease(time.Second)
+	require.NoError(t, err)
+	l.add(0x10000, 0x1000)
+	slot, epoch := l.assign("sender", os.Getpid())
+	p, why := attachLease(os.Getpid(), l.fd, hex.EncodeToString(l.nonce[:]), slot, epoch)
+	require.Empty(t, why)
+	defer p.close()
+	l.close()
+	ok, err := p.enter(rng(0x10000, 0x1000))
+	require.False(t, ok)
+	require.ErrorIs(t, err, errRevoked)
 }

@@ -32,14 +32,15 @@ import (
 
 // pushLease is a sender connection's view of the target's lease file.
 type pushLease struct {
-	mem  leaseWords
-	slot int
-	pid  int // the target
+	mem   leaseWords
+	slot  int
+	epoch uint64 // the slot's owner while it is this connection's
+	pid   int    // the target
 }
 
 // attachLease maps the target's lease file: fd in process pid, checked
 // against the handshake's nonce. It returns why not, or "".
-func attachLease(pid, fd int, nonceHex string, slot int) (*pushLease, string) {
+func attachLease(pid, fd int, nonceHex string, slot int, epoch uint64) (*pushLease, string) {
 	nonce, err := hex.DecodeString(nonceHex)
 	if err != nil || len(nonce) != leaseNonceSize || slot < 0 || slot >= maxLeaseSlots || fd < 0 {
 		return nil, "the receiver's lease is malformed"
@@ -66,13 +67,10 @@ func attachLease(pid, fd int, nonceHex string, slot int) (*pushLease, string) {
 		unix.Munmap(mem)
 		return nil, "the receiver's lease file is not the one its handshake named"
 	}
-	return &pushLease{mem: mem, slot: slot, pid: pid}, ""
+	return &pushLease{mem: mem, slot: slot, epoch: epoch, pid: pid}, ""
 }
 
-func (p *pushLease) close() {
-	atomic.StoreUint64(p.mem.busy(p.slot), 0)
-	unix.Munmap(p.mem)
-}
+func (p *pushLease) close() { unix.Munmap(p.mem) }
 
 // errRevoked: the target aborted this connection (or it ended there).
 var errRevoked = errors.New("the receiver revoked this connection's same-host writes")
@@ -96,7 +94,7 @@ func (p *pushLease) enter(ranges []verify.Range) (ok bool, err error) {
 			atomic.StoreUint64(busy, 0)
 			continue
 		}
-		if atomic.LoadUint64(p.mem.revoked(p.slot)) != 0 {
+		if atomic.LoadUint64(p.mem.owner(p.slot)) != p.epoch {
 			atomic.StoreUint64(busy, 0)
 			return false, errRevoked
 		}

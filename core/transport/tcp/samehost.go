@@ -249,12 +249,13 @@ func (t *conn) sameHost(ctx context.Context, setting string, a answer) error {
 	}
 	if a.SameHost != "" && why == "" {
 		var slot int
-		why, slot = t.prove(ctx, a.SameHost)
+		var epoch uint64
+		why, slot, epoch = t.prove(ctx, a.SameHost)
 		if why == "" {
 			t.pull = true
 			if slot >= 0 && a.LeaseNonce != "" {
 				var lwhy string
-				if t.lease, lwhy = attachLease(a.Pid, a.LeaseFD, a.LeaseNonce, slot); lwhy != "" {
+				if t.lease, lwhy = attachLease(a.Pid, a.LeaseFD, a.LeaseNonce, slot, epoch); lwhy != "" {
 					logPushFallback(lwhy)
 				}
 			}
@@ -277,27 +278,35 @@ func (t *conn) sameHost(ctx context.Context, setting string, a answer) error {
 
 // prove has the target read the nonce back out of this process; it
 // returns why that failed, or "", and the lease slot the target handed
-// this connection (-1: none; the target copies every write).
-func (t *conn) prove(ctx context.Context, nonceHex string) (why string, slot int) {
+// this connection with its epoch (slot -1: none; the target copies every
+// write).
+func (t *conn) prove(ctx context.Context, nonceHex string) (why string, slot int, epoch uint64) {
 	nonce, err := hex.DecodeString(nonceHex)
 	if err != nil || len(nonce) == 0 {
-		return "the receiver's nonce is malformed", -1
+		return "the receiver's nonce is malformed", -1, 0
 	}
 	p, err := newProbe(nonce)
 	if err != nil {
-		return "no probe page: " + err.Error(), -1
+		return "no probe page: " + err.Error(), -1, 0
 	}
 	defer p.free()
 	defer t.abortOn(ctx)()
 	h, err := t.requestAt(ctx, wire.OpProve, p.addr(), nil)
 	if err != nil {
-		return err.Error(), -1
+		return err.Error(), -1, 0
 	}
 	if h.Status != wire.StatusOK {
-		return errnoText(h.Len), -1
+		return errnoText(h.Len), -1, 0
 	}
-	return "", int(h.Len) - 1 // Len is the slot + 1 on success
+	slot, epoch = proveSlot(h.Len)
+	return "", slot, epoch
 }
+
+// A proved connection's reply says its lease slot and epoch in its Len:
+// slot+1 in the low 16 bits (0: none), the epoch above them.
+func proveReply(slot int, epoch uint64) uint64 { return uint64(slot+1) | epoch<<16 }
+
+func proveSlot(n uint64) (slot int, epoch uint64) { return int(n&0xffff) - 1, n >> 16 }
 
 // pullSource decodes a WriteFrom frame's payload, on a connection that
 // proved it comes from a same-host sender.
@@ -346,8 +355,9 @@ func (t *target) prove(l *link, addr, n uint64, r io.Reader) (wire.Status, uint6
 	if t.lease == nil || l.slot >= 0 {
 		return wire.StatusOK, 0, nil
 	}
-	l.slot = t.lease.assign(l.sender, g.pid)
-	return wire.StatusOK, uint64(l.slot + 1), nil // 0: no slot
+	var epoch uint64
+	l.slot, epoch = t.lease.assign(l.sender, g.pid)
+	return wire.StatusOK, proveReply(l.slot, epoch), nil
 }
 
 // peerSource is [src, src+n) in process pid.
