@@ -16,15 +16,32 @@ import (
 // through a raw TCP socket pair, alternating batch by batch so that every
 // figure sees the same machine load. It reports GB/s for raw and off, and
 // each mode's throughput divided by off's.
+// BenchmarkModes moves 64 x 256 KiB in every mode, over the socket beside
+// a raw socket pair, and on one host (the sender writing into the
+// receiver) beside a single-threaded memcpy of the same bytes.
 func BenchmarkModes(b *testing.B) {
+	b.Run("socket", func(b *testing.B) { benchModes(b, `"same_host": "off"`, "raw") })
+	b.Run("same-host", func(b *testing.B) { benchModes(b, `"same_host": "required"`, "memcpy") })
+}
+
+func benchModes(b *testing.B, plane, baseline string) {
 	const n, size = 64, 256 << 10
-	send, recv, src, dst := benchPair(b, `{"verify": "off"}`, n*size)
+	send, recv, src, dst := benchPair(b, `{"verify": "off", `+plane+`}`, n*size)
 	descs := make([]verify.Desc, n)
 	for i := range descs {
 		descs[i] = verify.Desc{Src: src.addr(i * size), Dst: dst.addr(i * size), Len: size}
 	}
 	raw := newRawPair(b, n*size)
 	defer raw.close()
+	copyAll := func() {
+		if baseline == "raw" {
+			raw.batch(src.b)
+			return
+		}
+		for i := range descs {
+			copy(dst.b[i*size:(i+1)*size], src.b[i*size:(i+1)*size])
+		}
+	}
 
 	spent := map[string]time.Duration{}
 	b.SetBytes(n * size)
@@ -45,18 +62,18 @@ func BenchmarkModes(b *testing.B) {
 			spent[string(m)] += time.Since(start)
 		}
 		start := time.Now()
-		raw.batch(src.b)
-		spent["raw"] += time.Since(start)
+		copyAll()
+		spent[baseline] += time.Since(start)
 	}
 	b.StopTimer()
 	gbs := func(k string) float64 { return float64(b.N) * n * size / spent[k].Seconds() / 1e9 }
-	b.ReportMetric(gbs("raw"), "raw_GB/s")
+	b.ReportMetric(gbs(baseline), baseline+"_GB/s")
 	b.ReportMetric(gbs("off"), "off_GB/s")
 	for _, m := range verify.Modes[1:] {
 		b.ReportMetric(gbs(string(m))/gbs("off"), string(m)+"/off")
 	}
 	b.ReportMetric(gbs("digest_send")/gbs("off"), "digest_send/off")
-	b.ReportMetric(gbs("off")/gbs("raw"), "off/raw")
+	b.ReportMetric(gbs("off")/gbs(baseline), "off/"+baseline)
 }
 
 // benchPair opens a sender (sendJS) and a receiver with size bytes
@@ -94,21 +111,28 @@ func BenchmarkSmallTransfer(b *testing.B) {
 			p.batch(data)
 		}
 	})
-	for _, m := range []verify.Mode{verify.Off, verify.Tail, verify.Sample} {
-		b.Run(string(m), func(b *testing.B) {
-			send, recv, src, dst := benchPair(b, `{"verify": "`+string(m)+`"}`, 4096)
-			descs := []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}
-			if _, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{}); err != nil {
-				b.Fatal(err)
-			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if _, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{}); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+	for _, plane := range []string{"socket", "same-host"} {
+		for _, m := range []verify.Mode{verify.Off, verify.Tail, verify.Sample} {
+			b.Run(plane+"/"+string(m), func(b *testing.B) { benchSmall(b, plane, m) })
+		}
+	}
+}
+
+// benchSmall times 1 x 4 KiB transfers in mode m, over the socket or on
+// one host (the sender writing into the receiver).
+func benchSmall(b *testing.B, plane string, m verify.Mode) {
+	sameHost := map[string]string{"socket": "off", "same-host": "required"}[plane]
+	send, recv, src, dst := benchPair(b, `{"verify": "`+string(m)+`", "same_host": "`+sameHost+`"}`, 4096)
+	descs := []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}
+	if _, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{}); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
