@@ -162,3 +162,24 @@ func TestSameHostUnregisterShutsOutTheSendersWrites(t *testing.T) {
 	require.Equal(t, after, p.dst.b, "nothing landed after Unregister returned")
 	require.Positive(t, pushed(t, p.send))
 }
+
+// Senders that come and go leave no lease slot behind: each connection's
+// slot is taken back when it ends.
+func TestSameHostWritersComeAndGoWithoutLeaking(t *testing.T) {
+	recv := openGuard(t, "")
+	dst := newMem(t, 4096)
+	require.NoError(t, recv.Register(dst.addr(0), 4096))
+	for i := 0; i < 40; i++ {
+		send := openGuard(t, "")
+		src := newMem(t, 4096)
+		require.NoError(t, send.Register(src.addr(0), 4096))
+		fill(src.b)
+		_, err := send.Transfer(recv.Endpoint(), []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}, TransferOptions{})
+		require.NoError(t, err)
+		require.Equal(t, src.b, dst.b)
+		require.Positive(t, pushed(t, send))
+		send.Close()
+	}
+	require.Eventually(t, func() bool { return stats(t, recv)["same_host_writers"].(float64) == 0 },
+		5*time.Second, 10*time.Millisecond, "every slot is free once its sender left")
+}

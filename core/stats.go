@@ -66,6 +66,7 @@ func (g *Guard) Stats() ([]byte, error) {
 	if p, ok := g.plane(tcp.Name).(*tcp.Transport); ok {
 		out["same_host_pulled_bytes"] = p.PulledBytes()
 		out["same_host_ipc_bytes"] = p.IPCBytes()
+		out["same_host_writers"] = p.SameHostWriters()
 	}
 	out["same_host_pushed_bytes"] = g.stats.pushed.Load()
 	out["same_host"] = g.cfg.SameHost

@@ -301,6 +301,19 @@ func (l *lease) release(slot int) {
 	l.slots[slot] = leaseSlot{pidfd: -1}
 }
 
+// writers counts the slots handed out (connections that may write here).
+func (l *lease) writers() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for i := range l.slots {
+		if l.slots[i].used {
+			n++
+		}
+	}
+	return n
+}
+
 // exited reports whether the process behind pidfd has ended (a pidfd
 // polls readable then).
 func exited(pidfd int) bool {

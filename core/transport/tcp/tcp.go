@@ -163,6 +163,15 @@ func (t *Transport) Accept(peer transport.Peer, offer []byte, _ []memory.Region)
 // senders' memory.
 func (t *Transport) PulledBytes() int64 { return t.target.pulled.Load() }
 
+// SameHostWriters counts the same-host senders' connections that hold a
+// lease slot here (at most maxLeaseSlots); -1 where none is offered.
+func (t *Transport) SameHostWriters() int {
+	if t.target.lease == nil {
+		return -1
+	}
+	return t.target.lease.writers()
+}
+
 // IPCBytes counts the bytes the target copied out of same-host senders'
 // GPU memory by CUDA IPC.
 func (t *Transport) IPCBytes() int64 { return t.target.ipcBytes.Load() }
