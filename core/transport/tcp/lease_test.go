@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"os"
@@ -210,4 +211,31 @@ func TestLeaseCloseShutsOutEverySender(t *testing.T) {
 	ok, err := p.enter(rng(0x10000, 0x1000))
 	require.False(t, ok)
 	require.ErrorIs(t, err, errRevoked)
+}
+
+// vmCopyParallel cuts a large batch over several threads, cutting pairs
+// where a run ends: one big pair, and uneven ones, land whole.
+func TestVMCopyParallelCutsPairs(t *testing.T) {
+	for _, sizes := range [][]int{{9<<20 + 13}, {3 << 20, 1, 5<<20 + 7, 4096, 2 << 20}} {
+		var total int
+		for _, n := range sizes {
+			total += n
+		}
+		src, dst := make([]byte, total), make([]byte, total)
+		for i := range src {
+			src[i] = byte(i*131 + i>>11)
+		}
+		var local []unix.Iovec
+		var remote []unix.RemoteIovec
+		off := 0
+		for _, n := range sizes {
+			lv := unix.Iovec{Base: &src[off]}
+			lv.SetLen(n)
+			local = append(local, lv)
+			remote = append(remote, unix.RemoteIovec{Base: uintptr(unsafe.Pointer(&dst[off])), Len: n})
+			off += n
+		}
+		require.NoError(t, vmCopyParallel(os.Getpid(), local, remote, uint64(total)))
+		require.True(t, bytes.Equal(src, dst), "%v", sizes)
+	}
 }
