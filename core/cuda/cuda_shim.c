@@ -68,6 +68,15 @@ int mcg_cuda_load(const char *path, struct mcg_cuda *c, char *err, size_t errlen
     GET(cuIpcOpenMemHandle, 0);
     GET(cuIpcCloseMemHandle, 0);
     GET(cuMemcpyDtoDAsync, 0);
+    GET(cuMemRetainAllocationHandle, 0);
+    GET(cuMemExportToShareableHandle, 0);
+    GET(cuMemImportFromShareableHandle, 0);
+    GET(cuMemRelease, 0);
+    GET(cuMemAddressReserve, 0);
+    GET(cuMemAddressFree, 0);
+    GET(cuMemMap, 0);
+    GET(cuMemUnmap, 0);
+    GET(cuMemSetAccess, 0);
     if (c->driver_version >= MCG_CUDA_DMABUF_DRIVER) GET_AT(cuMemGetHandleForAddressRange, MCG_CUDA_DMABUF_DRIVER, 0);
 #undef GET
 #undef GET_AT
@@ -156,6 +165,49 @@ CUresult mcg_cu_ipc_close(struct mcg_cuda *c, CUdeviceptr p) {
 CUresult mcg_cu_dtod_async(struct mcg_cuda *c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
     if (!has_ipc(c)) return MCG_CUDA_MISSING;
     return c->cuMemcpyDtoDAsync(dst, src, n, s);
+}
+
+static int has_vmm(struct mcg_cuda *c) {
+    return c->cuMemRetainAllocationHandle && c->cuMemExportToShareableHandle && c->cuMemImportFromShareableHandle &&
+           c->cuMemRelease && c->cuMemAddressReserve && c->cuMemAddressFree && c->cuMemMap && c->cuMemUnmap &&
+           c->cuMemSetAccess && c->cuMemcpyDtoDAsync;
+}
+
+CUresult mcg_cu_vmm_export(struct mcg_cuda *c, CUdeviceptr base, int *fd) {
+    if (!has_vmm(c)) return MCG_CUDA_MISSING;
+    CUmemGenericAllocationHandle h;
+    CUresult r = c->cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)base);
+    if (r != MCG_CUDA_SUCCESS) return r;
+    r = c->cuMemExportToShareableHandle(fd, h, MCG_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    c->cuMemRelease(h); /* the retain's reference; the allocation lives on */
+    return r;
+}
+
+CUresult mcg_cu_vmm_open(struct mcg_cuda *c, int fd, size_t size, int ordinal, CUdeviceptr *p,
+                         CUmemGenericAllocationHandle *handle) {
+    if (!has_vmm(c)) return MCG_CUDA_MISSING;
+    CUresult r = c->cuMemImportFromShareableHandle(handle, (void *)(uintptr_t)fd, MCG_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (r != MCG_CUDA_SUCCESS) return r;
+    if ((r = c->cuMemAddressReserve(p, size, 0, 0, 0)) != MCG_CUDA_SUCCESS) goto release;
+    if ((r = c->cuMemMap(*p, size, 0, *handle, 0)) != MCG_CUDA_SUCCESS) goto free_range;
+    CUmemAccessDesc access = {{MCG_CU_MEM_LOCATION_TYPE_DEVICE, ordinal}, MCG_CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    if ((r = c->cuMemSetAccess(*p, size, &access, 1)) != MCG_CUDA_SUCCESS) goto unmap;
+    return MCG_CUDA_SUCCESS;
+unmap:
+    c->cuMemUnmap(*p, size);
+free_range:
+    c->cuMemAddressFree(*p, size);
+release:
+    c->cuMemRelease(*handle);
+    return r;
+}
+
+CUresult mcg_cu_vmm_close(struct mcg_cuda *c, CUdeviceptr p, size_t size, CUmemGenericAllocationHandle handle) {
+    if (!has_vmm(c)) return MCG_CUDA_MISSING;
+    CUresult r = c->cuMemUnmap(p, size);
+    CUresult f = c->cuMemAddressFree(p, size);
+    CUresult h = c->cuMemRelease(handle);
+    return r != MCG_CUDA_SUCCESS ? r : f != MCG_CUDA_SUCCESS ? f : h;
 }
 
 const char *mcg_cu_error_name(struct mcg_cuda *c, CUresult r) {

@@ -37,6 +37,14 @@ typedef unsigned long long CUdeviceptr;
 #define MCG_CU_IPC_HANDLE_SIZE 64
 #define MCG_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 0x1
 typedef struct { char reserved[MCG_CU_IPC_HANDLE_SIZE]; } CUipcMemHandle; /* passed by value */
+/* VMM memory (cuMemCreate) shared as a POSIX file descriptor (CUDA 10.2+). */
+typedef unsigned long long CUmemGenericAllocationHandle;
+#define MCG_CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES 14
+#define MCG_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 0x1
+#define MCG_CU_MEM_LOCATION_TYPE_DEVICE 0x1
+#define MCG_CU_MEM_ACCESS_FLAGS_PROT_READWRITE 0x3
+typedef struct { int type; int id; } CUmemLocation;
+typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
 
 struct mcg_cuda {
     void *lib;
@@ -66,6 +74,16 @@ struct mcg_cuda {
     CUresult (*cuIpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned int);
     CUresult (*cuIpcCloseMemHandle)(CUdeviceptr);
     CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+    /* optional, for sharing VMM memory: NULL when the driver lacks them */
+    CUresult (*cuMemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *);
+    CUresult (*cuMemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
+    CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *, int);
+    CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
+    CUresult (*cuMemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
+    CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+    CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
+    CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
 };
 
 /* Loads the table from path; on failure returns a CUresult-like code (or
@@ -94,5 +112,12 @@ CUresult mcg_cu_ipc_get(struct mcg_cuda *c, void *handle, CUdeviceptr base);
 CUresult mcg_cu_ipc_open(struct mcg_cuda *c, CUdeviceptr *p, const void *handle);
 CUresult mcg_cu_ipc_close(struct mcg_cuda *c, CUdeviceptr p);
 CUresult mcg_cu_dtod_async(struct mcg_cuda *c, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
+/* VMM sharing: MCG_CUDA_MISSING when the driver lacks the entry points.
+ * export: a new POSIX fd for the allocation at base; open: import fd, map
+ * size bytes of it on device ordinal with read-write access (handle is
+ * what close gives back); close: unmap and release. */
+CUresult mcg_cu_vmm_export(struct mcg_cuda *c, CUdeviceptr base, int *fd);
+CUresult mcg_cu_vmm_open(struct mcg_cuda *c, int fd, size_t size, int ordinal, CUdeviceptr *p, CUmemGenericAllocationHandle *handle);
+CUresult mcg_cu_vmm_close(struct mcg_cuda *c, CUdeviceptr p, size_t size, CUmemGenericAllocationHandle handle);
 const char *mcg_cu_error_name(struct mcg_cuda *c, CUresult r);
 #endif

@@ -42,7 +42,8 @@ type Driver struct {
 	mu      sync.Mutex
 	devices map[int]*device
 	staging [][]byte            // free pinned buffers
-	exports map[uint64]exported // IPC handles by allocation base
+	exports map[uint64]exported   // IPC handles by allocation base
+	vmmMaps map[uint64]vmmMapping // other processes' VMM allocations mapped here, by address
 }
 
 type device struct {
@@ -80,7 +81,7 @@ func Load(path string) (*Driver, error) {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	c := (*C.struct_mcg_cuda)(t)
-	return &Driver{c: c, Version: int(c.driver_version), devices: map[int]*device{}, exports: map[uint64]exported{}}, nil
+	return &Driver{c: c, Version: int(c.driver_version), devices: map[int]*device{}, exports: map[uint64]exported{}, vmmMaps: map[uint64]vmmMapping{}}, nil
 }
 
 func (d *Driver) check(r C.CUresult, what string) error {

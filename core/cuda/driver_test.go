@@ -158,6 +158,16 @@ func fdFlags(fd int) (int, error) {
 // back to host for a hash, and writes into this process's memory through
 // the handle.
 func TestIPCAcrossProcesses(t *testing.T) {
+	t.Run("legacy", func(t *testing.T) { ipcAcrossProcesses(t, false) })
+	t.Run("vmm", func(t *testing.T) {
+		t.Setenv("MCG_MODEL_VMM", "1") // the child inherits it
+		ipcAcrossProcesses(t, true)
+	})
+}
+
+// ipcAcrossProcesses runs the test on memory with a legacy IPC handle, or
+// on VMM memory shared as a file descriptor (vmm).
+func ipcAcrossProcesses(t *testing.T, vmm bool) {
 	d, m := model(t)
 	const n = 1 << 20
 	src, err := m.Alloc(n)
@@ -174,8 +184,11 @@ func TestIPCAcrossProcesses(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, ref.Handle, again.Handle, "one handle per allocation")
 
-	_, _, err = d.OpenIPC(ref.Handle, 0)
-	require.ErrorIs(t, err, cuda.ErrDevice, "a process cannot open its own handle")
+	require.Equal(t, map[bool]int{false: 0, true: os.Getpid()}[vmm], cuda.HandleProcess(ref.Handle), "a VMM reference names its process")
+	if !vmm {
+		_, _, err = d.OpenIPC(ref.Handle, 0)
+		require.ErrorIs(t, err, cuda.ErrDevice, "a process cannot open its own handle")
+	}
 	_, err = d.ExportIPC(src+n-8, 16, mem)
 	require.ErrorContains(t, err, "not inside one device allocation")
 
@@ -214,8 +227,10 @@ func TestIPCChild(t *testing.T) {
 	ptr, size, err := d.OpenIPC(handle, 0)
 	require.NoError(t, err)
 	require.EqualValues(t, 1<<20, size)
-	_, _, err = d.OpenIPC(handle, 0)
-	require.ErrorContains(t, err, "ALREADY_MAPPED", "a handle opens once per process")
+	if cuda.HandleProcess(handle) == 0 {
+		_, _, err = d.OpenIPC(handle, 0)
+		require.ErrorContains(t, err, "ALREADY_MAPPED", "a legacy handle opens once per process")
+	}
 	mine, err := m.Alloc(8192)
 	require.NoError(t, err)
 	dev := cuda.Memory{Device: true}
@@ -228,4 +243,18 @@ func TestIPCChild(t *testing.T) {
 	require.NoError(t, d.CopyDeviceToDevice(ptr, mine, 512, dev))
 	require.NoError(t, d.CloseIPC(ptr, 0))
 	require.Error(t, d.CloseIPC(ptr, 0), "closed once")
+}
+
+// VMM memory created without a shareable handle type cannot be shared: it
+// is staged, saying why.
+func TestVMMMemoryWithoutAShareableHandleIsNotExported(t *testing.T) {
+	d, m := model(t)
+	t.Setenv("MCG_MODEL_NO_LEGACY_IPC", "1")
+	src, err := m.Alloc(8192)
+	require.NoError(t, err)
+	mem, err := d.Classify(src)
+	require.NoError(t, err)
+	_, err = d.ExportIPC(src, 8192, mem)
+	require.ErrorIs(t, err, cuda.ErrNoIPC)
+	require.ErrorContains(t, err, "not created shareable")
 }

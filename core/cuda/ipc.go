@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // CUDA IPC, for GPU-to-GPU copies between two processes on one host: the
@@ -16,7 +18,8 @@ import (
 // the receiver opens it once (cuIpcOpenMemHandle) and copies device to
 // device on a stream of its own, over NVLink or PCIe peer access. Only
 // cuMemAlloc'd memory has legacy IPC handles; memory from the VMM API
-// (cuMemCreate: PyTorch's expandable segments) has none, and is staged.
+// (cuMemCreate: PyTorch's expandable segments) has none: it goes by its
+// shareable file descriptor where it has one (vmm.go), else it is staged.
 
 // IPCHandleSize is CU_IPC_HANDLE_SIZE.
 const IPCHandleSize = C.MCG_CU_IPC_HANDLE_SIZE
@@ -37,7 +40,15 @@ type IPCRef struct {
 type exported struct {
 	id     uint64
 	handle [IPCHandleSize]byte
+	fd     int // a VMM export's descriptor, open while cached; -1: none
 	err    error
+}
+
+// forget closes what the export holds.
+func (e exported) forget() {
+	if e.fd >= 0 {
+		unix.Close(e.fd)
+	}
 }
 
 // maxExports bounds the export cache; past it the cache starts again
@@ -48,7 +59,7 @@ const maxExports = 4096
 func (d *Driver) ExportIPC(addr, n uint64, m Memory) (IPCRef, error) {
 	var ref IPCRef
 	err := d.on(m.Ordinal, func(*device) error {
-		base, _, err := d.allocation(addr, n, ErrNoIPC)
+		base, size, err := d.allocation(addr, n, ErrNoIPC)
 		if err != nil {
 			return err
 		}
@@ -60,9 +71,15 @@ func (d *Driver) ExportIPC(addr, n uint64, m Memory) (IPCRef, error) {
 		e, ok := d.exports[uint64(base)]
 		d.mu.Unlock()
 		if !ok || e.id != uint64(id) {
-			e = d.export(base, uint64(id))
+			e = d.export(base, uint64(size), uint64(id))
 			d.mu.Lock()
+			if old, ok := d.exports[uint64(base)]; ok { // freed and allocated again
+				old.forget()
+			}
 			if len(d.exports) >= maxExports {
+				for _, x := range d.exports {
+					x.forget()
+				}
 				clear(d.exports)
 			}
 			d.exports[uint64(base)] = e
@@ -77,14 +94,14 @@ func (d *Driver) ExportIPC(addr, n uint64, m Memory) (IPCRef, error) {
 	return ref, err
 }
 
-// export asks the driver for base's handle, or says why there is none.
-func (d *Driver) export(base C.CUdeviceptr, id uint64) exported {
-	e := exported{id: id}
+// export asks the driver for base's handle (a VMM reference for memory
+// without a legacy one), or says why there is none.
+func (d *Driver) export(base C.CUdeviceptr, size, id uint64) exported {
+	e := exported{id: id, fd: -1}
 	var capable C.int
 	r := C.mcg_cu_pointer_get_attribute(d.c, unsafe.Pointer(&capable), C.MCG_CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, base)
 	if r == C.MCG_CUDA_SUCCESS && capable == 0 {
-		e.err = fmt.Errorf("%w: the allocation at %#x has no legacy IPC handle (VMM memory, e.g. PyTorch's expandable segments)", ErrNoIPC, uint64(base))
-		return e
+		return d.exportVMM(base, size, id)
 	}
 	switch r := C.mcg_cu_ipc_get(d.c, unsafe.Pointer(&e.handle[0]), base); {
 	case r == C.MCG_CUDA_MISSING:
@@ -100,6 +117,10 @@ func (d *Driver) export(base C.CUdeviceptr, id uint64) exported {
 // per process; the caller keeps what it opened.
 func (d *Driver) OpenIPC(h [IPCHandleSize]byte, ordinal int) (ptr, size uint64, err error) {
 	err = d.on(ordinal, func(*device) error {
+		if v, ok := parseVMM(h); ok {
+			ptr, size, err = d.openVMM(v, ordinal)
+			return err
+		}
 		var p C.CUdeviceptr
 		r := C.mcg_cu_ipc_open(d.c, &p, unsafe.Pointer(&h[0]))
 		if r == C.MCG_CUDA_MISSING {
@@ -123,6 +144,9 @@ func (d *Driver) OpenIPC(h [IPCHandleSize]byte, ordinal int) (ptr, size uint64, 
 // CloseIPC unmaps what OpenIPC mapped.
 func (d *Driver) CloseIPC(ptr uint64, ordinal int) error {
 	return d.on(ordinal, func(*device) error {
+		if vmm, err := d.closeVMM(ptr); vmm {
+			return err
+		}
 		return d.check(C.mcg_cu_ipc_close(d.c, C.CUdeviceptr(ptr)), "cuIpcCloseMemHandle")
 	})
 }

@@ -165,9 +165,31 @@ def test_gpu_same_host_by_cuda_ipc(mode, same_host, via_ipc):
         rx.close()
 
 
+@pytest.mark.parametrize("mode", ["off", "tail", "digest"])
+def test_vmm_gpu_memory_goes_by_its_file_descriptor(mode, monkeypatch):
+    """VMM memory created shareable as a file descriptor (PyTorch's expandable
+    segments, vLLM's sleep-mode allocator) has no legacy IPC handle: the
+    receiver takes the sender's descriptor with pidfd_getfd, imports, maps
+    and grants itself access, and copies device to device."""
+    monkeypatch.setenv("MCG_MODEL_VMM", "1")  # both processes' device memory
+    size = 1 << 20
+    rx = Receiver(size, env={"MCG_MODEL_VMM": "1"}, transport="tcp")
+    try:
+        model = Model(model_path())
+        with mcguard.Guard(cuda="required", cuda_library=model_path(), verify=mode, notify="always",
+                           transport="tcp") as g:
+            for _ in range(2):
+                res, want = gpu_transfer(g, model, rx, size)
+                assert rx.sync_hash(res.id) == want, "hashed on the receiver after its sync"
+        assert rx.stats()["same_host_ipc_bytes"] == 2 * size
+    finally:
+        rx.close()
+
+
 def test_gpu_memory_without_an_ipc_handle_is_staged(monkeypatch):
-    """Memory with no legacy IPC handle (VMM, as PyTorch's expandable
-    segments) goes through the socket, and the transfer still succeeds."""
+    """Memory with no legacy IPC handle and no shareable one (VMM memory
+    created without requestedHandleTypes) goes through the socket, and the
+    transfer still succeeds."""
     monkeypatch.setenv("MCG_MODEL_NO_LEGACY_IPC", "1")
     size = 1 << 20
     rx = Receiver(size, transport="tcp")

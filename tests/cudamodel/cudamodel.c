@@ -12,7 +12,12 @@
  * CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0; MCG_MODEL_NO_LEGACY_IPC=1 makes
  * device memory report no legacy IPC handle (as VMM memory does), and
  * MCG_MODEL_IPC_OPEN_FAILS=1 makes cuIpcOpenMemHandle fail (as between
- * GPUs without peer access), both read when asked. mcgModelFailCopies(n) makes
+ * GPUs without peer access), both read when asked; MCG_MODEL_VMM=1 makes
+ * device memory act as VMM memory created shareable as a POSIX file
+ * descriptor (no legacy handle; CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES
+ * says so; cuMemRetainAllocationHandle and cuMemExportToShareableHandle
+ * give out its memfd, and an importer reserves, maps and must grant access
+ * before it copies). mcgModelFailCopies(n) makes
  * the next n copy calls fail with CUDA_ERROR_ILLEGAL_ADDRESS.
  *
  * dmabuf export (cuMemGetHandleForAddressRange) hands out a memfd standing
@@ -65,7 +70,8 @@ typedef struct region {
     int pinned;                 /* 0: device memory, 1: pinned host memory */
     int fd;                     /* device memory: its memfd; -1 otherwise */
     unsigned long long id;      /* CU_POINTER_ATTRIBUTE_BUFFER_ID */
-    int imported;               /* opened from another process's IPC handle */
+    int imported;               /* opened from another process's IPC handle, or mapped from a VMM handle */
+    int mapped, access;         /* mapped by cuMemMap; cuMemSetAccess granted read-write */
     int from_pid;               /* imported: the exporter and its buffer id */
     unsigned long long from_id;
     struct region *next;
@@ -73,6 +79,8 @@ typedef struct region {
 
 /* The model's CUipcMemHandle (64 bytes, opaque to callers). */
 typedef struct { char reserved[64]; } CUipcMemHandle;
+/* CUmemAccessDesc: CUmemLocation {type, id}, then the access flags. */
+typedef struct { int type, id, flags; } CUmemAccessDesc_model;
 typedef struct {
     char magic[8];
     int pid, fd;
@@ -167,7 +175,8 @@ CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr ptr) {
     switch (attr) {
     case 2: *(unsigned int *)data = r->pinned ? 1 : 2; return SUCCESS; /* MEMORY_TYPE: HOST or DEVICE */
     case 7: *(unsigned long long *)data = r->id; return SUCCESS;      /* BUFFER_ID */
-    case 10: *(int *)data = !r->pinned && !r->imported && !knob("MCG_MODEL_NO_LEGACY_IPC"); return SUCCESS; /* IS_LEGACY_CUDA_IPC_CAPABLE */
+    case 10: *(int *)data = !r->pinned && !r->imported && !knob("MCG_MODEL_NO_LEGACY_IPC") && !knob("MCG_MODEL_VMM"); return SUCCESS; /* IS_LEGACY_CUDA_IPC_CAPABLE */
+    case 14: *(unsigned int *)data = !r->pinned && !r->imported && knob("MCG_MODEL_VMM"); return SUCCESS; /* ALLOWED_HANDLE_TYPES: POSIX_FILE_DESCRIPTOR */
     case 9: *(int *)data = 0; return SUCCESS;                          /* DEVICE_ORDINAL */
     case 1: *(void **)data = &primary_ctx; return SUCCESS;             /* CONTEXT */
     }
@@ -311,7 +320,7 @@ static CUresult copy_async(int kind, void *dst, const void *src, size_t n, void 
     /* the device end(s): the destination (0: host to device, 2: device
      * to device), the source (1: device to host, 2) */
     region *d = kind != 1 ? find(dst, n) : NULL, *r = kind != 0 ? find(src, n) : NULL;
-    if ((kind != 1 && (!d || d->pinned)) || (kind != 0 && (!r || r->pinned)) || !s) {
+    if ((kind != 1 && (!d || d->pinned || (d->mapped && !d->access))) || (kind != 0 && (!r || r->pinned || (r->mapped && !r->access))) || !s) {
         pthread_mutex_unlock(&mu);
         return INVALID_VALUE;
     }
@@ -343,7 +352,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
     if (!h) return INVALID_VALUE;
     pthread_mutex_lock(&mu);
     region *r = find((void *)(uintptr_t)p, 1);
-    int ok = r && !r->pinned && !r->imported && (CUdeviceptr)(uintptr_t)r->p == p && !knob("MCG_MODEL_NO_LEGACY_IPC");
+    int ok = r && !r->pinned && !r->imported && (CUdeviceptr)(uintptr_t)r->p == p && !knob("MCG_MODEL_NO_LEGACY_IPC") && !knob("MCG_MODEL_VMM");
     ipc_handle ih = {0};
     if (ok) {
         memcpy(ih.magic, ipc_magic, sizeof ih.magic);
@@ -407,6 +416,122 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int fl
 }
 
 CUresult cuIpcCloseMemHandle(CUdeviceptr p) { return release((void *)(uintptr_t)p, 1); }
+
+/* VMM sharing. A generic allocation handle is a vmm_handle *: this
+ * process's allocation (its region's memfd) or one imported from a
+ * descriptor (a copy of it, kept until released). Sizes round up to the
+ * model's granularity, a page. */
+typedef struct { int fd; size_t size; int imported; } vmm_handle;
+#define ROUND(n) (((n) + 4095) / 4096 * 4096)
+
+CUresult cuMemRetainAllocationHandle(unsigned long long *h, void *addr) {
+    if (!h) return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    region *r = find(addr, 1);
+    int ok = r && !r->pinned && !r->imported && r->fd >= 0 && knob("MCG_MODEL_VMM");
+    vmm_handle v = {ok ? r->fd : -1, ok ? r->n : 0, 0};
+    pthread_mutex_unlock(&mu);
+    if (!ok) return INVALID_VALUE; /* not VMM memory of this process */
+    vmm_handle *hv = malloc(sizeof *hv);
+    *hv = v;
+    *h = (unsigned long long)(uintptr_t)hv;
+    return SUCCESS;
+}
+
+CUresult cuMemExportToShareableHandle(void *sh, unsigned long long h, int type, unsigned long long flags) {
+    vmm_handle *v = (vmm_handle *)(uintptr_t)h;
+    if (!sh || !v || type != 1 || flags != 0) return INVALID_VALUE; /* POSIX_FILE_DESCRIPTOR */
+    int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return INVALID_VALUE;
+    *(int *)sh = fd;
+    return SUCCESS;
+}
+
+CUresult cuMemImportFromShareableHandle(unsigned long long *h, void *os_handle, int type) {
+    if (!h || type != 1) return INVALID_VALUE;
+    int fd = (int)(intptr_t)os_handle;
+    char path[64], link[128];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t k = readlink(path, link, sizeof link - 1);
+    if (k < 0) return INVALID_HANDLE;
+    link[k] = 0;
+    if (strncmp(link, "/memfd:mcgmodel-device", 22) != 0) return INVALID_HANDLE;
+    struct stat st;
+    if (fstat(fd, &st) != 0) return INVALID_HANDLE;
+    int own = fcntl(fd, F_DUPFD_CLOEXEC, 0); /* the caller keeps (and closes) its descriptor */
+    if (own < 0) return INVALID_VALUE;
+    vmm_handle *v = malloc(sizeof *v);
+    v->fd = own;
+    v->size = (size_t)st.st_size;
+    v->imported = 1;
+    *h = (unsigned long long)(uintptr_t)v;
+    return SUCCESS;
+}
+
+CUresult cuMemRelease(unsigned long long h) {
+    vmm_handle *v = (vmm_handle *)(uintptr_t)h;
+    if (!v) return INVALID_VALUE;
+    if (v->imported) close(v->fd); /* a mapping keeps the memory */
+    free(v);
+    return SUCCESS;
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags) {
+    (void)align;
+    (void)addr;
+    if (!p || size == 0 || flags != 0) return INVALID_VALUE;
+    void *m = mmap(NULL, ROUND(size), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return INVALID_VALUE;
+    *p = (CUdeviceptr)(uintptr_t)m;
+    return SUCCESS;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
+    return munmap((void *)(uintptr_t)p, ROUND(size)) == 0 ? SUCCESS : INVALID_VALUE;
+}
+
+CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, unsigned long long h, unsigned long long flags) {
+    vmm_handle *v = (vmm_handle *)(uintptr_t)h;
+    if (!v || offset != 0 || flags != 0 || size == 0 || ROUND(size) > ROUND(v->size)) return INVALID_VALUE;
+    /* no access until cuMemSetAccess, as on the real driver */
+    void *m = mmap((void *)(uintptr_t)p, ROUND(size), PROT_NONE, MAP_SHARED | MAP_FIXED, v->fd, 0);
+    if (m == MAP_FAILED) return INVALID_VALUE;
+    region *r = calloc(1, sizeof *r);
+    r->p = m;
+    r->n = size;
+    r->fd = -1;
+    r->imported = 1;
+    r->mapped = 1;
+    add_region(r);
+    return SUCCESS;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc_model *d, size_t count) {
+    if (!d || count != 1 || d->type != 1 || d->id != 0 || d->flags != 3) return INVALID_VALUE; /* DEVICE 0, READWRITE */
+    pthread_mutex_lock(&mu);
+    region *r = find((void *)(uintptr_t)p, size);
+    int ok = r && r->mapped && mprotect(r->p, ROUND(r->n), PROT_READ | PROT_WRITE) == 0;
+    if (ok) r->access = 1;
+    pthread_mutex_unlock(&mu);
+    return ok ? SUCCESS : INVALID_VALUE;
+}
+
+CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
+    pthread_mutex_lock(&mu);
+    for (region **pp = &regions; *pp; pp = &(*pp)->next) {
+        region *r = *pp;
+        if (r->mapped && (CUdeviceptr)(uintptr_t)r->p == p) {
+            *pp = r->next;
+            pthread_mutex_unlock(&mu);
+            /* back to a bare reservation, for cuMemAddressFree */
+            mmap(r->p, ROUND(size), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+            free(r);
+            return SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return INVALID_VALUE;
+}
 
 enum { NOT_SUPPORTED = 801 };
 
@@ -497,6 +622,15 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, unsig
         {"cuDeviceGetAttribute", (void *)cuDeviceGetAttribute},
         {"cuMemGetAddressRange", (void *)cuMemGetAddressRange_v2},
         {"cuMemGetHandleForAddressRange", (void *)cuMemGetHandleForAddressRange},
+        {"cuMemRetainAllocationHandle", (void *)cuMemRetainAllocationHandle},
+        {"cuMemExportToShareableHandle", (void *)cuMemExportToShareableHandle},
+        {"cuMemImportFromShareableHandle", (void *)cuMemImportFromShareableHandle},
+        {"cuMemRelease", (void *)cuMemRelease},
+        {"cuMemAddressReserve", (void *)cuMemAddressReserve},
+        {"cuMemAddressFree", (void *)cuMemAddressFree},
+        {"cuMemMap", (void *)cuMemMap},
+        {"cuMemUnmap", (void *)cuMemUnmap},
+        {"cuMemSetAccess", (void *)cuMemSetAccess},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
         if (strcmp(table[i].name, symbol) == 0) {

@@ -187,7 +187,9 @@ func (t *target) pullDevice(l *link, r io.Reader, dst, n uint64) (ipcSource, wir
 	off := binary.LittleEndian.Uint64(ref[cuda.IPCHandleSize:])
 	size := binary.LittleEndian.Uint64(ref[cuda.IPCHandleSize+8:])
 	gpu := t.regions.GPU()
-	if l.pid == 0 || gpu == nil || size == 0 || size > transport.MaxSlice {
+	// A VMM reference names the process whose descriptor the target takes:
+	// only the sender this connection proved to be.
+	if pid := cuda.HandleProcess(key.handle); l.pid == 0 || gpu == nil || size == 0 || size > transport.MaxSlice || pid != 0 && pid != l.pid {
 		return ipcSource{}, wire.StatusBadRequest, nil
 	}
 	mem, err := t.regions.Memory(dst, size)
