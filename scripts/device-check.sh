@@ -4,7 +4,9 @@
 # torch on the receiver after mc_guard_sync, throughput per mode. Needs
 # build/libmcguard.so (make build, anywhere: libcuda is loaded at run
 # time). Writes device-check.json under $OUT (or build/device-check).
-# Finishes in well under 5 minutes (2 paths x 5 modes x 6 s plus start-up).
+# Runs twice: torch's default allocator, then its expandable segments (VMM
+# memory) under $out/vmm. Finishes in about 4 minutes (2 allocators x 2
+# paths x 5 modes x 6 s plus start-up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build/device-check}
@@ -13,4 +15,6 @@ nvidia-smi -L | tee "$out/nvidia-smi.txt" || true
 export MCGUARD_LIBRARY=${MCGUARD_LIBRARY:-$PWD/build/libmcguard.so}
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 ldd "$MCGUARD_LIBRARY" | tee "$out/ldd.txt"
-timeout 280 python3 -u -m mcguard.devicecheck --out "$out" "$@" 2>&1 | tee "$out/device-check.log"
+timeout 200 python3 -u -m mcguard.devicecheck --out "$out" "$@" 2>&1 | tee "$out/device-check.log"
+mkdir -p "$out/vmm"
+timeout 200 python3 -u -m mcguard.devicecheck --out "$out/vmm" --expandable-segments "$@" 2>&1 | tee "$out/vmm/device-check.log"

@@ -8,22 +8,31 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from mcguard import models
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def test_device_check_runs_on_the_driver_model(tmp_path):
+@pytest.mark.parametrize("vmm", [False, True])
+def test_device_check_runs_on_the_driver_model(tmp_path, vmm):
+    """With --expandable-segments the model's device memory is VMM memory
+    shareable as a descriptor (MCG_MODEL_VMM), as PyTorch's can be."""
     env = dict(os.environ)
     env["MCGUARD_CUDA_MODEL"] = models.cuda_model_path()
     env["MC_GUARD_CUDA_LIBRARY"] = models.cuda_model_path()
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "faketorch"), os.path.dirname(HERE)] +
                                         [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    args = ["--expandable-segments"] if vmm else []
+    if vmm:
+        env["MCG_MODEL_VMM"] = "1"
     out = subprocess.run([sys.executable, "-m", "mcguard.devicecheck", "--out", str(tmp_path), "--seconds", "0.3",
-                          "--blocks", "32", "--block-bytes", "8192", "--batch", "8"],
+                          "--blocks", "32", "--block-bytes", "8192", "--batch", "8", *args],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads((tmp_path / "device-check.json").read_text())
+    assert result["expandable_segments"] == vmm
     rows = result["modes"]
     assert {(r["path"], r["verify"]) for r in rows} == {(p, m) for p in ("socket", "cuda-ipc")
                                                         for m in ("off", "tail", "sample", "full", "digest")}
