@@ -401,6 +401,16 @@ def prefill_main(parent, sessions, args):
     stop = threading.Event()
     start = time.monotonic()
 
+    def settle_engine():
+        # Over an engine nothing can refuse a failed transfer's writes that
+        # are still on their way (quiesce cannot stop the engine's own
+        # writes), so, as the guard's docs tell an application, its blocks
+        # are not written again until the engine can no longer deliver
+        # them: here, the fault's longest delay. Over TCP the receiver's
+        # sync waits for them instead.
+        if args.transport == "mooncake" and args.inject in ("lag", "reorder", "hold"):
+            time.sleep(args.lag_max_ms / 1000)
+
     def worker(t):
         rnd = random.Random(args.seed * 1000 + t)
         mine = [b for b in range(args.blocks) if b % args.threads == t]
@@ -436,6 +446,7 @@ def prefill_main(parent, sessions, args):
                     if args.abort and not decode_aborts:  # the decode side frees the request's blocks
                         checker.send(("aborted", blocks))
                         checker.recv()
+                    settle_engine()
                     continue
                 if decode_aborts:  # gone at the decode side: nothing to read
                     counters.add(transfers=1, ok=1)
@@ -446,6 +457,7 @@ def prefill_main(parent, sessions, args):
                 if verdict == "failed":  # the receiver's sync caught it
                     counters.add(transfers=1, failed=1, retries=res.retries, resends=res.resends)
                     counters.error(MCGuardError(_status_of(detail), "receiver sync failed"))
+                    settle_engine()
                     continue
                 counters.add(transfers=1, ok=1, descriptors=batch, bytes=batch * bb,
                              mismatches=detail, retries=res.retries, resends=res.resends)
