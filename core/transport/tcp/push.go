@@ -327,10 +327,7 @@ func (t *conn) injectFaults() {
 		var dstTail []byte
 		if t.faults.Mode() == fault.Stale {
 			dstTail = make([]byte, min(k, n))
-			lv := []unix.Iovec{{Base: &dstTail[0]}}
-			lv[0].SetLen(len(dstTail))
-			rv := []unix.RemoteIovec{{Base: t.iovRemote[i].Base + uintptr(n-len(dstTail)), Len: len(dstTail)}}
-			if vmCopy(t.lease.pid, lv, rv, false) != nil {
+			if processVMRead(t.lease.pid, uint64(t.iovRemote[i].Base)+uint64(n-len(dstTail)), dstTail) != nil {
 				dstTail = nil
 			}
 		}

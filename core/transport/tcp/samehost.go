@@ -174,23 +174,12 @@ func (t *Transport) sameHostAnswer(sender string, offer []byte) (nonce, why stri
 var readPeer = processVMRead
 
 func processVMRead(pid int, addr uint64, b []byte) error {
-	for len(b) > 0 {
-		local := []unix.Iovec{{Base: &b[0]}}
-		local[0].SetLen(len(b))
-		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}
-		n, err := unix.ProcessVMReadv(pid, local, remote, 0)
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return syscall.EFAULT
-		}
-		b, addr = b[n:], addr+uint64(n)
+	if len(b) == 0 {
+		return nil
 	}
-	return nil
+	local := []unix.Iovec{{Base: &b[0]}}
+	local[0].SetLen(len(b))
+	return vmCopy(pid, local, []unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}, false)
 }
 
 // sameHostFallback logs, once per process, why an automatic same-host
