@@ -37,41 +37,61 @@ var (
 	errDeadline  = errors.New("past the transfer's deadline")
 )
 
-// callContext is one transfer's context: the guard's, ended by Cancel of
-// the session and, with a deadline, when it passes. stop releases it.
-func (s *session) callContext(parent context.Context, deadline time.Duration) (ctx context.Context, stop func()) {
-	ctx, cancel := context.WithCancelCause(parent)
-	stopTimer := func() bool { return false }
-	if deadline > 0 {
-		var cancelTimeout context.CancelFunc
-		ctx, cancelTimeout = context.WithTimeoutCause(ctx, deadline, errDeadline)
-		stopTimer = func() bool { cancelTimeout(); return true }
-	}
-	s.cmu.Lock()
-	s.nextCall++
-	id := s.nextCall
-	if s.calls == nil {
-		s.calls = map[uint64]context.CancelCauseFunc{}
-	}
-	s.calls[id] = cancel
-	s.cmu.Unlock()
-	return ctx, func() {
-		s.cmu.Lock()
-		delete(s.calls, id)
-		s.cmu.Unlock()
-		stopTimer()
-		cancel(nil)
-	}
+// callGen is the context the session's calls share until Cancel: one
+// context for every call, not one each (a transfer allocates nothing for
+// it), cancelled by Cancel and then replaced for later calls.
+type callGen struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	n      int // calls in flight under it (under cmu)
 }
 
-// cancelCalls cancels every transfer in flight to the session.
+// call is one call's hold on its generation, and its deadline's timer.
+type call struct {
+	gen       *callGen
+	stopTimer context.CancelFunc
+}
+
+// callContext is one transfer's context: the guard's, ended by Cancel of
+// the session and, with a deadline, when it passes. endCall releases it.
+func (s *session) callContext(parent context.Context, deadline time.Duration) (context.Context, call) {
+	s.cmu.Lock()
+	if s.gen == nil {
+		ctx, cancel := context.WithCancelCause(parent)
+		s.gen = &callGen{ctx: ctx, cancel: cancel}
+	}
+	c := call{gen: s.gen}
+	c.gen.n++
+	s.cmu.Unlock()
+	ctx := c.gen.ctx
+	if deadline > 0 {
+		ctx, c.stopTimer = context.WithTimeoutCause(ctx, deadline, errDeadline)
+	}
+	return ctx, c
+}
+
+// endCall ends what callContext began.
+func (s *session) endCall(c call) {
+	if c.stopTimer != nil {
+		c.stopTimer()
+	}
+	s.cmu.Lock()
+	c.gen.n--
+	s.cmu.Unlock()
+}
+
+// cancelCalls cancels every transfer in flight to the session; later
+// calls get a fresh context.
 func (s *session) cancelCalls() int {
 	s.cmu.Lock()
 	defer s.cmu.Unlock()
-	for _, cancel := range s.calls {
-		cancel(errCancelled)
+	if s.gen == nil || s.gen.n == 0 {
+		return 0
 	}
-	return len(s.calls)
+	s.gen.cancel(errCancelled)
+	n := s.gen.n
+	s.gen = nil
+	return n
 }
 
 // callErr names why a transfer's context ended, where it did: cancelled

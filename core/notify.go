@@ -59,8 +59,9 @@ func (g *Guard) Notify(name string, n Notify) error {
 	if err := n.check(); err != nil {
 		return err
 	}
-	ctx, stop := g.session(name).callContext(g.ctx, 0)
-	defer stop()
+	ss := g.session(name)
+	ctx, c := ss.callContext(g.ctx, 0)
+	defer ss.endCall(c)
 	s, err := g.lockSession(ctx, name, nil)
 	if err != nil {
 		return callErr(ctx, err)

@@ -18,8 +18,8 @@ func (g *Guard) PeerRegions(name string) ([]memory.Region, error) {
 		return nil, err
 	}
 	s := g.session(name)
-	ctx, stop := s.callContext(g.ctx, 0)
-	defer stop()
+	ctx, c := s.callContext(g.ctx, 0)
+	defer s.endCall(c)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if g.engine != nil {

@@ -129,8 +129,9 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 	if opts.Verify != nil {
 		vcfg.Mode = *opts.Verify
 	}
-	ctx, stop := g.session(name).callContext(g.ctx, opts.Deadline)
-	defer stop()
+	ss := g.session(name)
+	ctx, c := ss.callContext(g.ctx, opts.Deadline)
+	defer ss.endCall(c)
 	s, err := g.lockSession(ctx, name, descs)
 	if err != nil {
 		return res, callErr(ctx, err)

@@ -25,9 +25,8 @@ type session struct {
 	// engine's and the peer's guard (if any) is set with SetPeerGuard.
 	control string
 
-	cmu      sync.Mutex // the transfers in flight, to cancel (not under mu: they may wait for it)
-	nextCall uint64
-	calls    map[uint64]context.CancelCauseFunc
+	cmu sync.Mutex // gen: the transfers in flight, to cancel (not under mu: they may wait for it)
+	gen *callGen
 
 	// Under mu:
 	hello   helloReply

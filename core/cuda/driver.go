@@ -41,7 +41,7 @@ type Driver struct {
 
 	mu      sync.Mutex
 	devices map[int]*device
-	staging [][]byte            // free pinned buffers
+	staging [][]byte              // free pinned buffers
 	exports map[uint64]exported   // IPC handles by allocation base
 	vmmMaps map[uint64]vmmMapping // other processes' VMM allocations mapped here, by address
 }

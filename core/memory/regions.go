@@ -223,18 +223,39 @@ func (t *Regions) within(addr, n uint64, abort func(), fn func(r *region) error)
 // called (Unregister waits for it; abort, if not nil, is called to cut it
 // short), and says where its bytes live.
 func (t *Regions) Pin(addr, n uint64, abort func()) (release func(), mem cuda.Memory, err error) {
+	h, mem, err := t.hold(addr, n, abort)
+	if err != nil {
+		return nil, mem, err
+	}
+	var once sync.Once
+	return func() { once.Do(h.Release) }, mem, nil
+}
+
+// Held is a region held registered by Hold: Pin without a closure, for
+// hot paths that release many at once. Release it exactly once.
+type Held struct {
+	p  *pins
+	id uint64
+}
+
+// Hold is Pin returning a Held instead of a release function.
+func (t *Regions) Hold(addr, n uint64) (Held, cuda.Memory, error) { return t.hold(addr, n, nil) }
+
+func (t *Regions) hold(addr, n uint64, abort func()) (Held, cuda.Memory, error) {
 	t.mu.RLock()
 	r := t.findLocked(addr, n)
 	if r == nil {
 		t.mu.RUnlock()
-		return nil, cuda.Memory{}, fmt.Errorf("%w: [%#x, +%d)", errs.NotRegistered, addr, n)
+		return Held{}, cuda.Memory{}, fmt.Errorf("%w: [%#x, +%d)", errs.NotRegistered, addr, n)
 	}
 	p, mem := r.pins, r.mem
 	id := p.enter(abort)
 	t.mu.RUnlock()
-	var once sync.Once
-	return func() { once.Do(func() { p.leave(id) }) }, mem, nil
+	return Held{p: p, id: id}, mem, nil
 }
+
+// Release lets go of a Held region.
+func (h Held) Release() { h.p.leave(h.id) }
 
 // Load runs fn on the bytes [addr, addr+n) after checking them: host
 // memory as it is, device memory as a staged copy. fn must not keep b.

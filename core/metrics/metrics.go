@@ -32,16 +32,26 @@ func (f *family) get(values []string) *series {
 	if len(values) != len(f.labels) {
 		panic(fmt.Sprintf("metrics: %s takes %d label values, got %d", f.name, len(f.labels), len(values)))
 	}
-	key := strings.Join(values, "\xff")
+	// The key is built on the stack and looked up without a copy (a hot
+	// path: every transfer adds to several series); only a new series
+	// allocates it.
+	var buf [128]byte
+	key := buf[:0]
+	for i, v := range values {
+		if i > 0 {
+			key = append(key, 0xff)
+		}
+		key = append(key, v...)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	s, ok := f.series[key]
+	s, ok := f.series[string(key)]
 	if !ok {
 		s = &series{values: append([]string(nil), values...)}
 		if f.kind == "histogram" {
 			s.counts = make([]atomic.Int64, len(Buckets)+1)
 		}
-		f.series[key] = s
+		f.series[string(key)] = s
 	}
 	return s
 }

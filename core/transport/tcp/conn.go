@@ -59,7 +59,7 @@ type conn struct {
 	iovLocal  []unix.Iovec
 	iovRemote []unix.RemoteIovec
 	ranges    []verify.Range
-	pins      []func()
+	pins      []memory.Held
 	unfenced  bool
 	faults    *fault.Injector // the target's drop, tear or stale, injected here for pushed writes
 	// rc is the socket, for unread's peek (nil: not a socket); peekNow
@@ -71,6 +71,7 @@ type conn struct {
 	// same-host push checks it: a process's sockets close before its pid
 	// can be another process's.
 	closedByPeer bool
+	peekedAt     time.Time // when (pushFirst peeks at most every peekEvery)
 	// gather is a large frame's header and payload for writev, over
 	// gatherBufs.
 	gather     net.Buffers
@@ -326,6 +327,7 @@ func (t *conn) peek(fd uintptr) bool {
 	var err error
 	t.peeked, _, err = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
 	t.closedByPeer = t.peeked == 0 && err == nil || err != nil && err != syscall.EAGAIN && err != syscall.EINTR
+	t.peekedAt = time.Now()
 	return true
 }
 

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -208,15 +209,15 @@ func (t *conn) push(ctx context.Context, descs []verify.Desc) (done bool, err er
 	t.iovLocal, t.iovRemote, t.ranges = t.iovLocal[:0], t.iovRemote[:0], t.ranges[:0]
 	var total uint64
 	for _, d := range descs {
-		rel, mem, err := t.local.Pin(d.Src, d.Len, nil)
+		held, mem, err := t.local.Hold(d.Src, d.Len)
 		if err != nil || mem.Device {
 			if err == nil {
-				rel()
+				held.Release()
 			}
 			t.unpin()
 			return false, nil // the socket path says what is wrong with it
 		}
-		t.pins = append(t.pins, rel)
+		t.pins = append(t.pins, held)
 		lv := unix.Iovec{Base: (*byte)(unsafe.Pointer(uintptr(d.Src)))}
 		lv.SetLen(int(d.Len))
 		t.iovLocal = append(t.iovLocal, lv)
@@ -297,8 +298,8 @@ func (t *conn) pullRanges(ctx context.Context, ranges []verify.Range, out []byte
 }
 
 func (t *conn) unpin() {
-	for _, rel := range t.pins {
-		rel()
+	for _, h := range t.pins {
+		h.Release()
 	}
 	clear(t.pins)
 	t.pins = t.pins[:0]
@@ -337,12 +338,22 @@ func (t *conn) injectFaults() {
 	}
 }
 
+// peekEvery is how often a pushing connection looks at its socket (begin's
+// peek, a syscall): for a target that closed it (its process may have
+// ended, and its pid could in time be another process's) and for quiesce
+// marks, which matter only to writes sent through the socket (and those
+// read them first anyway). A pid is reused only after the kernel went
+// through every other pid, which takes far longer.
+const peekEvery = time.Millisecond
+
 // pushFirst reads what earlier calls left owed and the target's quiesce
-// marks (begin, whose peek also sets closedByPeer), then tries a push.
-// done false (and no error): send descs through the socket.
+// marks (begin, whose peek also sets closedByPeer) where needed, then
+// tries a push. done false (and no error): send descs through the socket.
 func (t *conn) pushFirst(ctx context.Context, descs []verify.Desc) (done bool, err error) {
-	if err := t.begin(ctx); err != nil {
-		return false, err
+	if len(t.owed) > 0 || time.Since(t.peekedAt) >= peekEvery {
+		if err := t.begin(ctx); err != nil {
+			return false, err
+		}
 	}
 	return t.push(ctx, descs)
 }
