@@ -203,8 +203,7 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 		g.metrics.retries.Add(int64(d.Retries))
 		g.metrics.resends.Add(int64(d.Resends))
 		g.metrics.verifySeconds.Observe(d.Checked.Seconds(), string(vcfg.Mode))
-		var mismatch *verify.MismatchError
-		if err != nil && !errors.As(err, &mismatch) {
+		if err != nil && !isMismatch(err) {
 			s.disconnect() // the connection is in an unknown state
 		}
 		if werr := wait(); err == nil { // never return while the digest goroutine still reads the sources
@@ -223,6 +222,15 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 	g.metrics.descriptors.Add(int64(len(descs)), string(vcfg.Mode))
 	g.metrics.bytes.Add(int64(total), string(vcfg.Mode))
 	return res, nil
+}
+
+// isMismatch reports whether err is a verification mismatch (the
+// connection is in step) rather than a failure that leaves it unknown.
+// Its own function: the target of errors.As escapes, and declared in the
+// caller it would be allocated for every transfer.
+func isMismatch(err error) bool {
+	var mismatch *verify.MismatchError
+	return errors.As(err, &mismatch)
 }
 
 // inlineDigestBytes: a chunk this small is digested before its writes go

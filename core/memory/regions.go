@@ -205,18 +205,13 @@ func (t *Regions) Check(addr, n uint64) error {
 // within runs fn on the region holding [addr, addr+n) with the region
 // pinned, so that it cannot be unregistered meanwhile; abort, if not nil,
 // cuts fn short when it is (it closes the connection fn waits on).
-func (t *Regions) within(addr, n uint64, abort func(), fn func(r *region) error) error {
-	t.mu.RLock()
-	r := t.findLocked(addr, n)
-	if r == nil {
-		t.mu.RUnlock()
-		return fmt.Errorf("%w: [%#x, +%d)", errs.NotRegistered, addr, n)
+func (t *Regions) within(addr, n uint64, abort func(), fn func(mem cuda.Memory) error) error {
+	h, mem, err := t.hold(addr, n, abort)
+	if err != nil {
+		return err
 	}
-	held := *r
-	id := held.pins.enter(abort)
-	t.mu.RUnlock()
-	defer held.pins.leave(id)
-	return fn(&held)
+	defer h.Release()
+	return fn(mem)
 }
 
 // Pin holds the region of [addr, addr+n) registered until release is
@@ -266,12 +261,12 @@ func (t *Regions) Load(addr, n uint64, fn func(b []byte) error) error {
 // LoadAbortable is Load for an fn that waits on a peer: unregistering the
 // region calls abort, which must make fn return.
 func (t *Regions) LoadAbortable(addr, n uint64, abort func(), fn func(b []byte) error) error {
-	return t.within(addr, n, abort, func(r *region) error {
-		if !r.mem.Device {
+	return t.within(addr, n, abort, func(mem cuda.Memory) error {
+		if !mem.Device {
 			return fn(BytesAt(addr, n))
 		}
 		buf := make([]byte, n)
-		if err := t.gpu.CopyToHost(buf, addr, r.mem); err != nil {
+		if err := t.gpu.CopyToHost(buf, addr, mem); err != nil {
 			return fmt.Errorf("%w: staging [%#x, +%d) from the GPU: %v", errs.Device, addr, n, err)
 		}
 		return fn(buf)
@@ -289,15 +284,15 @@ func (t *Regions) Store(addr, n uint64, fill func(b []byte) error) error {
 // still arriving): unregistering the region calls abort, which must make
 // fill return.
 func (t *Regions) StoreAbortable(addr, n uint64, abort func(), fill func(b []byte) error) error {
-	return t.within(addr, n, abort, func(r *region) error {
-		if !r.mem.Device {
+	return t.within(addr, n, abort, func(mem cuda.Memory) error {
+		if !mem.Device {
 			return fill(BytesAt(addr, n))
 		}
 		buf := make([]byte, n)
 		if err := fill(buf); err != nil {
 			return err
 		}
-		if err := t.gpu.CopyToDevice(addr, buf, r.mem); err != nil {
+		if err := t.gpu.CopyToDevice(addr, buf, mem); err != nil {
 			return fmt.Errorf("%w: staging [%#x, +%d) to the GPU: %v", errs.Device, addr, n, err)
 		}
 		return nil
@@ -309,10 +304,10 @@ func (t *Regions) StoreAbortable(addr, n uint64, abort func(), fill func(b []byt
 // [addr, addr+n): device to device, or to host memory, returning once the
 // copy has completed.
 func (t *Regions) StoreFromDevice(addr, n uint64, abort func(), src uint64, srcMem cuda.Memory) error {
-	return t.within(addr, n, abort, func(r *region) error {
+	return t.within(addr, n, abort, func(mem cuda.Memory) error {
 		var err error
-		if r.mem.Device {
-			err = t.gpu.CopyDeviceToDevice(addr, src, n, r.mem)
+		if mem.Device {
+			err = t.gpu.CopyDeviceToDevice(addr, src, n, mem)
 		} else {
 			err = t.gpu.CopyToHost(BytesAt(addr, n), src, srcMem)
 		}

@@ -76,8 +76,10 @@ func (t *target) write(l *link, addr, n uint64, src source, lagged *transport.Pe
 	}
 	l.applyMu.Unlock()
 	t.afterStore(l, run, err)
-	var pe errPeerRead
-	if errors.As(err, &pe) {
+	if err == nil {
+		return wire.StatusOK, nil
+	}
+	if isPeerRead(err) {
 		logs.Printf(logs.Info, "target: %v", err)
 		return wire.StatusNoAccess, nil
 	}
@@ -89,4 +91,12 @@ func (t *target) write(l *link, addr, n uint64, src source, lagged *transport.Pe
 		return wire.StatusDevice, nil
 	}
 	return wire.StatusOK, err
+}
+
+// isPeerRead reports whether err is a failed same-host copy (a refusal,
+// not a broken stream); its own function so that nothing is allocated for
+// a write that succeeded.
+func isPeerRead(err error) bool {
+	var pe errPeerRead
+	return errors.As(err, &pe)
 }

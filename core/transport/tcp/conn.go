@@ -40,7 +40,8 @@ type conn struct {
 	timeout      time.Duration
 	until        time.Time // the deadline set last, for the poll reader
 	nextID       uint64
-	hdr          [wire.HeaderSize]byte
+	hdr          [wire.HeaderSize]byte // a frame being sent
+	rhdr         [wire.HeaderSize]byte // a reply being read (a field: a local would escape)
 	// owed are the posted writes whose acknowledgements are not read yet:
 	// the next request reads them first, in the same flight.
 	owed []owedAck
@@ -71,7 +72,11 @@ type conn struct {
 	// same-host push checks it: a process's sockets close before its pid
 	// can be another process's.
 	closedByPeer bool
-	peekedAt     time.Time // when (pushFirst peeks at most every peekEvery)
+	// watched is the context abortOn watches for the connection's life,
+	// unwatch stops that.
+	watched  context.Context
+	unwatch  func() bool
+	peekedAt time.Time // when (pushFirst peeks at most every peekEvery)
 	// gather is a large frame's header and payload for writev, over
 	// gatherBufs.
 	gather     net.Buffers
@@ -123,13 +128,34 @@ func (t *conn) Close() {
 		t.lease.close()
 		t.lease = nil
 	}
+	if t.unwatch != nil {
+		t.unwatch()
+		t.unwatch, t.watched = nil, nil
+	}
 }
 
-// abortOn closes the connection if ctx ends (the guard is closing) while
-// an operation waits on it; call the returned stop when the operation ends.
+// abortOn closes the connection if ctx ends (the guard is closing, the
+// session's calls are cancelled, a deadline passes) while an operation
+// waits on it; call the returned stop when the operation ends. A context
+// without a deadline is the session's calls' (or the guard's), which ends
+// only for those reasons: it is watched once for the connection's life
+// instead of once per operation (no allocation per transfer). One with a
+// deadline is a single call's, which ends when the call does: watched per
+// operation.
 func (t *conn) abortOn(ctx context.Context) (stop func() bool) {
-	return context.AfterFunc(ctx, t.cut)
+	if _, ok := ctx.Deadline(); ok {
+		return context.AfterFunc(ctx, t.cut)
+	}
+	if ctx != t.watched {
+		if t.unwatch != nil {
+			t.unwatch()
+		}
+		t.watched, t.unwatch = ctx, context.AfterFunc(ctx, t.cut)
+	}
+	return keepWatching
 }
+
+func keepWatching() bool { return false }
 
 func (t *conn) deadline(ctx context.Context) {
 	d := time.Now().Add(t.timeout)
@@ -176,14 +202,14 @@ func (t *conn) send(h wire.Header, payload []byte) error {
 
 // recv reads one reply and checks it answers the request with id and op.
 func (t *conn) recv(op wire.Op, id uint64) (wire.Header, error) {
-	var hdr [wire.HeaderSize]byte
+	hdr := t.rhdr[:]
 	var h wire.Header
 	for {
-		if _, err := io.ReadFull(t.r, hdr[:]); err != nil {
+		if _, err := io.ReadFull(t.r, hdr); err != nil {
 			return wire.Header{}, ioErr("receive", err)
 		}
 		var err error
-		if h, err = wire.Decode(hdr[:]); err != nil {
+		if h, err = wire.Decode(hdr); err != nil {
 			return wire.Header{}, fmt.Errorf("%w: bad reply from target: %v", errs.Peer, err)
 		}
 		if h.Op != wire.OpMark {

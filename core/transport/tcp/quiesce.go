@@ -40,6 +40,7 @@ type link struct {
 	applyMu sync.Mutex    // held while one of its writes is applied
 	pid     int           // a same-host sender that proved it is this pid (serve loop only)
 	slot    int           // its lease slot (lease.go), -1: none (serve loop only)
+	stream  streamSource  // the write frame being applied (serve loop only)
 	land    landing       // digests taken as its marked writes land (serve loop only)
 }
 

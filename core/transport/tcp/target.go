@@ -254,7 +254,8 @@ func (t *target) serve(l *link) {
 				_, err = io.CopyN(io.Discard, r, int64(h.Len))
 			}
 		case h.Op == wire.OpWrite:
-			st, err = t.write(l, h.Addr, h.Len, streamSource{r, h.Len}, lagged, cut, h.Status)
+			l.stream = streamSource{r, h.Len} // passed by pointer: no allocation per write
+			st, err = t.write(l, h.Addr, h.Len, &l.stream, lagged, cut, h.Status)
 		case h.Op == wire.OpWriteFrom:
 			var src peerSource
 			if src, st, err = t.pullSource(l, r, h.Len); err == nil && st == wire.StatusOK {
