@@ -31,7 +31,10 @@ type LocalFunc func(addr, n uint64) ([]byte, error)
 // Scratch is the read-back buffer of one session. A session owns its own,
 // so two sessions verifying at once never share bytes.
 type Scratch struct {
-	buf []byte
+	buf    []byte
+	probes []probe // Check's plan, and the lists it builds it with
+	spans  []span
+	ranges []Range
 }
 
 // Bytes returns n bytes of scratch, growing it when needed.
@@ -141,19 +144,20 @@ func (r *splitmix) next() uint64 {
 	return z ^ (z >> 31)
 }
 
-// probes lists what cfg reads back for descs.
-func probes(cfg Config, seed uint64, descs []Desc) []probe {
+// probes lists what cfg reads back for descs, in the scratch's lists (so
+// a session's transfers reuse them).
+func probes(cfg Config, seed uint64, descs []Desc, scratch *Scratch) []probe {
 	if !cfg.Mode.ReadsBack() {
 		return nil
 	}
-	out := make([]probe, 0, len(descs))
-	var sp []span
+	out, sp := scratch.probes[:0], scratch.spans[:0]
 	for i, d := range descs {
 		sp = spans(cfg, d.Len, seed^uint64(i+1)*0x2545f4914f6cdd1d, sp[:0])
 		for _, s := range sp {
 			out = append(out, probe{desc: i, src: d.Src + s.off, dst: d.Dst + s.off, n: s.n})
 		}
 	}
+	scratch.probes, scratch.spans = out, sp
 	return out
 }
 
@@ -176,9 +180,10 @@ type Result struct {
 // cfg.MaxRetries rounds have passed. seed varies the sample per transfer.
 // A MismatchError names indices into descs.
 func Check(ctx context.Context, cfg Config, seed uint64, descs []Desc, local LocalFunc, remote ReadFunc, scratch *Scratch) (Result, error) {
-	pending := probes(cfg, seed, descs)
+	pending := probes(cfg, seed, descs, scratch)
 	var res Result
-	var ranges []Range
+	ranges := scratch.ranges[:0]
+	defer func() { scratch.ranges = ranges }()
 	for round := 0; ; round++ {
 		still := pending[:0]
 		for start := 0; start < len(pending); {

@@ -108,11 +108,9 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 	if final {
 		cfg.MaxRetries = 0 // re-send or fail at once
 	}
-	// index maps positions in the descriptors being checked to the batch.
-	todo, index := chunk, make([]int, len(chunk))
-	for i := range index {
-		index[i] = base + i
-	}
+	// index maps positions in the descriptors being checked to the batch
+	// (nil until a re-send: position i is base+i).
+	todo, index := chunk, []int(nil)
 	for attempt := 0; ; attempt++ {
 		fenced := false
 		read := func(ctx context.Context, ranges []Range, out []byte) error {
@@ -123,16 +121,19 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 		r, err := Check(ctx, cfg, seed, todo, local, read, scratch)
 		d.Retries += r.Retries
 		d.Probed += r.Probed
-		var me *MismatchError
-		if !errors.As(err, &me) {
-			if err != nil {
-				return d, err
-			}
+		if err == nil {
 			return d, announce()
+		}
+		me := asMismatch(err)
+		if me == nil {
+			return d, err
 		}
 		bad, badIndex := make([]Desc, len(me.Descs)), make([]int, len(me.Descs))
 		for i, k := range me.Descs {
-			bad[i], badIndex[i] = todo[k], index[k]
+			bad[i], badIndex[i] = todo[k], base+k
+			if index != nil {
+				badIndex[i] = index[k]
+			}
 		}
 		me.Descs = badIndex
 		if cfg.OnMismatch != Resend || attempt >= cfg.MaxResends {
@@ -163,4 +164,14 @@ const (
 // Notifies reports whether a transfer under c sends a completion notice.
 func (c Config) Notifies() bool {
 	return c.Notify == NotifyAlways || (c.Notify == NotifyAuto && c.Mode == Digest)
+}
+
+// asMismatch is err's MismatchError, or nil; its own function, so that
+// nothing is allocated for a check that passed.
+func asMismatch(err error) *MismatchError {
+	var me *MismatchError
+	if errors.As(err, &me) {
+		return me
+	}
+	return nil
 }

@@ -42,6 +42,14 @@ func (h *Pending) Done(id uint64) {
 	}
 }
 
+// Empty reports whether no write is pending: a waiter can skip its
+// context and timer.
+func (h *Pending) Empty() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.writes) == 0
+}
+
 // Wait returns once no pending write overlaps any of ranges (any at all
 // when ranges is nil), or with ctx's error.
 func (h *Pending) Wait(ctx context.Context, ranges []memory.Region) error {

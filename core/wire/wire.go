@@ -188,6 +188,12 @@ func AppendRange(b []byte, addr, n uint64) []byte {
 // number of ranges, too many ranges, a zero-length or wrapping range, and a
 // total over MaxPayload.
 func DecodeRanges(p []byte) (addrs, lens []uint64, total uint64, err error) {
+	return DecodeRangesInto(p, nil, nil)
+}
+
+// DecodeRangesInto is DecodeRanges appending to addrs and lens (a target
+// reuses them frame after frame).
+func DecodeRangesInto(p []byte, addrs, lens []uint64) ([]uint64, []uint64, uint64, error) {
 	if len(p)%16 != 0 || len(p) == 0 {
 		return nil, nil, 0, fmt.Errorf("%w: read payload of %d bytes is not a list of ranges", ErrFrame, len(p))
 	}
@@ -195,14 +201,14 @@ func DecodeRanges(p []byte) (addrs, lens []uint64, total uint64, err error) {
 	if n > MaxRanges {
 		return nil, nil, 0, fmt.Errorf("%w: %d ranges, limit %d", ErrFrame, n, MaxRanges)
 	}
-	addrs, lens = make([]uint64, n), make([]uint64, n)
+	var total uint64
 	for i := 0; i < n; i++ {
 		a := binary.LittleEndian.Uint64(p[16*i:])
 		l := binary.LittleEndian.Uint64(p[16*i+8:])
 		if l == 0 || a+l < a || l > MaxPayload-total {
 			return nil, nil, 0, fmt.Errorf("%w: range %d (%#x, %d) is empty, wraps or exceeds the read limit", ErrFrame, i, a, l)
 		}
-		addrs[i], lens[i], total = a, l, total+l
+		addrs, lens, total = append(addrs, a), append(lens, l), total+l
 	}
 	return addrs, lens, total, nil
 }

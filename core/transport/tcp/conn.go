@@ -42,6 +42,7 @@ type conn struct {
 	nextID       uint64
 	hdr          [wire.HeaderSize]byte // a frame being sent
 	rhdr         [wire.HeaderSize]byte // a reply being read (a field: a local would escape)
+	readReq      []byte                // a Read frame's ranges, reused
 	// owed are the posted writes whose acknowledgements are not read yet:
 	// the next request reads them first, in the same flight.
 	owed []owedAck
@@ -414,7 +415,7 @@ func (t *conn) Read(ctx context.Context, ranges []verify.Range, out []byte, fenc
 // readRanges does Read's requests; a fenceID other than 0 is a Fence sent
 // but not yet answered, whose reply comes before the first read's.
 func (t *conn) readRanges(ctx context.Context, ranges []verify.Range, out []byte, fenceID uint64) error {
-	payload := make([]byte, 0, 16*min(len(ranges), wire.MaxRanges))
+	payload := t.readReq[:0] // the connection's: no allocation per read-back
 	size := func(i int) uint64 { return ranges[i].Len }
 	for start, end := range transport.Groups(len(ranges), size, wire.MaxRanges, wire.MaxPayload) {
 		payload = payload[:0]
@@ -423,6 +424,7 @@ func (t *conn) readRanges(ctx context.Context, ranges []verify.Range, out []byte
 			payload = wire.AppendRange(payload, r.Addr, r.Len)
 			total += r.Len
 		}
+		t.readReq = payload
 		var h wire.Header
 		var err error
 		if fenceID != 0 {

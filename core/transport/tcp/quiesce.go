@@ -41,6 +41,7 @@ type link struct {
 	pid     int           // a same-host sender that proved it is this pid (serve loop only)
 	slot    int           // its lease slot (lease.go), -1: none (serve loop only)
 	stream  streamSource  // the write frame being applied (serve loop only)
+	rd      readReply     // the read frame being answered (serve loop only)
 	land    landing       // digests taken as its marked writes land (serve loop only)
 }
 

@@ -272,7 +272,7 @@ func (t *target) serve(l *link) {
 		case h.Op == wire.OpFence:
 			st, err = t.fence(r, h.Len, lagged)
 		case h.Op == wire.OpRead:
-			st, n, payload, err = t.read(r, h.Len, cut)
+			st, n, payload, err = t.read(l, r, h.Len, cut)
 		case h.Op == wire.OpNotice:
 			st, err = t.takeNotice(l, r, h.Len)
 		}
@@ -384,6 +384,9 @@ func (t *target) fence(r io.Reader, n uint64, lagged *transport.Pending) (wire.S
 		_, err := io.CopyN(io.Discard, r, int64(n))
 		return wire.StatusBadRequest, err
 	}
+	if lagged.Empty() { // the common case: nothing held back
+		return wire.StatusOK, nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), t.timeout)
 	defer cancel()
 	if err := lagged.Wait(ctx, nil); err != nil {
@@ -394,43 +397,73 @@ func (t *target) fence(r io.Reader, n uint64, lagged *transport.Pending) (wire.S
 
 // read decodes a Read frame's ranges and returns the reply's length and a
 // function that writes the bytes, or a refusal if any range is outside
-// registered memory.
-func (t *target) read(r io.Reader, n uint64, cut func()) (wire.Status, uint64, func(io.Writer) error, error) {
+// registered memory. The ranges and the function are the link's own,
+// reused frame after frame.
+func (t *target) read(l *link, r io.Reader, n uint64, cut func()) (wire.Status, uint64, func(io.Writer) error, error) {
 	if n > wire.MaxRanges*16 {
 		_, err := io.CopyN(io.Discard, r, int64(n))
 		return wire.StatusTooLarge, 0, nil, err
 	}
-	p := make([]byte, n)
+	if uint64(cap(l.rd.raw)) < n {
+		l.rd.raw = make([]byte, n)
+	}
+	p := l.rd.raw[:n]
 	if _, err := io.ReadFull(r, p); err != nil {
 		return 0, 0, nil, err
 	}
-	addrs, lens, total, err := wire.DecodeRanges(p)
+	var total uint64
+	var err error
+	l.rd.addrs, l.rd.lens, total, err = wire.DecodeRangesInto(p, l.rd.addrs[:0], l.rd.lens[:0])
 	if err != nil {
 		return wire.StatusBadRequest, 0, nil, nil
 	}
-	for i := range addrs {
-		if t.regions.Check(addrs[i], lens[i]) != nil {
+	for i := range l.rd.addrs {
+		if t.regions.Check(l.rd.addrs[i], l.rd.lens[i]) != nil {
 			return wire.StatusNotRegistered, 0, nil, nil
 		}
 	}
-	send := func(w io.Writer) error {
-		if t.faults.Holds() { // see applyMu
-			t.applyMu.Lock()
-			defer t.applyMu.Unlock()
-		}
-		for i := range addrs {
-			err := t.regions.LoadAbortable(addrs[i], lens[i], cut, func(m []byte) error {
-				_, err := w.Write(m)
-				return err
-			})
-			// A region unregistered after the reply header went out leaves a
-			// promised length unfillable: drop the connection so the reader
-			// fails rather than compares invented bytes.
-			if err != nil {
-				return err
-			}
-		}
-		return nil
+	l.rd.t, l.rd.cut = t, cut
+	if l.rd.send == nil {
+		l.rd.send = l.rd.write // bound once
 	}
-	return wire.StatusOK, total, send, nil
+	return wire.StatusOK, total, l.rd.send, nil
+}
+
+// readReply is a link's read-back being answered: the ranges of its frame.
+type readReply struct {
+	t            *target
+	cut          func()
+	raw          []byte
+	addrs, lens  []uint64
+	send         func(io.Writer) error // write, bound once
+	w            io.Writer
+	writeToReply func(m []byte) error // to, bound once
+}
+
+// write writes the ranges' bytes to w.
+func (rd *readReply) write(w io.Writer) error {
+	t := rd.t
+	if t.faults.Holds() { // see applyMu
+		t.applyMu.Lock()
+		defer t.applyMu.Unlock()
+	}
+	rd.w = w
+	defer func() { rd.w = nil }()
+	if rd.writeToReply == nil {
+		rd.writeToReply = rd.to
+	}
+	for i := range rd.addrs {
+		// A region unregistered after the reply header went out leaves a
+		// promised length unfillable: drop the connection so the reader
+		// fails rather than compares invented bytes.
+		if err := t.regions.LoadAbortable(rd.addrs[i], rd.lens[i], rd.cut, rd.writeToReply); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (rd *readReply) to(m []byte) error {
+	_, err := rd.w.Write(m)
+	return err
 }
