@@ -143,8 +143,12 @@ std::string last_error(mc_guard_t g) {
 // A prefill guard over the engine, a decode guard (plain) whose memory
 // is the engine segment "decode:0".
 struct Pd {
-    LoopEngine engine;
+    // The memory first, the engine after it: members are destroyed in
+    // reverse, so the engine's deliverer stops before the memory it may
+    // still be writing into is freed (a write posted just before the test
+    // ended would otherwise land in freed memory).
     std::vector<uint8_t> src = std::vector<uint8_t>(kSize), dst = std::vector<uint8_t>(kSize);
+    LoopEngine engine;
     mc_guard_t prefill = 0, decode = 0;
     std::vector<uint64_t> s, d, n;
 
