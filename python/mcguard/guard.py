@@ -111,6 +111,9 @@ def _session(session):
 
 
 _U64_ARRAYS = {}  # n -> ctypes.c_uint64 * n: building the type each call costs as much as filling it
+_U64_ONE = ctypes.c_uint64 * 1
+_TRANSFER_OPTS_SIZE = ctypes.sizeof(_lib.TransferOpts)
+_U64_LIMIT = 1 << 64
 
 
 def _u64_type(n):
@@ -128,9 +131,16 @@ def u64_array(values, what="address or length"):
     array, or a single int. Contiguous unsigned 64-bit buffers are passed
     without copying; anything else is checked element by element. A ctypes
     array of c_uint64 passes for a uint64_t * parameter or field as it is."""
-    if type(values) is list and values and all(type(v) is int and 0 <= v < 1 << 64 for v in values):
-        buf = _u64_type(len(values))(*values)  # the common case, kept cheap
-        return buf, len(values), buf
+    if type(values) is list:  # the common case, kept cheap
+        n = len(values)
+        if n == 1:  # one descriptor: no generator, a cached type
+            v = values[0]
+            if type(v) is int and 0 <= v < _U64_LIMIT:
+                buf = _U64_ONE(v)
+                return buf, 1, buf
+        elif n and all(type(v) is int and 0 <= v < _U64_LIMIT for v in values):
+            buf = _u64_type(n)(*values)
+            return buf, n, buf
     if isinstance(values, (str, bytes, dict)) or values is None:
         raise MCGuardError(MC_ERR_INVALID_ARG, "%s: expected a sequence of integers, not %s"
                            % (what, type(values).__name__))
@@ -275,9 +285,9 @@ class Guard:
         if not (ns == nd == nl):
             raise MCGuardError(MC_ERR_INVALID_ARG, "src, dst and lengths differ in length (%d, %d, %d)"
                                % (ns, nd, nl))
-        opts = _lib.TransferOpts(struct_size=ctypes.sizeof(_lib.TransferOpts), verify=VERIFY_MODES[verify],
-                                 flags=0 if notice else _lib.TRANSFER_NO_NOTICE,
-                                 deadline_ms=_u64(deadline_ms, "deadline_ms"))
+        opts = _lib.TransferOpts(_TRANSFER_OPTS_SIZE, VERIFY_MODES[verify], 0 if notice else _lib.TRANSFER_NO_NOTICE)
+        if type(deadline_ms) is not int or deadline_ms != 0:  # anything but a plain 0 is checked
+            opts.deadline_ms = _u64(deadline_ms, "deadline_ms")
         out = None
         if digests and ns:
             out = (ctypes.c_uint64 * ns)()

@@ -344,9 +344,10 @@ def test_cancel_and_deadline_say_whether_bytes_may_still_land(pair):
     dst.write(0, b"\x5a" * 4096)
     time.sleep(0.4)
     assert dst.bytes() == b"\x5a" * 4096, "nothing of the aborted transfers landed"
-    with pytest.raises(MCGuardError) as e:
-        s.transfer(r.endpoint, [src.addr], [dst.addr], [4096], deadline_ms=-1)
-    assert e.value.status == mcguard.MC_ERR_INVALID_ARG
+    for bad in (-1, 1.5, True, None, 0.0, 1 << 64):  # never wrapped, truncated or taken as 0
+        with pytest.raises(MCGuardError) as e:
+            s.transfer(r.endpoint, [src.addr], [dst.addr], [4096], deadline_ms=bad)
+        assert e.value.status == mcguard.MC_ERR_INVALID_ARG, bad
 
 
 def test_quiesce(pair):
