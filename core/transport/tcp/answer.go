@@ -1,0 +1,132 @@
+package tcp
+
+// The target's answers to the frames that are not writes: completion
+// notices, fences and read-backs.
+
+import (
+	"context"
+	"errors"
+	"io"
+
+	"github.com/mcguard/mcguard/core/logs"
+	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/wire"
+)
+
+// maxNoticeFrame bounds a notice frame: its largest chunk.
+const maxNoticeFrame = wire.NoticeHeaderSize + wire.MaxNoticeDescs*wire.NoticeDescSize + wire.NoticeMACSize
+
+// takeNotice hands a Notice frame's notice to the guard.
+func (t *target) takeNotice(l *link, r io.Reader, n uint64) (wire.Status, error) {
+	if n > maxNoticeFrame || t.notice == nil {
+		_, err := io.CopyN(io.Discard, r, int64(n))
+		return wire.StatusBadRequest, err
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return 0, err
+	}
+	var landed transport.Landed
+	if t.landed != nil {
+		landed = l.land.take(t.landed)
+	}
+	if err := t.notice(body, landed); err != nil {
+		if errors.Is(err, transport.ErrStaleToken) {
+			return wire.StatusStaleToken, nil
+		}
+		logs.Printf(logs.Info, "target %s: completion notice refused: %v", t.addr(), err)
+		return wire.StatusBadRequest, nil
+	}
+	return wire.StatusOK, nil
+}
+
+// fence replies once every earlier write on the connection is applied.
+// Writes that a reorder fault holds are not waited for (another path).
+func (t *target) fence(r io.Reader, n uint64, lagged *transport.Pending) (wire.Status, error) {
+	if n != 0 {
+		_, err := io.CopyN(io.Discard, r, int64(n))
+		return wire.StatusBadRequest, err
+	}
+	if lagged.Empty() { // the common case: nothing held back
+		return wire.StatusOK, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), t.timeout)
+	defer cancel()
+	if err := lagged.Wait(ctx, nil); err != nil {
+		return wire.StatusBadRequest, err
+	}
+	return wire.StatusOK, nil
+}
+
+// read decodes a Read frame's ranges and returns the reply's length and a
+// function that writes the bytes, or a refusal if any range is outside
+// registered memory. The ranges and the function are the link's own,
+// reused frame after frame.
+func (t *target) read(l *link, r io.Reader, n uint64, cut func()) (wire.Status, uint64, func(io.Writer) error, error) {
+	if n > wire.MaxRanges*16 {
+		_, err := io.CopyN(io.Discard, r, int64(n))
+		return wire.StatusTooLarge, 0, nil, err
+	}
+	if uint64(cap(l.rd.raw)) < n {
+		l.rd.raw = make([]byte, n)
+	}
+	p := l.rd.raw[:n]
+	if _, err := io.ReadFull(r, p); err != nil {
+		return 0, 0, nil, err
+	}
+	var total uint64
+	var err error
+	l.rd.addrs, l.rd.lens, total, err = wire.DecodeRangesInto(p, l.rd.addrs[:0], l.rd.lens[:0])
+	if err != nil {
+		return wire.StatusBadRequest, 0, nil, nil
+	}
+	for i := range l.rd.addrs {
+		if t.regions.Check(l.rd.addrs[i], l.rd.lens[i]) != nil {
+			return wire.StatusNotRegistered, 0, nil, nil
+		}
+	}
+	l.rd.t, l.rd.cut = t, cut
+	if l.rd.send == nil {
+		l.rd.send = l.rd.write // bound once
+	}
+	return wire.StatusOK, total, l.rd.send, nil
+}
+
+// readReply is a link's read-back being answered: the ranges of its frame.
+type readReply struct {
+	t            *target
+	cut          func()
+	raw          []byte
+	addrs, lens  []uint64
+	send         func(io.Writer) error // write, bound once
+	w            io.Writer
+	writeToReply func(m []byte) error // to, bound once
+}
+
+// write writes the ranges' bytes to w.
+func (rd *readReply) write(w io.Writer) error {
+	t := rd.t
+	if t.faults.Holds() { // see applyMu
+		t.applyMu.Lock()
+		defer t.applyMu.Unlock()
+	}
+	rd.w = w
+	defer func() { rd.w = nil }()
+	if rd.writeToReply == nil {
+		rd.writeToReply = rd.to
+	}
+	for i := range rd.addrs {
+		// A region unregistered after the reply header went out leaves a
+		// promised length unfillable: drop the connection so the reader
+		// fails rather than compares invented bytes.
+		if err := t.regions.LoadAbortable(rd.addrs[i], rd.lens[i], rd.cut, rd.writeToReply); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (rd *readReply) to(m []byte) error {
+	_, err := rd.w.Write(m)
+	return err
+}

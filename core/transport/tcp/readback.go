@@ -1,0 +1,129 @@
+package tcp
+
+// The sender's fence and read-backs: a fence after posted writes, and
+// reads of the target's bytes, the first one pipelined with the fence.
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+
+	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/wire"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// fencedRequest sends a Read after the unanswered Fence fenceID and waits
+// for both replies.
+func (t *conn) fencedRequest(ctx context.Context, fenceID uint64, payload []byte) (wire.Header, error) {
+	if err := t.send(wire.Header{Op: wire.OpRead, Len: uint64(len(payload))}, payload); err != nil {
+		return wire.Header{}, err
+	}
+	if err := t.w.Flush(); err != nil {
+		return wire.Header{}, ioErr("send", err)
+	}
+	f, refused := t.owedThen(wire.OpFence, fenceID)
+	if refused != nil {
+		// A refused write: the read's reply still comes; the caller drops
+		// the connection anyway (the error is not a mismatch).
+		return wire.Header{}, refused
+	}
+	if f.Status != wire.StatusOK {
+		return wire.Header{}, fmt.Errorf("%w: target failed the fence: %v", errs.Peer, f.Status)
+	}
+	return t.recv(wire.OpRead, t.nextID)
+}
+
+// Fence asks the target to reply once every earlier write on this
+// connection is applied.
+func (t *conn) Fence(ctx context.Context) error {
+	if !t.unfenced && !slices.ContainsFunc(t.owed, func(o owedAck) bool { return o.op != wire.OpNotice }) {
+		// No write went through the socket: pushed writes are in place.
+		// A notice posted after them is answered here, in this call, so
+		// that a receiver that forgot the handshake is seen while the
+		// sender can still shake hands again and announce once more.
+		defer t.abortOn(ctx)()
+		t.deadline(ctx)
+		if err := t.w.Flush(); err != nil {
+			return ioErr("send", err)
+		}
+		return firstErr(t.collectOwed())
+	}
+	defer t.abortOn(ctx)()
+	h, err := t.request(ctx, wire.OpFence, nil)
+	if err != nil {
+		return err
+	}
+	if h.Status != wire.StatusOK {
+		return fmt.Errorf("%w: target failed the fence: %v", errs.Peer, h.Status)
+	}
+	t.unfenced = false
+	return nil
+}
+
+// Read fetches ranges into out, one request per wire.MaxRanges ranges or
+// wire.MaxPayload bytes. With fenced, a Fence frame precedes the first
+// request and both replies are read after one flush: one round trip.
+func (t *conn) Read(ctx context.Context, ranges []verify.Range, out []byte, fenced bool) error {
+	if t.lease != nil && !t.unfenced {
+		if done, err := t.pullRanges(ctx, ranges, out); done || err != nil {
+			return err
+		}
+	}
+	defer t.abortOn(ctx)()
+	var fenceID uint64
+	if fenced {
+		t.deadline(ctx)
+		if err := t.send(wire.Header{Op: wire.OpFence}, nil); err != nil {
+			return err
+		}
+		fenceID = t.nextID
+	}
+	if err := t.readRanges(ctx, ranges, out, fenceID); err != nil {
+		return err
+	}
+	if fenced {
+		t.unfenced = false
+	}
+	return nil
+}
+
+// readRanges does Read's requests; a fenceID other than 0 is a Fence sent
+// but not yet answered, whose reply comes before the first read's.
+func (t *conn) readRanges(ctx context.Context, ranges []verify.Range, out []byte, fenceID uint64) error {
+	payload := t.readReq[:0] // the connection's: no allocation per read-back
+	size := func(i int) uint64 { return ranges[i].Len }
+	for start, end := range transport.Groups(len(ranges), size, wire.MaxRanges, wire.MaxPayload) {
+		payload = payload[:0]
+		var total uint64
+		for _, r := range ranges[start:end] {
+			payload = wire.AppendRange(payload, r.Addr, r.Len)
+			total += r.Len
+		}
+		t.readReq = payload
+		var h wire.Header
+		var err error
+		if fenceID != 0 {
+			h, err = t.fencedRequest(ctx, fenceID, payload)
+			fenceID = 0
+		} else {
+			h, err = t.request(ctx, wire.OpRead, payload)
+		}
+		if err != nil {
+			return err
+		}
+		if h.Status != wire.StatusOK {
+			return fmt.Errorf("%w: target refused a read-back: %v", statusErr(h.Status), h.Status)
+		}
+		if h.Len != total {
+			return fmt.Errorf("%w: read-back of %d bytes answered with %d", errs.Peer, total, h.Len)
+		}
+		if _, err := io.ReadFull(t.r, out[:total]); err != nil {
+			return ioErr("receive", err)
+		}
+		out = out[total:]
+	}
+	return nil
+}
