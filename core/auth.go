@@ -37,12 +37,39 @@ const (
 	secretMinBytes = 16
 )
 
+// mac is HMAC-SHA256(secret, label | a | b) (RFC 2104), computed with
+// sha256.Sum256 over buffers on the stack instead of hmac.New's hash
+// objects: every notice is signed by its sender and checked by its
+// receiver, and hmac.New allocates a dozen times. Longer messages than
+// the stack buffer holds (large notices) take one heap buffer.
+// TestMACIsHMAC holds it to crypto/hmac.
 func mac(secret []byte, label string, a, b []byte) []byte {
-	m := hmac.New(sha256.New, secret)
-	m.Write([]byte(label))
-	m.Write(a)
-	m.Write(b)
-	return m.Sum(nil)
+	const block = sha256.BlockSize
+	var key [block]byte
+	if len(secret) > block {
+		sum := sha256.Sum256(secret)
+		copy(key[:], sum[:])
+	} else {
+		copy(key[:], secret)
+	}
+	var stack [1024]byte
+	n := block + len(label) + len(a) + len(b)
+	buf := stack[:0]
+	if n > len(stack) {
+		buf = make([]byte, 0, n)
+	}
+	for _, k := range key {
+		buf = append(buf, k^0x36)
+	}
+	buf = append(append(append(buf, label...), a...), b...)
+	inner := sha256.Sum256(buf)
+	var outer [block + sha256.Size]byte
+	for i, k := range key {
+		outer[i] = k ^ 0x5c
+	}
+	copy(outer[block:], inner[:])
+	sum := sha256.Sum256(outer[:])
+	return sum[:]
 }
 
 func deriveToken(secret, challenge, nonce []byte) []byte {

@@ -2,6 +2,8 @@ package core
 
 import (
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -509,4 +511,19 @@ func TestSniffedHelloIsWorthNothing(t *testing.T) {
 	_, err = io.ReadFull(honest, reply)
 	require.NoError(t, err)
 	require.Equal(t, []byte("HONEST!!"), m.b[:8], "the honest connection was not displaced")
+}
+
+// mac is HMAC-SHA256 over label | a | b, for keys shorter than, equal to
+// and longer than a block, and messages that fit the stack buffer or not.
+func TestMACIsHMAC(t *testing.T) {
+	for _, keyLen := range []int{0, 1, 16, 32, 63, 64, 65, 100, 200} {
+		for _, msgLen := range []int{0, 1, 55, 64, 1000, 5000} {
+			key, a, b := randomBytes(keyLen), randomBytes(msgLen), randomBytes(msgLen/3)
+			m := hmac.New(sha256.New, key)
+			m.Write([]byte(labelNotice))
+			m.Write(a)
+			m.Write(b)
+			require.Equal(t, m.Sum(nil), mac(key, labelNotice, a, b), "key %d, message %d", keyLen, msgLen)
+		}
+	}
 }
