@@ -2,7 +2,6 @@ package core
 
 import (
 	"fmt"
-	"sync"
 
 	"github.com/mcguard/mcguard/core/cuda"
 	"github.com/mcguard/mcguard/core/fault"
@@ -86,12 +85,12 @@ func (g *Guard) openDataPlanes(host string) error {
 	}
 	if g.cfg.Transport == "auto" && g.data.Name() == tcp.Name && len(why) > 0 {
 		// The probe is the same for every guard of the process: say it once.
-		autoFallbackLogged.Do(func() { logs.Printf(logs.Info, "transport auto: using tcp, because: %v", why) })
+		autoFallbackLogged.Printf(logs.Info, "transport auto: using tcp, because: %v", why)
 	}
 	return nil
 }
 
-var autoFallbackLogged sync.Once
+var autoFallbackLogged logs.Once
 
 // handshakeTransport is the data plane a handshake names: the one the
 // guard sends over, or over an engine TCP, which every guard serves (the

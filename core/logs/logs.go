@@ -80,3 +80,12 @@ func Printf(l Level, format string, args ...any) {
 	mu.RUnlock()
 	s(l, msg)
 }
+
+// Once logs its first message only: a fallback that every later call
+// takes too is said once per process.
+type Once struct{ once sync.Once }
+
+// Printf logs as Printf does, the first time only.
+func (o *Once) Printf(l Level, format string, args ...any) {
+	o.once.Do(func() { Printf(l, format, args...) })
+}

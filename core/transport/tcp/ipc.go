@@ -211,16 +211,6 @@ func (t *target) pullDevice(l *link, r io.Reader, dst, n uint64) (ipcSource, wir
 	return src, wire.StatusOK, nil
 }
 
-// ipcFallback logs, once per process, why device sources were staged
-// through the socket instead of going by CUDA IPC.
-var ipcFallback sync.Once
-
-func logIPCFallback(err error) {
-	ipcFallback.Do(func() {
-		logs.Printf(logs.Info, "same-host GPU transfers staged through the socket, not CUDA IPC: %v", err)
-	})
-}
-
 // sendDevice sends a device-memory slice as its IPC reference, if this
 // connection uses CUDA IPC and the allocation has a handle; false if it
 // must be staged instead.
@@ -230,7 +220,7 @@ func (t *conn) sendDevice(sl transport.Slice, mem cuda.Memory, m wire.Status) (b
 	}
 	ref, err := t.local.GPU().ExportIPC(sl.Src, sl.Len, mem)
 	if errors.Is(err, cuda.ErrNoIPC) {
-		logIPCFallback(err)
+		ipcFallback.Printf(logs.Info, "same-host GPU transfers staged through the socket, not CUDA IPC: %v", err)
 		return false, nil
 	}
 	if err != nil {

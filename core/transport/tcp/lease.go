@@ -85,11 +85,11 @@ type lease struct {
 	nonce   [leaseNonceSize]byte
 	timeout time.Duration
 
-	mu      sync.Mutex // table changes and slot records
-	epoch   uint64     // the last slot owner handed out
-	table   []regionEntry
-	slots   [maxLeaseSlots]leaseSlot
-	removed atomic.Int64 // waits that found a writer to wait for (tests)
+	mu    sync.Mutex // table changes and slot records
+	epoch uint64     // the last slot owner handed out
+	table []regionEntry
+	slots [maxLeaseSlots]leaseSlot
+	inUse atomic.Int32 // slots handed out
 }
 
 type regionEntry struct{ addr, n uint64 }
@@ -194,7 +194,19 @@ func (l *lease) remove(addr uint64) error {
 // settle raises gen and waits for the writers that entered before: after
 // it, no same-host write that began earlier is still landing.
 func (l *lease) settle(ctx context.Context) error {
+	if l.inUse.Load() == 0 {
+		return nil // no slot handed out: nobody can have begun a write (every receiver sync comes here)
+	}
 	return l.waitOlder(ctx, l.raise(), "")
+}
+
+// settleWriters waits for the same-host senders' own writes that began
+// before it (none where no lease is offered).
+func (t *target) settleWriters(ctx context.Context) error {
+	if t.lease == nil {
+		return nil
+	}
+	return t.lease.settle(ctx)
 }
 
 // raise moves gen on by two, the table unchanged, and returns it.
@@ -221,7 +233,6 @@ func (l *lease) revoke(ctx context.Context, sender string) error {
 // older than g, or its process has exited.
 func (l *lease) waitOlder(ctx context.Context, g uint64, sender string) error {
 	pause := 20 * time.Microsecond
-	waited := false
 	for i := 0; i < maxLeaseSlots; i++ {
 		for {
 			b := atomic.LoadUint64(l.mem.busy(i))
@@ -233,10 +244,6 @@ func (l *lease) waitOlder(ctx context.Context, g uint64, sender string) error {
 			l.mu.Unlock()
 			if (sender != "" && s.sender != sender) || !s.used || exited(s.pidfd) {
 				break
-			}
-			if !waited {
-				waited = true
-				l.removed.Add(1)
 			}
 			select {
 			case <-ctx.Done():
@@ -264,6 +271,7 @@ func (l *lease) assign(sender string, pid int) (slot int, epoch uint64) {
 			l.epoch++
 			atomic.StoreUint64(l.mem.owner(i), l.epoch)
 			l.slots[i] = leaseSlot{used: true, sender: sender, pidfd: pidfd}
+			l.inUse.Add(1)
 			return i, l.epoch
 		}
 	}
@@ -299,20 +307,11 @@ func (l *lease) release(slot int) {
 		unix.Close(l.slots[slot].pidfd)
 	}
 	l.slots[slot] = leaseSlot{pidfd: -1}
+	l.inUse.Add(-1)
 }
 
 // writers counts the slots handed out (connections that may write here).
-func (l *lease) writers() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for i := range l.slots {
-		if l.slots[i].used {
-			n++
-		}
-	}
-	return n
-}
+func (l *lease) writers() int { return int(l.inUse.Load()) }
 
 // exited reports whether the process behind pidfd has ended (a pidfd
 // polls readable then).

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -190,14 +189,10 @@ func vmCopy(pid int, local []unix.Iovec, remote []unix.RemoteIovec, write bool) 
 	}
 }
 
-// pushFallback logs, once per process, why same-host writes by the sender
-// stopped and the target copies (or the socket carries) the bytes.
-var pushFallback sync.Once
-
+// logPushFallback says, once per process, why same-host writes by the
+// sender stopped and the receiver copies the bytes instead.
 func logPushFallback(why string) {
-	pushFallback.Do(func() {
-		logs.Printf(logs.Info, "same-host writes by the sender not used (the receiver copies the bytes instead): %s", why)
-	})
+	pushFallback.Printf(logs.Info, "same-host writes by the sender not used (the receiver copies the bytes instead): %s", why)
 }
 
 // push writes descs into the target itself. done false (and no error):
@@ -274,7 +269,7 @@ func (t *conn) pushFailed(err error) error {
 
 // pullRanges reads ranges out of the target into out itself, where they
 // are all in its table; done false: read them through the socket.
-func (t *conn) pullRanges(ctx context.Context, ranges []verify.Range, out []byte) (done bool, err error) {
+func (t *conn) pullRanges(ranges []verify.Range, out []byte) (done bool, err error) {
 	ok, err := t.lease.enter(ranges)
 	if err != nil {
 		return false, fmt.Errorf("%w: %v", errs.Peer, err)
@@ -372,7 +367,7 @@ func vmCopyParallel(pid int, local []unix.Iovec, remote []unix.RemoteIovec, tota
 	if total < parallelMin || k < 2 {
 		return vmCopy(pid, local, remote, true)
 	}
-	errs := make(chan error, k)
+	results := make(chan error, k)
 	runs := 0
 	share := int((total + uint64(k) - 1) / uint64(k))
 	for len(local) > 0 {
@@ -397,11 +392,11 @@ func vmCopyParallel(pid int, local []unix.Iovec, remote []unix.RemoteIovec, tota
 			need = 0
 		}
 		runs++
-		go func() { errs <- vmCopy(pid, l, r, true) }()
+		go func() { results <- vmCopy(pid, l, r, true) }()
 	}
 	var first error
 	for ; runs > 0; runs-- {
-		if err := <-errs; err != nil && first == nil {
+		if err := <-results; err != nil && first == nil {
 			first = err
 		}
 	}

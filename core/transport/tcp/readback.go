@@ -44,12 +44,7 @@ func (t *conn) Fence(ctx context.Context) error {
 		// A notice posted after them is answered here, in this call, so
 		// that a receiver that forgot the handshake is seen while the
 		// sender can still shake hands again and announce once more.
-		defer t.abortOn(ctx)()
-		t.deadline(ctx)
-		if err := t.w.Flush(); err != nil {
-			return ioErr("send", err)
-		}
-		return firstErr(t.collectOwed())
+		return t.readOwed(ctx)
 	}
 	defer t.abortOn(ctx)()
 	h, err := t.request(ctx, wire.OpFence, nil)
@@ -68,7 +63,7 @@ func (t *conn) Fence(ctx context.Context) error {
 // request and both replies are read after one flush: one round trip.
 func (t *conn) Read(ctx context.Context, ranges []verify.Range, out []byte, fenced bool) error {
 	if t.lease != nil && !t.unfenced {
-		if done, err := t.pullRanges(ctx, ranges, out); done || err != nil {
+		if done, err := t.pullRanges(ranges, out); done || err != nil {
 			return err
 		}
 	}

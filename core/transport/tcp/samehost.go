@@ -182,15 +182,10 @@ func processVMRead(pid int, addr uint64, b []byte) error {
 	return vmCopy(pid, local, []unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}, false)
 }
 
-// sameHostFallback logs, once per process, why an automatic same-host
-// transfer fell back to sending the bytes through the socket.
-var sameHostFallback sync.Once
-
-func logFallback(why string) {
-	sameHostFallback.Do(func() {
-		logs.Printf(logs.Info, "same-host transfers not used (bytes go through the socket): %s", why)
-	})
-}
+// Why, once per process, a same-host path fell back: an automatic
+// same-host transfer to the socket, a sender's own writes to the receiver
+// copying, a GPU source from CUDA IPC to staging.
+var sameHostFallback, pushFallback, ipcFallback logs.Once
 
 // probe is the page a sender proves itself with: the handshake's nonce,
 // written where the target can read it.
@@ -260,7 +255,7 @@ func (t *conn) sameHost(ctx context.Context, setting string, a answer) error {
 	case setting == SameHostRequired:
 		return fmt.Errorf("%w: same_host is required and cannot be used with this receiver: %s", errs.Config, why)
 	case setting == SameHostAuto && why != "another host" && why != "another pid namespace":
-		logFallback(why)
+		sameHostFallback.Printf(logs.Info, "same-host transfers not used (bytes go through the socket): %s", why)
 	}
 	return nil
 }

@@ -181,10 +181,8 @@ func (t *Transport) IPCBytes() int64 { return t.target.ipcBytes.Load() }
 // is applied, so outside fault injection this waits at most for a write
 // still arriving.
 func (t *Transport) Settle(ctx context.Context, ranges []memory.Region) error {
-	if l := t.target.lease; l != nil {
-		if err := l.settle(ctx); err != nil {
-			return err
-		}
+	if err := t.target.settleWriters(ctx); err != nil {
+		return err
 	}
 	return t.target.pending.Wait(ctx, ranges)
 }
@@ -194,10 +192,8 @@ func (t *Transport) Settle(ctx context.Context, ranges []memory.Region) error {
 // target or by same-host senders writing themselves (those that begin
 // after it are writes sent after the call).
 func (t *Transport) Quiesce(ctx context.Context, ranges []memory.Region) error {
-	if l := t.target.lease; l != nil {
-		if err := l.settle(ctx); err != nil {
-			return err
-		}
+	if err := t.target.settleWriters(ctx); err != nil {
+		return err
 	}
 	return t.target.quiesce(ctx, ranges)
 }

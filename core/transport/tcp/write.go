@@ -213,10 +213,7 @@ func (t *conn) PostNotice(ctx context.Context, body []byte) error {
 	defer t.abortOn(ctx)()
 	t.deadline(ctx)
 	if len(t.owed) >= maxOwed {
-		if err := t.w.Flush(); err != nil {
-			return ioErr("send", err)
-		}
-		if err := firstErr(t.collectOwed()); err != nil {
+		if err := t.readOwed(ctx); err != nil {
 			return err
 		}
 	}
@@ -233,17 +230,24 @@ func (t *conn) PostNotice(ctx context.Context, body []byte) error {
 // begin reads what earlier posts left owed and takes pushed quiesce marks
 // before new writes.
 func (t *conn) begin(ctx context.Context) error {
-	if len(t.owed) > 0 {
-		defer t.abortOn(ctx)()
-		t.deadline(ctx)
-		if err := t.w.Flush(); err != nil { // a notice posted last may not be sent yet
-			return ioErr("send", err)
-		}
-		if err := firstErr(t.collectOwed()); err != nil {
-			return err
-		}
+	if err := t.readOwed(ctx); err != nil {
+		return err
 	}
 	return t.catchUp(ctx)
+}
+
+// readOwed sends what is buffered (a notice posted last may not be sent
+// yet) and reads the replies owed to posted frames.
+func (t *conn) readOwed(ctx context.Context) error {
+	if len(t.owed) == 0 {
+		return nil
+	}
+	defer t.abortOn(ctx)()
+	t.deadline(ctx)
+	if err := t.w.Flush(); err != nil {
+		return ioErr("send", err)
+	}
+	return firstErr(t.collectOwed())
 }
 
 // sendWrites sends descs' slices and flushes, recording each slice's
