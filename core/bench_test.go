@@ -113,27 +113,37 @@ func BenchmarkSmallTransfer(b *testing.B) {
 		}
 	})
 	for _, plane := range []string{"socket", "same-host"} {
-		for _, m := range []verify.Mode{verify.Off, verify.Tail, verify.Sample} {
+		for _, m := range []verify.Mode{verify.Off, verify.Tail, verify.Sample, verify.Digest} {
 			b.Run(plane+"/"+string(m), func(b *testing.B) { benchSmall(b, plane, m) })
 		}
 	}
 }
 
 // benchSmall times 1 x 4 KiB transfers in mode m, over the socket or on
-// one host (the sender writing into the receiver).
+// one host (the sender writing into the receiver); in digest mode each
+// transfer includes the receiver's sync of it.
 func benchSmall(b *testing.B, plane string, m verify.Mode) {
 	sameHost := map[string]string{"socket": "off", "same-host": "required"}[plane]
 	send, recv, src, dst := benchPair(b, `{"verify": "`+string(m)+`", "same_host": "`+sameHost+`"}`, 4096)
 	descs := []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}
-	if _, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{}); err != nil {
-		b.Fatal(err)
+	ids := make([]uint64, 1)
+	transfer := func() {
+		res, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if m == verify.Digest {
+			ids[0] = res.ID
+			if err := recv.SyncTransfers(ids, 0); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
+	transfer()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if _, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{}); err != nil {
-			b.Fatal(err)
-		}
+		transfer()
 	}
 }
 

@@ -65,6 +65,9 @@ type Config struct {
 	RDMAGIDIndex int    // -1: the first RoCE v2 GID
 	RDMAQPs      int    // queue pairs per session that a batch's writes are striped over
 	TCPStripes   int    // TCP data connections per session that a large batch is striped over
+	// BusyPoll: how long a TCP read that expects bytes soon spins before
+	// its thread sleeps (a wake-up costs tens of µs on a VM).
+	BusyPoll time.Duration
 	// LogLevel, when set, is the process's log level (see core/logs).
 	LogLevel string
 	Verify   verify.Config // the verification policy, and when notices are sent
@@ -89,6 +92,7 @@ func DefaultConfig() Config {
 		RDMAGIDIndex:   -1,
 		RDMAQPs:        1,
 		TCPStripes:     1,
+		BusyPoll:       50 * time.Microsecond,
 		SyncTimeout:    5 * time.Second,
 		Verify:         verify.Defaults(),
 		Inject:         fault.Config{Mode: fault.None, Rate: 0.1, LagMax: 20 * time.Millisecond},
@@ -124,6 +128,9 @@ func LoadConfig(getenv config.Getenv, configJSON string) (Config, error) {
 	l.Int("rdma_gid_index", []string{"MC_GUARD_RDMA_GID_INDEX"}, &c.RDMAGIDIndex, -1, 255)
 	l.Int("rdma_qps", []string{"MC_GUARD_RDMA_QPS"}, &c.RDMAQPs, 1, rdma.MaxQPs)
 	l.Int("tcp_stripes", []string{"MC_GUARD_TCP_STRIPES"}, &c.TCPStripes, 1, tcp.MaxStripes)
+	busyPoll := int(c.BusyPoll / time.Microsecond)
+	l.Int("busy_poll_us", []string{"MC_GUARD_BUSY_POLL_US"}, &busyPoll, 0, int(tcp.MaxBusyPoll/time.Microsecond))
+	c.BusyPoll = time.Duration(busyPoll) * time.Microsecond
 	l.Choice("log_level", []string{"MC_GUARD_LOG_LEVEL"}, &c.LogLevel, logs.Levels, nil)
 	c.Verify = verify.Load(l)
 	l.Choice("inject", []string{"MC_GUARD_INJECT"}, &c.Inject.Mode, fault.Modes, map[string]string{"": "none", "off": "none"})

@@ -182,6 +182,8 @@ typedef struct mc_transport_ops {
  *   "error"|"warn"|"info"|"debug" (for the process),
  *   verbs_library, rdma_device, rdma_gid_index, rdma_qps (1 to 16),
  *   tcp_stripes (1 to 8: TCP connections a large batch is striped over),
+ *   busy_poll_us (0 to 1000, default 50: a TCP read expecting bytes soon
+ *   spins this long before its thread sleeps),
  *   same_host "auto"|"off"|"required" (on one machine the receiver copies
  *   the bytes out of the sender: process_vm_readv, and GPU memory by
  *   CUDA IPC), same_host_writer "sender"|"receiver" (receiver side: a

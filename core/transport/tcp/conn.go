@@ -83,7 +83,8 @@ type conn struct {
 	gatherBufs [2][]byte
 }
 
-func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, timeout time.Duration, local *memory.Regions, stripe int) (*conn, error) {
+func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, cfg *Config, stripe int) (*conn, error) {
+	timeout, local := cfg.Timeout, cfg.Regions
 	d := net.Dialer{Timeout: timeout}
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -95,7 +96,7 @@ func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, tim
 	t := &conn{c: c, cut: func() { c.Close() }, local: local, w: bufio.NewWriterSize(c, 256<<10), timeout: timeout,
 		mark: gen, echoed: gen}
 	var src io.Reader = c
-	if pr, err := readerOf(c, &t.until); err == nil {
+	if pr, err := readerOf(c, &t.until, cfg.BusyPoll); err == nil {
 		src = pr
 	}
 	t.r = bufio.NewReaderSize(src, 256<<10)

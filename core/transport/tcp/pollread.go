@@ -21,7 +21,8 @@ import (
 // way: most of a small transfer's time.
 type pollReader struct {
 	rc    syscall.RawConn
-	until *time.Time // the connection's deadline, as conn.deadline set it
+	until *time.Time    // the connection's deadline, as conn.deadline set it
+	spin  time.Duration // busy polling before poll(2) (spin.go)
 	// One read's state, and the function that does it, made once: a read
 	// allocates nothing.
 	b       []byte
@@ -36,9 +37,10 @@ type pollReader struct {
 // guard closing) is noticed within it.
 const pollSlice = 10 * time.Millisecond
 
-// read is one read of p.b, and where nothing has come, one poll.
+// read is one read of p.b, spinning for p.spin, and where nothing has
+// come, one poll.
 func (p *pollReader) read(fd uintptr) {
-	p.n, p.rerr = syscall.Read(int(fd), p.b)
+	p.n, p.rerr = spinRead(int(fd), p.b, min(p.wait, p.spin))
 	if p.rerr != syscall.EAGAIN {
 		return
 	}
@@ -81,7 +83,7 @@ func (p *pollReader) Read(b []byte) (int, error) {
 // sysmon takes it back, and every other goroutine (this guard's target,
 // its control channel) waits that long: 245 µs per 4 KiB transfer,
 // measured, against 40 µs with the netpoller.
-func readerOf(c interface{}, until *time.Time) (io.Reader, error) {
+func readerOf(c interface{}, until *time.Time, spin time.Duration) (io.Reader, error) {
 	if runtime.GOMAXPROCS(0) < 2 {
 		return nil, errors.New("one P: the netpoller serves better")
 	}
@@ -93,7 +95,7 @@ func readerOf(c interface{}, until *time.Time) (io.Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &pollReader{rc: rc, until: until, fds: make([]unix.PollFd, 1)}
+	p := &pollReader{rc: rc, until: until, spin: min(spin, MaxBusyPoll), fds: make([]unix.PollFd, 1)}
 	p.readNow = p.read
 	return p, nil
 }

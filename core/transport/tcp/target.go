@@ -31,7 +31,9 @@ type target struct {
 	regions *memory.Regions
 	tokens  Tokens // a data connection must first present one of them
 	timeout time.Duration
-	pending *transport.Pending // writes being applied, or held by a fault: what Settle waits for
+	// busyPoll: a busy connection's reads spin this long before parking.
+	busyPoll time.Duration
+	pending  *transport.Pending // writes being applied, or held by a fault: what Settle waits for
 
 	// Fault injection. Held writes (lag, reorder) are applied later under
 	// applyMu, which reads also take, so a read-back sees a held write
@@ -70,7 +72,7 @@ func newTarget(cfg Config) (*target, error) {
 
 // serveOn runs a target on ln.
 func serveOn(ln net.Listener, cfg Config) *target {
-	t := &target{regions: cfg.Regions, tokens: cfg.Tokens, timeout: cfg.Timeout, ln: ln, conns: map[net.Conn]*link{}, senders: map[string]net.Conn{},
+	t := &target{regions: cfg.Regions, tokens: cfg.Tokens, timeout: cfg.Timeout, busyPoll: cfg.BusyPoll, ln: ln, conns: map[net.Conn]*link{}, senders: map[string]net.Conn{},
 		pending: transport.NewPending(), stop: make(chan struct{}), refused: cfg.Refused, notice: cfg.Notice, faults: fault.New(cfg.Faults, cfg.TailBytes, ln.Addr().String())}
 	if cfg.DigestAtLanding && t.faults == nil { // under fault injection syncs re-read: faults change bytes after they land
 		t.landed = &landedIndex{}
@@ -194,7 +196,7 @@ func (t *target) serve(l *link) {
 			t.ipcs.drop(gpu, l.pid)
 		}
 	}()
-	r := bufio.NewReaderSize(c, 256<<10)
+	r := bufio.NewReaderSize(spinning(c, t.busyPoll), 256<<10)
 	w := bufio.NewWriterSize(c, 64<<10)
 	hdr := make([]byte, wire.HeaderSize)
 	bound := false

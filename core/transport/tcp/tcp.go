@@ -47,6 +47,9 @@ type Config struct {
 	// Stripes is the data connections per session (1 to MaxStripes; 0
 	// means 1): see stripes.go.
 	Stripes int
+	// BusyPoll is how long a read that expects bytes soon spins before it
+	// sleeps (0: never; at most MaxBusyPoll): see spin.go.
+	BusyPoll time.Duration
 	// SameHost is SameHostAuto, SameHostOff or SameHostRequired: as a
 	// sender whether to offer same-host transfers, as a target whether
 	// to grant them.
@@ -247,7 +250,7 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, _ 
 	n := min(max(d.t.cfg.Stripes, 1), MaxStripes)
 	s := &striped{written: make([]bool, n)}
 	for i := range n {
-		c, err := dial(ctx, addr, peer, a.Gen, d.t.cfg.Timeout, d.t.cfg.Regions, i)
+		c, err := dial(ctx, addr, peer, a.Gen, &d.t.cfg, i)
 		if err == nil {
 			c.finalFence, c.pushed = a.FinalFence, d.t.cfg.Pushed
 			if err = c.sameHost(ctx, d.t.cfg.SameHost, a); err != nil {
