@@ -44,6 +44,12 @@ const (
 // the stack buffer holds (large notices) take one heap buffer.
 // TestMACIsHMAC holds it to crypto/hmac.
 func mac(secret []byte, label string, a, b []byte) []byte {
+	sum := macSum(secret, label, a, b)
+	return sum[:]
+}
+
+// macSum is mac on the stack: a notice's MAC allocates nothing.
+func macSum(secret []byte, label string, a, b []byte) [sha256.Size]byte {
 	const block = sha256.BlockSize
 	var key [block]byte
 	if len(secret) > block {
@@ -68,8 +74,7 @@ func mac(secret []byte, label string, a, b []byte) []byte {
 		outer[i] = k ^ 0x5c
 	}
 	copy(outer[block:], inner[:])
-	sum := sha256.Sum256(outer[:])
-	return sum[:]
+	return sha256.Sum256(outer[:])
 }
 
 func deriveToken(secret, challenge, nonce []byte) []byte {
@@ -84,8 +89,10 @@ func deriveKey(secret, challenge, nonce []byte) []byte {
 
 // noticeMAC is the MAC of an encoded notice under the handshake's key:
 // over everything but the MAC field.
-func noticeMAC(key, body []byte) []byte {
-	return mac(key, labelNotice, body[:wire.NoticeMACOffset], body[wire.NoticeHeaderSize:])[:wire.NoticeMACSize]
+func noticeMAC(key, body []byte) (m [wire.NoticeMACSize]byte) {
+	sum := macSum(key, labelNotice, body[:wire.NoticeMACOffset], body[wire.NoticeHeaderSize:])
+	copy(m[:], sum[:])
+	return m
 }
 
 func randomBytes(n int) []byte {

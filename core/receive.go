@@ -37,7 +37,7 @@ func (g *Guard) receiveNotice(body []byte) []byte {
 func (g *Guard) takeNotice(body []byte, landed transport.Landed) error {
 	n, err := wire.DecodeNotice(body, len(verify.Modes))
 	if err == nil {
-		_, err = g.auth.tokens.notice(n.Token, n.Seq, func(key []byte) bool { return hmac.Equal(n.MAC, noticeMAC(key, body)) })
+		_, err = g.auth.tokens.notice(n.Token, n.Seq, func(key []byte) bool { m := noticeMAC(key, body); return hmac.Equal(n.MAC, m[:]) })
 	}
 	if err == nil {
 		for i, d := range n.Descs {
@@ -84,7 +84,7 @@ func (g *Guard) Sync(ranges []SyncRange, digests []uint64, stream uint64) (err e
 	}
 	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.SyncTimeout)
 	defer cancel()
-	return g.settle(ctx, ranges, digests, "range", stream)
+	return g.settle(ctx, ranges, digests, func() string { return "range" }, stream)
 }
 
 // SyncTransfers is the receiver's half for transfers announced by
@@ -119,7 +119,7 @@ func (g *Guard) SyncTransfers(ids []uint64, stream uint64) (err error) {
 				digests[i] = d.Digest
 			}
 		}
-		if err := g.settleLanded(ctx, ranges, digests, n.landed, fmt.Sprintf("transfer %#x descriptor", id), stream); err != nil {
+		if err := g.settleLanded(ctx, ranges, digests, n.landed, func() string { return fmt.Sprintf("transfer %#x descriptor", id) }, stream); err != nil {
 			return err
 		}
 	}
@@ -129,14 +129,14 @@ func (g *Guard) SyncTransfers(ids []uint64, stream uint64) (err error) {
 // settle waits for writes in flight to ranges, runs the device hook (for
 // each GPU the ranges are on: flush GPUDirect writes, then synchronise the
 // caller's stream or the context), and compares digests if there are any.
-func (g *Guard) settle(ctx context.Context, ranges []SyncRange, digests []uint64, what string, stream uint64) error {
+func (g *Guard) settle(ctx context.Context, ranges []SyncRange, digests []uint64, what func() string, stream uint64) error {
 	return g.settleLanded(ctx, ranges, digests, nil, what, stream)
 }
 
 // settleLanded is settle where the target may have digested some of the
 // ranges as they landed: those digests are compared instead of reading
 // the memory again (digest_at "landing").
-func (g *Guard) settleLanded(ctx context.Context, ranges []SyncRange, digests []uint64, landed []transport.Landed, what string, stream uint64) error {
+func (g *Guard) settleLanded(ctx context.Context, ranges []SyncRange, digests []uint64, landed []transport.Landed, what func() string, stream uint64) error {
 	g.stats.syncs.Add(1)
 	regions := make([]memory.Region, len(ranges))
 	for i, r := range ranges {

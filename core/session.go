@@ -147,8 +147,9 @@ func (s *session) notify(ctx context.Context, zctx *zmq.Context, cfg *Config, bo
 func (s *session) signNotice(n wire.Notice) []byte {
 	s.seq++
 	n.Token, n.Seq, n.MAC = s.hello.Token, s.seq, nil
-	body := wire.EncodeNotice(nil, n)
-	copy(body[wire.NoticeMACOffset:], noticeMAC(s.hello.key, body))
+	body := wire.EncodeNotice(make([]byte, 0, wire.NoticeHeaderSize+len(n.Descs)*wire.NoticeDescSize), n)
+	m := noticeMAC(s.hello.key, body)
+	copy(body[wire.NoticeMACOffset:], m[:])
 	return body
 }
 

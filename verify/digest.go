@@ -26,10 +26,10 @@ func NewDigester() Digester { return xxh3.New() }
 // CompareDigests is the receiver's half of digest mode: it digests each
 // range with digest and compares it with want[i] (the sender's digest of
 // its source), and returns an ErrMismatch error naming the ranges that
-// differ, each called "what i". Large work is spread over the CPUs: the
+// differ, each called "what() i" (what is called only then). Large work is spread over the CPUs: the
 // bytes just arrived from the network and are read from memory, not
 // cache, so one core alone is bound by memory latency.
-func CompareDigests(ranges []Range, want []uint64, digest func(Range) (uint64, error), what string) error {
+func CompareDigests(ranges []Range, want []uint64, digest func(Range) (uint64, error), what func() string) error {
 	ok := make([]bool, len(ranges))
 	check := func(i int) {
 		d, err := digest(ranges[i])
@@ -60,7 +60,7 @@ func CompareDigests(ranges []Range, want []uint64, digest func(Range) (uint64, e
 	for i, r := range ranges {
 		if !ok[i] {
 			if len(bad) < 16 {
-				bad = append(bad, fmt.Sprintf("%s %d [%#x, +%d)", what, i, r.Addr, r.Len))
+				bad = append(bad, fmt.Sprintf("%s %d [%#x, +%d)", what(), i, r.Addr, r.Len))
 			} else if len(bad) == 16 {
 				bad = append(bad, "...")
 			}

@@ -71,6 +71,7 @@ func EncodeNotice(b []byte, n Notice) []byte {
 }
 
 // DecodeNotice parses a notice, checking every length before using it.
+// Its Token and MAC are slices of b.
 func DecodeNotice(b []byte, modes int) (Notice, error) {
 	if len(b) < NoticeHeaderSize || !IsNotice(b) {
 		return Notice{}, fmt.Errorf("%w: notice of %d bytes has no notice header", ErrFrame, len(b))
@@ -80,9 +81,9 @@ func DecodeNotice(b []byte, modes int) (Notice, error) {
 		ID:    binary.LittleEndian.Uint64(b[8:]),
 		Total: int(binary.LittleEndian.Uint32(b[16:])),
 		Base:  int(binary.LittleEndian.Uint32(b[20:])),
-		Token: append([]byte(nil), b[32:32+TokenSize]...),
+		Token: b[32 : 32+TokenSize : 32+TokenSize], // within b, which the caller gives up
 		Seq:   binary.LittleEndian.Uint64(b[48:]),
-		MAC:   append([]byte(nil), b[NoticeMACOffset:NoticeMACOffset+NoticeMACSize]...),
+		MAC:   b[NoticeMACOffset : NoticeMACOffset+NoticeMACSize : NoticeMACOffset+NoticeMACSize],
 	}
 	count := int(binary.LittleEndian.Uint32(b[24:]))
 	switch {

@@ -16,13 +16,30 @@ import (
 // maxNoticeFrame bounds a notice frame: its largest chunk.
 const maxNoticeFrame = wire.NoticeHeaderSize + wire.MaxNoticeDescs*wire.NoticeDescSize + wire.NoticeMACSize
 
+// noticeKept bounds the notice buffer a link keeps between notices: a
+// one-descriptor notice is 96 bytes, a 512-descriptor chunk 12 KiB.
+const noticeKept = 16 << 10
+
+// noticeBody is a buffer of n bytes for a notice's body, the link's own
+// where it is small enough to keep: the guard keeps nothing of a body it
+// was handed.
+func (l *link) noticeBody(n int) []byte {
+	if n > noticeKept {
+		return make([]byte, n)
+	}
+	if cap(l.notice) < n {
+		l.notice = make([]byte, noticeKept)
+	}
+	return l.notice[:n]
+}
+
 // takeNotice hands a Notice frame's notice to the guard.
 func (t *target) takeNotice(l *link, r io.Reader, n uint64) (wire.Status, error) {
 	if n > maxNoticeFrame || t.notice == nil {
 		_, err := io.CopyN(io.Discard, r, int64(n))
 		return wire.StatusBadRequest, err
 	}
-	body := make([]byte, n)
+	body := l.noticeBody(int(n))
 	if _, err := io.ReadFull(r, body); err != nil {
 		return 0, err
 	}

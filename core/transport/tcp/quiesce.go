@@ -43,6 +43,7 @@ type link struct {
 	stream  streamSource  // the write frame being applied (serve loop only)
 	rd      readReply     // the read frame being answered (serve loop only)
 	land    landing       // digests taken as its marked writes land (serve loop only)
+	notice  []byte        // its notices' bodies, one at a time (noticeBody; serve loop only)
 }
 
 type quiesceRecord struct {
