@@ -13,6 +13,11 @@ MOONCAKE_VERSION := 0.3.13.post1
 # package pulls in torch; the UCX backend on host memory needs only numpy).
 NIXL_WHEEL := nixl-cu12==1.5.1
 CUDA_MODEL := build/libcudamodel.so
+# mc_guard_transfer without ctypes, built beside the Python sources (the
+# wheel builds it too); where Python's headers are missing, ctypes serves.
+PY_EXT_SUFFIX := $(shell python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX") or ".so")')
+PY_INCLUDE    := $(shell python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+FASTCALL      := python/mcguard/_fastcall$(PY_EXT_SUFFIX)
 NIC_MODEL  := build/libnicmodel.so
 APT_PKGS := pkg-config libzmq3-dev libibverbs-dev cmake g++ make libgtest-dev
 GO_SRC   := $(shell find core verify export -name '*.go' -o -name '*.c' -o -name '*.h' -o -name '*.map' 2>/dev/null) include/mcguard.h go.mod go.sum
@@ -80,8 +85,15 @@ bench-peer: build mooncake-venv nixl-venv
 	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.peerbench $(BENCH_PEER_ARGS)
 
 ## build: build/libmcguard.so and its cgo-generated header build/libmcguard.h,
-## and the software models of the CUDA driver and of an RDMA NIC the tests use
-build: $(LIB) $(CUDA_MODEL) $(NIC_MODEL)
+## the software models of the CUDA driver and of an RDMA NIC the tests use,
+## and python/mcguard/_fastcall (mc_guard_transfer without ctypes)
+build: $(LIB) $(CUDA_MODEL) $(NIC_MODEL) $(FASTCALL)
+
+$(FASTCALL): python/mcguard/_fastcall.c include/mcguard.h
+	@if [ -f "$(PY_INCLUDE)/Python.h" ]; then \
+	  echo "cc -O2 -shared -fPIC -o $@ python/mcguard/_fastcall.c"; \
+	  cc -O2 -Wall -Wextra -shared -fPIC -Iinclude -I"$(PY_INCLUDE)" -o $@ python/mcguard/_fastcall.c; \
+	else echo "note: no Python.h under $(PY_INCLUDE): mcguard's Python calls go through ctypes alone"; fi
 
 $(NIC_MODEL): tests/nicmodel/nicmodel.c core/transport/rdma/verbs/flush_abi.h | deps-system
 	cc -shared -fPIC -O2 -Wall -o $@ $< -lpthread -ldl
@@ -148,6 +160,6 @@ install: build
 	cmake --install build/install-tree
 
 clean:
-	rm -rf $(LIB) build/libmcguard.h $(CUDA_MODEL) $(NIC_MODEL) $(CTEST_DIR) build/install-tree
+	rm -rf $(LIB) build/libmcguard.h $(CUDA_MODEL) $(NIC_MODEL) $(CTEST_DIR) build/install-tree $(FASTCALL)
 	rm -rf build/lib.* build/bdist.* python/mcguard.egg-info
 	find python -name __pycache__ -type d -exec rm -rf {} +

@@ -8,7 +8,7 @@ import re
 import shutil
 import subprocess
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
@@ -89,4 +89,8 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(version=version(), distclass=BinaryDistribution, cmdclass={"build_py": BuildWithGo})
+# mc_guard_transfer without ctypes (python/mcguard/_fastcall.c). Optional:
+# without Python's headers the wheel still builds, and ctypes serves.
+FASTCALL = Extension("mcguard._fastcall", ["python/mcguard/_fastcall.c"], include_dirs=["include"], optional=True)
+
+setup(version=version(), distclass=BinaryDistribution, cmdclass={"build_py": BuildWithGo}, ext_modules=[FASTCALL])

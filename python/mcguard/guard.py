@@ -9,6 +9,11 @@ import threading
 
 from . import _lib
 
+try:  # mc_guard_transfer without ctypes for the plain case (_fastcall.c); ctypes alone without it
+    from ._fastcall import transfer as _fast_transfer
+except ImportError:
+    _fast_transfer = None
+
 STATUS_NAMES = {
     0: "MC_OK",
     -1: "MC_ERR_INVALID_ARG",
@@ -222,12 +227,19 @@ class Guard:
                 self._retire_callbacks()
                 raise
         self._handle = handle.value
+        # The plain transfer's entry point for _fastcall; not over an engine
+        # of Python callbacks, whose interrupts the ctypes path relays.
+        self._fast_entry = 0
+        if _fast_transfer is not None and self._callbacks is None and not os.environ.get("MCGUARD_NO_FASTCALL"):
+            self._fast_entry = ctypes.cast(self._lib.mc_guard_transfer, ctypes.c_void_p).value or 0
         self._lock = threading.Lock()
         buf = ctypes.create_string_buffer(256)
         self._check(self._lib.mc_guard_endpoint(self._handle, buf, len(buf)))
         self.endpoint = buf.value.decode()
 
-    def _check(self, status, handle=None):
+    def _check(self, status, handle=None, abort=None):
+        """Raises MCGuardError for a status other than MC_OK, with the
+        library's message (and, given a transfer's abort_state, .abort)."""
         callbacks = getattr(self, "_callbacks", None)
         if callbacks is not None:
             interrupt = callbacks.take_interrupt()
@@ -239,7 +251,8 @@ class Guard:
         size = self._lib.mc_guard_last_error(h, None, 0)
         buf = ctypes.create_string_buffer(size + 1)
         self._lib.mc_guard_last_error(h, buf, len(buf))
-        raise MCGuardError(status, buf.value.decode(errors="replace"))
+        raise MCGuardError(status, buf.value.decode(errors="replace"),
+                           _lib.ABORT_STATES.get(abort) if abort is not None else None)
 
     def _h(self):
         _check_not_forked()
@@ -279,6 +292,14 @@ class Guard:
             raise MCGuardError(MC_ERR_INVALID_ARG, "verify must be one of %s"
                                % sorted(k for k in VERIFY_MODES if k))
         h = self._h()
+        if self._fast_entry and not digests and type(deadline_ms) is int and deadline_ms == 0:
+            r = _fast_transfer(self._fast_entry, h, session, src, dst, lengths, VERIFY_MODES[verify],
+                               0 if notice else _lib.TRANSFER_NO_NOTICE)
+            if r is not None:  # else not the plain case: the checked path below says what is wrong
+                st, tid, retries, resends, abort = r
+                if st != MC_OK:
+                    self._check(st, abort=abort)
+                return TransferResult(tid, retries, resends, None)
         s, ns, ks = u64_array(src, "source address")
         d, nd, kd = u64_array(dst, "destination address")
         ln, nl, kl = u64_array(lengths, "length")
@@ -294,11 +315,7 @@ class Guard:
             opts.digests = ctypes.cast(out, ctypes.POINTER(ctypes.c_uint64))
         st = self._lib.mc_guard_transfer(h, _session(session), s, d, ln, ns, ctypes.byref(opts))
         del ks, kd, kl
-        try:
-            self._check(st)
-        except MCGuardError as e:
-            e.abort = _lib.ABORT_STATES.get(opts.abort_state)
-            raise
+        self._check(st, abort=opts.abort_state)
         return TransferResult(opts.transfer_id, opts.retries, opts.resends,
                               list(out) if out is not None else None)
 

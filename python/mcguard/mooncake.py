@@ -232,8 +232,12 @@ class GuardedTransferEngine:
             fn(self._guard)
             return 0
         except MCGuardError as e:
-            log.error("mcguard: %s failed: %s", what, e)
-            return e.status if e.status < 0 else -1
+            return self._failed(what, e)
+
+    @staticmethod
+    def _failed(what, e):
+        log.error("mcguard: %s failed: %s", what, e)
+        return e.status if e.status < 0 else -1
 
     def initialize_ext(self, local_hostname, metadata_server, protocol, device_name, metadata_type):
         """Mooncake's initialize with the metadata type given apart; sessions
@@ -382,6 +386,14 @@ class GuardedTransferEngine:
         """Returns 0 once every descriptor is confirmed at the target, else
         negative. The transfer's id (for the receiver's sync_transfers) is
         then in last_transfer_id, per thread."""
+        g = self._guard
+        if g is not None and not transport_hint:  # the common call, without _call's closure
+            try:
+                self._local.result = g.transfer(target_hostname, buffers, peer_buffer_addresses, lengths)
+                return 0
+            except MCGuardError as e:
+                self._local.result = None
+                return self._failed("batch_transfer_sync_write", e)
         self._hint(transport_hint, "batch_transfer_sync_write")
 
         def write(g):
