@@ -118,6 +118,9 @@ func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
 	}
 	defer t.abortOn(ctx)()
 	t.deadline(ctx)
+	if err := t.w.Flush(); err != nil {
+		return ioErr("send", err)
+	}
 	return firstErr(t.collectOwed())
 }
 
@@ -158,6 +161,11 @@ func (t *conn) writeLong(ctx context.Context, descs []verify.Desc, base int, mar
 		}
 	}()
 	sendErr := t.sendWrites(ctx, descs, &pinned, 0, marked)
+	if sendErr == nil {
+		if err := t.w.Flush(); err != nil {
+			sendErr = ioErr("send", err)
+		}
+	}
 	if sendErr != nil {
 		t.c.Close() // unblocks the reply reader
 		<-acks
@@ -250,7 +258,7 @@ func (t *conn) readOwed(ctx context.Context) error {
 	return firstErr(t.collectOwed())
 }
 
-// sendWrites sends descs' slices and flushes, recording each slice's
+// sendWrites sends descs' slices, recording each slice's
 // acknowledgement in owed. On the same host a host-memory source goes as
 // its address (OpWriteFrom) and a device-memory one as its CUDA IPC
 // reference (OpWriteFromDevice), pinned until its acknowledgement is read.
@@ -267,9 +275,6 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owed
 		}
 		*owed = append(*owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc, release: release, ipc: ipc})
 		t.deadline(ctx)
-	}
-	if err := t.w.Flush(); err != nil {
-		return ioErr("send", err)
 	}
 	return nil
 }
