@@ -260,7 +260,9 @@ func (g *Guard) notify(ctx context.Context, s *session, id uint64, mode verify.M
 				n.Descs[i].Digest = digests[off+i]
 			}
 		}
-		if err := g.sendNotice(ctx, s, n); err != nil {
+		// In digest mode a fence follows the notice (verify.Deliver), and
+		// carries it out with the chunk's writes.
+		if err := g.sendNotice(ctx, s, n, mode == verify.Digest); err != nil {
 			return err
 		}
 		g.stats.noticesSent.Add(1)
@@ -273,9 +275,9 @@ func (g *Guard) notify(ctx context.Context, s *session, id uint64, mode verify.M
 // the chunk's writes (the fence that follows reads its reply in the same
 // flight), or over the control channel, shaking hands again once where
 // the receiver forgot this session's handshake (idle, or crowded out).
-func (g *Guard) sendNotice(ctx context.Context, s *session, n wire.Notice) error {
+func (g *Guard) sendNotice(ctx context.Context, s *session, n wire.Notice, fenceFollows bool) error {
 	if p, ok := s.conn.(noticePoster); ok {
-		return p.PostNotice(ctx, s.signNotice(n))
+		return p.PostNotice(ctx, s.signNotice(n), fenceFollows)
 	}
 	err := s.notify(ctx, g.zctx, &g.cfg, s.signNotice(n))
 	if errors.Is(err, errUnknownToken) {
@@ -289,7 +291,7 @@ func (g *Guard) sendNotice(ctx context.Context, s *session, n wire.Notice) error
 // noticePoster is a data connection that carries completion notices
 // itself (TCP), in order after the writes.
 type noticePoster interface {
-	PostNotice(ctx context.Context, body []byte) error
+	PostNotice(ctx context.Context, body []byte, fenceFollows bool) error
 }
 
 func modeIndex(m verify.Mode) uint8 {

@@ -112,11 +112,11 @@ func (s *striped) CarriesNotices() bool { return true }
 
 // PostNotice sends the notice on the first part once the others' writes
 // are applied: the receiver may sync as soon as it arrives.
-func (s *striped) PostNotice(ctx context.Context, body []byte) error {
+func (s *striped) PostNotice(ctx context.Context, body []byte, fenceFollows bool) error {
 	if err := s.fenceOthers(ctx); err != nil {
 		return err
 	}
-	return s.parts[0].PostNotice(ctx, body)
+	return s.parts[0].PostNotice(ctx, body, fenceFollows)
 }
 
 func (s *striped) Refresh([]byte, []memory.Region) error { return nil }

@@ -216,8 +216,10 @@ func (t *conn) CarriesNotices() bool { return true }
 
 // PostNotice sends a completion notice on the data connection, after the
 // writes it announces, and leaves its reply owed: the chunk's fence (or the
-// next call) reads it, so it costs no round trip of its own.
-func (t *conn) PostNotice(ctx context.Context, body []byte) error {
+// next call) reads it, so it costs no round trip of its own. With
+// fenceFollows it stays buffered for that fence to send: writes, notice
+// and fence then go in one segment and are answered once.
+func (t *conn) PostNotice(ctx context.Context, body []byte, fenceFollows bool) error {
 	defer t.abortOn(ctx)()
 	t.deadline(ctx)
 	if len(t.owed) >= maxOwed {
@@ -229,6 +231,9 @@ func (t *conn) PostNotice(ctx context.Context, body []byte) error {
 		return err
 	}
 	t.owed = append(t.owed, owedAck{id: t.nextID, op: wire.OpNotice})
+	if fenceFollows {
+		return nil
+	}
 	if err := t.w.Flush(); err != nil { // the receiver may sync on it before this sender's next call
 		return ioErr("send", err)
 	}
