@@ -21,8 +21,8 @@ import (
 // way: most of a small transfer's time.
 type pollReader struct {
 	rc    syscall.RawConn
-	until *time.Time    // the connection's deadline, as conn.deadline set it
-	spin  time.Duration // busy polling before poll(2) (spin.go)
+	until *time.Time // the connection's deadline, as conn.deadline set it
+	spin  spinner    // busy polling before poll(2) (spin.go)
 	// One read's state, and the function that does it, made once: a read
 	// allocates nothing.
 	b       []byte
@@ -40,7 +40,7 @@ const pollSlice = 10 * time.Millisecond
 // read is one read of p.b, spinning for p.spin, and where nothing has
 // come, one poll.
 func (p *pollReader) read(fd uintptr) {
-	p.n, p.rerr = spinRead(int(fd), p.b, min(p.wait, p.spin))
+	p.n, p.rerr = p.spin.read(int(fd), p.b, p.wait)
 	if p.rerr != syscall.EAGAIN {
 		return
 	}
@@ -95,7 +95,7 @@ func readerOf(c interface{}, until *time.Time, spin time.Duration) (io.Reader, e
 	if err != nil {
 		return nil, err
 	}
-	p := &pollReader{rc: rc, until: until, spin: min(spin, MaxBusyPoll), fds: make([]unix.PollFd, 1)}
+	p := &pollReader{rc: rc, until: until, spin: newSpinner(spin), fds: make([]unix.PollFd, 1)}
 	p.readNow = p.read
 	return p, nil
 }

@@ -48,8 +48,8 @@ func TestSpinConnReads(t *testing.T) {
 	n, err = io.ReadFull(s, buf[:6])
 	require.NoError(t, err)
 	require.Equal(t, "parked", string(buf[:n]))
-	require.Greater(t, s.lastWait, 4*s.budget, "waited in the netpoller")
-	require.False(t, s.lastWait <= 4*s.budget, "an idle connection's next read parks at once")
+	require.Greater(t, s.lastWait, 4*s.spin.budget, "waited in the netpoller")
+	require.False(t, s.lastWait <= 4*s.spin.budget, "an idle connection's next read parks at once")
 
 	require.NoError(t, s.SetReadDeadline(time.Now().Add(20*time.Millisecond)))
 	_, err = s.Read(buf)
@@ -66,18 +66,40 @@ func TestSpinConnReads(t *testing.T) {
 	require.Error(t, err, "a closed connection reads nothing")
 }
 
-// spinRead gives up after its budget with EAGAIN, having read nothing.
-func TestSpinReadBudget(t *testing.T) {
-	_, r := tcpPair(t)
+// A spin gives up after its budget with EAGAIN, having read nothing, and
+// two empty spins in a row make the next waits skip spinning: 1, then 2,
+// then 4.
+func TestSpinnerBacksOff(t *testing.T) {
+	w, r := tcpPair(t)
 	rc, err := r.(*net.TCPConn).SyscallConn()
 	require.NoError(t, err)
+	sp := newSpinner(time.Millisecond)
+	buf := make([]byte, 4)
+	spun := func() bool {
+		var rerr error
+		start := time.Now()
+		require.NoError(t, rc.Control(func(fd uintptr) { _, rerr = sp.read(int(fd), buf, time.Hour) }))
+		require.Error(t, rerr)
+		return time.Since(start) >= time.Millisecond
+	}
+	var pattern []bool
+	for range 11 {
+		pattern = append(pattern, spun())
+	}
+	require.Equal(t, []bool{true, true, false, true, true, false, false, true, true, false, false}, pattern)
+
+	// Bytes that come while spinning reset the back-off.
+	go func() { time.Sleep(100 * time.Microsecond); w.Write([]byte("data")) }()
+	sp.skip = 0
+	sp.budget = MaxBusyPoll
 	var n int
 	var rerr error
-	start := time.Now()
-	require.NoError(t, rc.Control(func(fd uintptr) { n, rerr = spinRead(int(fd), make([]byte, 4), time.Millisecond) }))
-	require.GreaterOrEqual(t, time.Since(start), time.Millisecond)
-	require.Zero(t, n)
-	require.Error(t, rerr)
+	require.NoError(t, rc.Control(func(fd uintptr) { n, rerr = sp.read(int(fd), buf, time.Hour) }))
+	if rerr == nil { // else the writer was slower than the budget on this machine
+		require.Equal(t, 4, n)
+		require.Equal(t, 1, sp.back)
+		require.Zero(t, sp.unpaid)
+	}
 }
 
 // Busy polling off, or nothing to poll: the connection as it was.
