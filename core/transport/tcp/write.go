@@ -116,12 +116,7 @@ func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
 	if err := t.Post(ctx, descs, base); err != nil {
 		return err
 	}
-	defer t.abortOn(ctx)()
-	t.deadline(ctx)
-	if err := t.w.Flush(); err != nil {
-		return ioErr("send", err)
-	}
-	return firstErr(t.collectOwed())
+	return t.readOwed(ctx)
 }
 
 // writeLong sends a batch of more than maxOwed slices while another
