@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -84,11 +85,13 @@ const maxSpinBackoff = 64
 
 // spinConn is the target's side of a data connection: its reads spin for
 // budget before parking in the netpoller, while the connection is busy
-// (its last parked wait was short); an idle connection just parks.
+// (its last parked wait was short) and one of the target's spin slots is
+// free; otherwise it just parks.
 type spinConn struct {
 	net.Conn
-	rc   syscall.RawConn
-	spin spinner
+	rc    syscall.RawConn
+	spin  spinner
+	slots *spinSlots
 	// One spin's state, and the function that does it, made once: a read
 	// allocates nothing.
 	b        []byte
@@ -98,10 +101,25 @@ type spinConn struct {
 	lastWait time.Duration // how long the last parked read waited
 }
 
+// spinSlots bounds a target's connections spinning at once to half its
+// Ps (at least one): a host with many busy senders keeps cores for the
+// work itself.
+type spinSlots struct{ n atomic.Int32 }
+
+func (s *spinSlots) take() bool {
+	if s.n.Add(1) <= int32(max(runtime.GOMAXPROCS(0)/2, 1)) {
+		return true
+	}
+	s.n.Add(-1)
+	return false
+}
+
+func (s *spinSlots) give() { s.n.Add(-1) }
+
 // spinning is c with reads that spin for budget, where that can help: a
 // socket, and more than one P (with one, the spinning goroutine would
 // hold the only P that the bytes' sender in this process needs).
-func spinning(c net.Conn, budget time.Duration) net.Conn {
+func spinning(c net.Conn, budget time.Duration, slots *spinSlots) net.Conn {
 	sc, ok := c.(syscall.Conn)
 	if !ok || budget <= 0 || runtime.GOMAXPROCS(0) < 2 {
 		return c
@@ -110,7 +128,7 @@ func spinning(c net.Conn, budget time.Duration) net.Conn {
 	if err != nil {
 		return c
 	}
-	s := &spinConn{Conn: c, rc: rc, spin: newSpinner(budget)}
+	s := &spinConn{Conn: c, rc: rc, spin: newSpinner(budget), slots: slots}
 	s.spinNow = s.spinOnce
 	return s
 }
@@ -118,10 +136,11 @@ func spinning(c net.Conn, budget time.Duration) net.Conn {
 func (s *spinConn) spinOnce(fd uintptr) { s.n, s.err = s.spin.read(int(fd), s.b, s.spin.budget) }
 
 func (s *spinConn) Read(b []byte) (int, error) {
-	if s.lastWait <= 4*s.spin.budget && len(b) > 0 {
+	if s.lastWait <= 4*s.spin.budget && len(b) > 0 && s.slots.take() {
 		s.b = b
 		err := s.rc.Control(s.spinNow)
 		s.b = nil
+		s.slots.give()
 		switch {
 		case err != nil: // closed: the conn's own read says so
 		case s.err == nil && s.n == 0:

@@ -36,7 +36,7 @@ func TestSpinConnReads(t *testing.T) {
 		t.Skip("one P: reads do not spin")
 	}
 	w, r := tcpPair(t)
-	s := spinning(r, 200*time.Microsecond).(*spinConn)
+	s := spinning(r, 200*time.Microsecond, &spinSlots{}).(*spinConn)
 	buf := make([]byte, 8)
 
 	go w.Write([]byte("spun")) // most often taken while spinning; else after parking
@@ -105,9 +105,26 @@ func TestSpinnerBacksOff(t *testing.T) {
 // Busy polling off, or nothing to poll: the connection as it was.
 func TestSpinningOff(t *testing.T) {
 	_, r := tcpPair(t)
-	require.Same(t, r, spinning(r, 0))
+	require.Same(t, r, spinning(r, 0, &spinSlots{}))
 	p1, p2 := net.Pipe()
 	defer p1.Close()
 	defer p2.Close()
-	require.Equal(t, p1, spinning(p1, time.Millisecond), "not a socket")
+	require.Equal(t, p1, spinning(p1, time.Millisecond, &spinSlots{}), "not a socket")
+}
+
+// At most half the Ps' worth of connections spin at once; a slot given
+// back is free again.
+func TestSpinSlots(t *testing.T) {
+	var s spinSlots
+	limit := max(runtime.GOMAXPROCS(0)/2, 1)
+	for range limit {
+		require.True(t, s.take())
+	}
+	require.False(t, s.take(), "all slots taken: park instead")
+	s.give()
+	require.True(t, s.take())
+	for range limit {
+		s.give()
+	}
+	require.Zero(t, s.n.Load())
 }

@@ -31,8 +31,10 @@ type target struct {
 	regions *memory.Regions
 	tokens  Tokens // a data connection must first present one of them
 	timeout time.Duration
-	// busyPoll: a busy connection's reads spin this long before parking.
+	// busyPoll: a busy connection's reads spin this long before parking,
+	// at most spins.n of them at once.
 	busyPoll time.Duration
+	spins    spinSlots
 	pending  *transport.Pending // writes being applied, or held by a fault: what Settle waits for
 
 	// Fault injection. Held writes (lag, reorder) are applied later under
@@ -196,7 +198,7 @@ func (t *target) serve(l *link) {
 			t.ipcs.drop(gpu, l.pid)
 		}
 	}()
-	r := bufio.NewReaderSize(spinning(c, t.busyPoll), 256<<10)
+	r := bufio.NewReaderSize(spinning(c, t.busyPoll, &t.spins), 256<<10)
 	w := bufio.NewWriterSize(c, 64<<10)
 	hdr := make([]byte, wire.HeaderSize)
 	bound := false
