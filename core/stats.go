@@ -68,6 +68,8 @@ func (g *Guard) Stats() ([]byte, error) {
 		out["same_host_pulled_bytes"] = p.PulledBytes()
 		out["same_host_ipc_bytes"] = p.IPCBytes()
 		out["same_host_writers"] = p.SameHostWriters()
+		spins, paid, spent := p.BusyPolls()
+		out["busy_poll_spins"], out["busy_poll_paid"], out["busy_poll_spent_us"] = spins, paid, spent.Microseconds()
 	}
 	out["same_host_pushed_bytes"] = g.stats.pushed.Load()
 	out["same_host"] = g.cfg.SameHost

@@ -96,7 +96,7 @@ func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, cfg
 	t := &conn{c: c, cut: func() { c.Close() }, local: local, w: bufio.NewWriterSize(c, 256<<10), timeout: timeout,
 		mark: gen, echoed: gen}
 	var src io.Reader = c
-	if pr, err := readerOf(c, &t.until, cfg.BusyPoll); err == nil {
+	if pr, err := readerOf(c, &t.until, cfg.BusyPoll, cfg.spins); err == nil {
 		src = pr
 	}
 	t.r = bufio.NewReaderSize(src, 256<<10)

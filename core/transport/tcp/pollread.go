@@ -83,7 +83,7 @@ func (p *pollReader) Read(b []byte) (int, error) {
 // sysmon takes it back, and every other goroutine (this guard's target,
 // its control channel) waits that long: 245 µs per 4 KiB transfer,
 // measured, against 40 µs with the netpoller.
-func readerOf(c interface{}, until *time.Time, spin time.Duration) (io.Reader, error) {
+func readerOf(c interface{}, until *time.Time, spin time.Duration, counts *SpinCounts) (io.Reader, error) {
 	if runtime.GOMAXPROCS(0) < 2 {
 		return nil, errors.New("one P: the netpoller serves better")
 	}
@@ -95,7 +95,7 @@ func readerOf(c interface{}, until *time.Time, spin time.Duration) (io.Reader, e
 	if err != nil {
 		return nil, err
 	}
-	p := &pollReader{rc: rc, until: until, spin: newSpinner(spin), fds: make([]unix.PollFd, 1)}
+	p := &pollReader{rc: rc, until: until, spin: newSpinner(spin, counts), fds: make([]unix.PollFd, 1)}
 	p.readNow = p.read
 	return p, nil
 }

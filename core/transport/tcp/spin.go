@@ -31,14 +31,19 @@ const MaxBusyPoll = time.Millisecond
 // trip from 40 µs to 140.
 type spinner struct {
 	budget time.Duration
-	unpaid int // spins in a row that did not pay
-	skip   int // waits left that do not spin
-	back   int // the skip after the next back-off
+	counts *SpinCounts // nil: not counted
+	unpaid int         // spins in a row that did not pay
+	skip   int         // waits left that do not spin
+	back   int         // the skip after the next back-off
 }
 
-func newSpinner(budget time.Duration) spinner {
-	return spinner{budget: min(budget, MaxBusyPoll), back: 1}
+func newSpinner(budget time.Duration, counts *SpinCounts) spinner {
+	return spinner{budget: min(budget, MaxBusyPoll), counts: counts, back: 1}
 }
+
+// SpinCounts is what a transport's busy polling cost (stats): spins
+// begun, those that paid, and the nanoseconds spent spinning.
+type SpinCounts struct{ spins, paid, nanos atomic.Int64 }
 
 // read reads fd into b without blocking, spinning for up to limit (and
 // the budget) where nothing has come yet; EAGAIN if nothing came.
@@ -59,16 +64,23 @@ func (s *spinner) read(fd int, b []byte, limit time.Duration) (int, error) {
 			break
 		}
 		if n, err = syscall.Read(fd, b); err != syscall.EAGAIN && err != syscall.EINTR {
-			s.paid(spent <= s.budget*3/4)
+			s.paid(spent <= s.budget*3/4, spent)
 			return n, err
 		}
 	}
-	s.paid(false)
+	s.paid(false, time.Since(start))
 	return 0, syscall.EAGAIN
 }
 
 // paid records whether a spin paid, and backs off after two that did not.
-func (s *spinner) paid(ok bool) {
+func (s *spinner) paid(ok bool, spent time.Duration) {
+	if c := s.counts; c != nil {
+		c.spins.Add(1)
+		c.nanos.Add(int64(spent))
+		if ok {
+			c.paid.Add(1)
+		}
+	}
 	if ok {
 		s.unpaid, s.back = 0, 1
 		return
@@ -119,7 +131,7 @@ func (s *spinSlots) give() { s.n.Add(-1) }
 // spinning is c with reads that spin for budget, where that can help: a
 // socket, and more than one P (with one, the spinning goroutine would
 // hold the only P that the bytes' sender in this process needs).
-func spinning(c net.Conn, budget time.Duration, slots *spinSlots) net.Conn {
+func spinning(c net.Conn, budget time.Duration, slots *spinSlots, counts *SpinCounts) net.Conn {
 	sc, ok := c.(syscall.Conn)
 	if !ok || budget <= 0 || runtime.GOMAXPROCS(0) < 2 {
 		return c
@@ -128,7 +140,7 @@ func spinning(c net.Conn, budget time.Duration, slots *spinSlots) net.Conn {
 	if err != nil {
 		return c
 	}
-	s := &spinConn{Conn: c, rc: rc, spin: newSpinner(budget), slots: slots}
+	s := &spinConn{Conn: c, rc: rc, spin: newSpinner(budget, counts), slots: slots}
 	s.spinNow = s.spinOnce
 	return s
 }

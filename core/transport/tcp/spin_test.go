@@ -36,7 +36,7 @@ func TestSpinConnReads(t *testing.T) {
 		t.Skip("one P: reads do not spin")
 	}
 	w, r := tcpPair(t)
-	s := spinning(r, 200*time.Microsecond, &spinSlots{}).(*spinConn)
+	s := spinning(r, 200*time.Microsecond, &spinSlots{}, nil).(*spinConn)
 	buf := make([]byte, 8)
 
 	go w.Write([]byte("spun")) // most often taken while spinning; else after parking
@@ -73,7 +73,8 @@ func TestSpinnerBacksOff(t *testing.T) {
 	w, r := tcpPair(t)
 	rc, err := r.(*net.TCPConn).SyscallConn()
 	require.NoError(t, err)
-	sp := newSpinner(time.Millisecond)
+	var counts SpinCounts
+	sp := newSpinner(time.Millisecond, &counts)
 	buf := make([]byte, 4)
 	spun := func() bool {
 		var rerr error
@@ -87,6 +88,9 @@ func TestSpinnerBacksOff(t *testing.T) {
 		pattern = append(pattern, spun())
 	}
 	require.Equal(t, []bool{true, true, false, true, true, false, false, true, true, false, false}, pattern)
+	require.EqualValues(t, 6, counts.spins.Load(), "skipped waits are not spins")
+	require.Zero(t, counts.paid.Load())
+	require.GreaterOrEqual(t, time.Duration(counts.nanos.Load()), 6*time.Millisecond)
 
 	// Bytes that come while spinning reset the back-off.
 	go func() { time.Sleep(100 * time.Microsecond); w.Write([]byte("data")) }()
@@ -99,17 +103,18 @@ func TestSpinnerBacksOff(t *testing.T) {
 		require.Equal(t, 4, n)
 		require.Equal(t, 1, sp.back)
 		require.Zero(t, sp.unpaid)
+		require.EqualValues(t, 1, counts.paid.Load())
 	}
 }
 
 // Busy polling off, or nothing to poll: the connection as it was.
 func TestSpinningOff(t *testing.T) {
 	_, r := tcpPair(t)
-	require.Same(t, r, spinning(r, 0, &spinSlots{}))
+	require.Same(t, r, spinning(r, 0, &spinSlots{}, nil))
 	p1, p2 := net.Pipe()
 	defer p1.Close()
 	defer p2.Close()
-	require.Equal(t, p1, spinning(p1, time.Millisecond, &spinSlots{}), "not a socket")
+	require.Equal(t, p1, spinning(p1, time.Millisecond, &spinSlots{}, nil), "not a socket")
 }
 
 // At most half the Ps' worth of connections spin at once; a slot given

@@ -35,6 +35,7 @@ type target struct {
 	// at most spins.n of them at once.
 	busyPoll time.Duration
 	spins    spinSlots
+	spun     *SpinCounts
 	pending  *transport.Pending // writes being applied, or held by a fault: what Settle waits for
 
 	// Fault injection. Held writes (lag, reorder) are applied later under
@@ -74,7 +75,7 @@ func newTarget(cfg Config) (*target, error) {
 
 // serveOn runs a target on ln.
 func serveOn(ln net.Listener, cfg Config) *target {
-	t := &target{regions: cfg.Regions, tokens: cfg.Tokens, timeout: cfg.Timeout, busyPoll: cfg.BusyPoll, ln: ln, conns: map[net.Conn]*link{}, senders: map[string]net.Conn{},
+	t := &target{regions: cfg.Regions, tokens: cfg.Tokens, timeout: cfg.Timeout, busyPoll: cfg.BusyPoll, spun: cfg.spins, ln: ln, conns: map[net.Conn]*link{}, senders: map[string]net.Conn{},
 		pending: transport.NewPending(), stop: make(chan struct{}), refused: cfg.Refused, notice: cfg.Notice, faults: fault.New(cfg.Faults, cfg.TailBytes, ln.Addr().String())}
 	if cfg.DigestAtLanding && t.faults == nil { // under fault injection syncs re-read: faults change bytes after they land
 		t.landed = &landedIndex{}
@@ -198,7 +199,7 @@ func (t *target) serve(l *link) {
 			t.ipcs.drop(gpu, l.pid)
 		}
 	}()
-	r := bufio.NewReaderSize(spinning(c, t.busyPoll, &t.spins), 256<<10)
+	r := bufio.NewReaderSize(spinning(c, t.busyPoll, &t.spins, t.spun), 256<<10)
 	w := bufio.NewWriterSize(c, 64<<10)
 	hdr := make([]byte, wire.HeaderSize)
 	bound := false

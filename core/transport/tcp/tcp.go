@@ -50,6 +50,7 @@ type Config struct {
 	// BusyPoll is how long a read that expects bytes soon spins before it
 	// sleeps (0: never; at most MaxBusyPoll): see spin.go.
 	BusyPoll time.Duration
+	spins    *SpinCounts // set by New
 	// SameHost is SameHostAuto, SameHostOff or SameHostRequired: as a
 	// sender whether to offer same-host transfers, as a target whether
 	// to grant them.
@@ -70,8 +71,16 @@ type Transport struct {
 	target *target
 }
 
+// BusyPolls is what busy polling cost and won: spins, those that paid,
+// and the time spent spinning.
+func (t *Transport) BusyPolls() (spins, paid int64, spent time.Duration) {
+	c := t.cfg.spins
+	return c.spins.Load(), c.paid.Load(), time.Duration(c.nanos.Load())
+}
+
 // New starts the target server.
 func New(cfg Config) (*Transport, error) {
+	cfg.spins = &SpinCounts{} // this transport's senders and target count together
 	t, err := newTarget(cfg)
 	if err != nil {
 		return nil, err
