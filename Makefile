@@ -141,6 +141,7 @@ bench: build
 	cmake -S . -B $(CTEST_DIR) -DMCGUARD_LIBRARY=$(CURDIR)/$(LIB) >/dev/null
 	cmake --build $(CTEST_DIR) --target latency
 	$(CTEST_DIR)/latency 20000
+	$(GO) test -run '^$$' -bench SmallTransfer -benchtime 20000x -count 3 ./core/
 	$(GO) test -run '^$$' -bench Modes -benchtime 3s -count 5 ./core/
 	$(GO) test -run '^$$' -bench RDMAModelStripes -benchtime 20x -count 5 ./core/
 	$(GO) test -run '^$$' -bench Quiesce -benchtime 1x -count 3 ./core/
