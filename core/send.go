@@ -172,13 +172,13 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 				wait = func() error { <-done; return digestErr }
 			}
 		}
-		var announce func() error
+		var announce func(fenceFollows bool) error
 		if notify {
-			announce = func() error {
+			announce = func(fenceFollows bool) error {
 				if err := wait(); err != nil {
 					return err
 				}
-				return g.notify(ctx, s, res.ID, vcfg.Mode, len(descs), base, chunk, digests)
+				return g.notify(ctx, s, res.ID, vcfg.Mode, len(descs), base, chunk, digests, fenceFollows)
 			}
 		}
 		sent = true
@@ -190,7 +190,7 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 			// and announce it once more (a stray case announcing bytes not
 			// written still fails, at the receiver's digest comparison).
 			if err = s.refresh(ctx, g); err == nil {
-				if err = announce(); err == nil {
+				if err = announce(true); err == nil {
 					err = s.conn.Fence(ctx)
 				}
 			}
@@ -246,8 +246,9 @@ func chunkBytes(chunk []verify.Desc) uint64 {
 }
 
 // notify sends one chunk's completion notice to the session's guard and
-// waits for it to be recorded there.
-func (g *Guard) notify(ctx context.Context, s *session, id uint64, mode verify.Mode, total, base int, chunk []verify.Desc, digests []uint64) error {
+// waits for it to be recorded there; with fenceFollows the caller fences
+// the data connection next, which carries a notice posted on it.
+func (g *Guard) notify(ctx context.Context, s *session, id uint64, mode verify.Mode, total, base int, chunk []verify.Desc, digests []uint64, fenceFollows bool) error {
 	if err := s.greet(ctx, g); err != nil {
 		return err
 	}
@@ -260,9 +261,7 @@ func (g *Guard) notify(ctx context.Context, s *session, id uint64, mode verify.M
 				n.Descs[i].Digest = digests[off+i]
 			}
 		}
-		// In digest mode a fence follows the notice (verify.Deliver), and
-		// carries it out with the chunk's writes.
-		if err := g.sendNotice(ctx, s, n, mode == verify.Digest); err != nil {
+		if err := g.sendNotice(ctx, s, n, fenceFollows); err != nil {
 			return err
 		}
 		g.stats.noticesSent.Add(1)

@@ -63,12 +63,14 @@ type Delivery struct {
 // so; digest mode fences and leaves the comparison to the receiver; off
 // trusts the transport. announce, if not nil, sends the chunk's notice:
 // after the check, or in digest mode while the fence is in flight (the
-// receiver's sync waits for the writes anyway). base is chunk[0]'s index
+// receiver's sync waits for the writes anyway); its argument says whether
+// a Fence on conn follows at once (a NoticeCarrier may leave the notice
+// for that fence to send). base is chunk[0]'s index
 // in the batch; a MismatchError names batch indices. Any other error
 // leaves conn in an unknown state: the caller drops it.
-func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []Desc, base int, local LocalFunc, scratch *Scratch, announce func() error) (d Delivery, err error) {
+func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []Desc, base int, local LocalFunc, scratch *Scratch, announce func(fenceFollows bool) error) (d Delivery, err error) {
 	if announce == nil {
-		announce = func() error { return nil }
+		announce = func(bool) error { return nil }
 	}
 	// Off trusts the write's completion, so it waits for it; every other
 	// mode fences or reads back next, which collects the completions.
@@ -86,19 +88,19 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 	defer func() { d.Checked = time.Since(start) }()
 	switch {
 	case cfg.Mode == Off:
-		return d, announce()
+		return d, announce(false)
 	case !cfg.Mode.ReadsBack():
 		if nc, ok := conn.(NoticeCarrier); ok && nc.CarriesNotices() {
 			// The notice follows the writes on the connection: the fence
 			// reads their replies and its own in one flight.
-			if err := announce(); err != nil {
+			if err := announce(true); err != nil {
 				return d, err
 			}
 			return d, conn.Fence(ctx)
 		}
 		fenced := make(chan error, 1)
 		go func() { fenced <- conn.Fence(ctx) }()
-		notified := announce()
+		notified := announce(false)
 		if err := <-fenced; err != nil {
 			return d, err
 		}
@@ -122,7 +124,7 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 		d.Retries += r.Retries
 		d.Probed += r.Probed
 		if err == nil {
-			return d, announce()
+			return d, announce(false)
 		}
 		me := asMismatch(err)
 		if me == nil {

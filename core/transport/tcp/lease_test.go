@@ -19,6 +19,17 @@ import (
 
 // newLeasePair is a target's lease and a sender's view of it, in this
 // process (pidfd_getfd of our own descriptor, as another process would).
+// leaseWithWriter is a lease pair with one region, [0x10000, +0x1000),
+// and the sender in the middle of a write into it.
+func leaseWithWriter(t *testing.T, timeout time.Duration) (*lease, *pushLease) {
+	l, p := newLeasePair(t, timeout)
+	l.add(0x10000, 0x1000)
+	ok, err := p.enter(rng(0x10000, 0x1000))
+	require.NoError(t, err)
+	require.True(t, ok)
+	return l, p
+}
+
 func newLeasePair(t *testing.T, timeout time.Duration) (*lease, *pushLease) {
 	l, err := newLease(timeout)
 	require.NoError(t, err)
@@ -62,11 +73,7 @@ func TestLeaseAttachRefusesAnotherFile(t *testing.T) {
 // Unregister waits for a write that entered before it, and a write that
 // begins after it finds the region gone.
 func TestLeaseRemoveWaitsForAWriterAndShutsOutTheNext(t *testing.T) {
-	l, p := newLeasePair(t, 5*time.Second)
-	l.add(0x10000, 0x1000)
-	ok, err := p.enter(rng(0x10000, 0x1000))
-	require.NoError(t, err)
-	require.True(t, ok)
+	l, p := leaseWithWriter(t, 5*time.Second)
 	removed := make(chan error, 1)
 	go func() { removed <- l.remove(0x10000) }()
 	select {
@@ -76,16 +83,13 @@ func TestLeaseRemoveWaitsForAWriterAndShutsOutTheNext(t *testing.T) {
 	}
 	p.exit()
 	require.NoError(t, <-removed)
-	ok, err = p.enter(rng(0x10000, 0x1000))
+	ok, err := p.enter(rng(0x10000, 0x1000))
 	require.NoError(t, err)
 	require.False(t, ok, "after remove the region is not in the table")
 }
 
 func TestLeaseRemoveFailsWhereAWriterNeverFinishes(t *testing.T) {
-	l, p := newLeasePair(t, 50*time.Millisecond)
-	l.add(0x10000, 0x1000)
-	ok, _ := p.enter(rng(0x10000, 0x1000))
-	require.True(t, ok)
+	l, p := leaseWithWriter(t, 50*time.Millisecond)
 	defer p.exit()
 	err := l.remove(0x10000)
 	require.ErrorContains(t, err, "still writing into this process")

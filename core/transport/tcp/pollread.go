@@ -23,6 +23,9 @@ type pollReader struct {
 	rc    syscall.RawConn
 	until *time.Time // the connection's deadline, as conn.deadline set it
 	spin  spinner    // busy polling before poll(2) (spin.go)
+	// spinFor is how long this read may still spin: the wait's first
+	// attempt spins, those after a poll(2) woke or timed out do not.
+	spinFor time.Duration
 	// One read's state, and the function that does it, made once: a read
 	// allocates nothing.
 	b       []byte
@@ -37,10 +40,11 @@ type pollReader struct {
 // guard closing) is noticed within it.
 const pollSlice = 10 * time.Millisecond
 
-// read is one read of p.b, spinning for p.spin, and where nothing has
-// come, one poll.
+// read is one read of p.b, spinning for up to p.spinFor, and where nothing
+// has come, one poll.
 func (p *pollReader) read(fd uintptr) {
-	p.n, p.rerr = p.spin.read(int(fd), p.b, p.wait)
+	p.n, p.rerr = p.spin.read(int(fd), p.b, p.spinFor)
+	p.spinFor = 0
 	if p.rerr != syscall.EAGAIN {
 		return
 	}
@@ -53,8 +57,10 @@ func (p *pollReader) read(fd uintptr) {
 
 func (p *pollReader) Read(b []byte) (int, error) {
 	defer func() { p.b = nil }()
+	p.spinFor = MaxBusyPoll // the spinner's budget bounds it
 	for {
 		p.wait = time.Until(*p.until)
+		p.spinFor = min(p.spinFor, p.wait)
 		if p.wait <= 0 {
 			return 0, fmt.Errorf("read: %w", os.ErrDeadlineExceeded)
 		}

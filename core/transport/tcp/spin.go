@@ -52,8 +52,7 @@ func (s *spinner) read(fd int, b []byte, limit time.Duration) (int, error) {
 	if err != syscall.EAGAIN && err != syscall.EINTR || s.budget <= 0 || limit <= 0 {
 		return n, err
 	}
-	if s.skip > 0 {
-		s.skip--
+	if s.skipping() {
 		return 0, syscall.EAGAIN
 	}
 	budget := min(limit, s.budget)
@@ -70,6 +69,15 @@ func (s *spinner) read(fd int, b []byte, limit time.Duration) (int, error) {
 	}
 	s.paid(false, time.Since(start))
 	return 0, syscall.EAGAIN
+}
+
+// skipping takes one of the waits a back-off skips, if any are left.
+func (s *spinner) skipping() bool {
+	if s.skip > 0 {
+		s.skip--
+		return true
+	}
+	return false
 }
 
 // paid records whether a spin paid, and backs off after two that did not.
@@ -148,7 +156,9 @@ func spinning(c net.Conn, budget time.Duration, slots *spinSlots, counts *SpinCo
 func (s *spinConn) spinOnce(fd uintptr) { s.n, s.err = s.spin.read(int(fd), s.b, s.spin.budget) }
 
 func (s *spinConn) Read(b []byte) (int, error) {
-	if s.lastWait <= 4*s.spin.budget && len(b) > 0 && s.slots.take() {
+	// A read that is not to spin goes straight to the netpoller, whose
+	// own read comes first: no second non-blocking read before it.
+	if s.lastWait <= 4*s.spin.budget && len(b) > 0 && !s.spin.skipping() && s.slots.take() {
 		s.b = b
 		err := s.rc.Control(s.spinNow)
 		s.b = nil
