@@ -22,7 +22,9 @@ does can make a transfer look verified.
 
 import ctypes
 import logging
+import sys
 import threading
+import weakref
 
 from . import _lib
 from .guard import STATUS_NAMES
@@ -113,21 +115,26 @@ class Callbacks:
         self.engine = engine
         self.name = str(getattr(engine, "name", type(engine).__name__))
         self.ops = _lib.TransportOps(struct_size=ctypes.sizeof(_lib.TransportOps), name=self.name.encode())
-        self.ops.write = _lib.BATCH_FN(self._batch("write"))
-        self.ops.read = _lib.BATCH_FN(self._batch("read"))
+        self.ops.write = _lib.BATCH_FN(self._own(self._batch("write")))
+        self.ops.read = _lib.BATCH_FN(self._own(self._batch("read")))
         if callable(getattr(engine, "register", None)):
-            self.ops.register_memory = _lib.REGISTER_FN(
-                lambda _ctx, addr, n, msg, msg_len: self._call("register", (addr, n), msg, msg_len))
+            self.ops.register_memory = _lib.REGISTER_FN(self._own(
+                lambda _ctx, addr, n, msg, msg_len: self._call("register", (addr, n), msg, msg_len)))
         if callable(getattr(engine, "unregister", None)):
-            self.ops.unregister_memory = _lib.UNREGISTER_FN(
-                lambda _ctx, addr, msg, msg_len: self._call("unregister", (addr,), msg, msg_len))
+            self.ops.unregister_memory = _lib.UNREGISTER_FN(self._own(
+                lambda _ctx, addr, msg, msg_len: self._call("unregister", (addr,), msg, msg_len)))
         if callable(getattr(engine, "fence", None)):
-            self.ops.fence = _lib.FENCE_FN(
-                lambda _ctx, session, msg, msg_len: self._call("fence", (session.decode(),), msg, msg_len))
+            self.ops.fence = _lib.FENCE_FN(self._own(
+                lambda _ctx, session, msg, msg_len: self._call("fence", (session.decode(),), msg, msg_len)))
         # KeyboardInterrupt or SystemExit raised inside a callback (a signal
         # handler runs in whatever Python code the main thread is in): kept
         # per thread and raised again by the Guard call that made it.
         self._interrupted = threading.local()
+
+    def _own(self, fn):
+        """fn, marked as one of this object's callbacks for _unraisable."""
+        fn._mcguard_callbacks = weakref.ref(self)
+        return fn
 
     def _batch(self, method):
         def cb(_ctx, session, local, remote, lengths, n, msg, msg_len):
@@ -148,7 +155,7 @@ class Callbacks:
             return _MC_ERR_PEER
         except BaseException as e:  # noqa: BLE001 - a callback must return a status, never unwind into C
             if not isinstance(e, Exception):
-                self._interrupted.exc = e
+                self.interrupted(e)
             else:
                 log.error("mcguard: %s engine's %s raised", self.name, method, exc_info=True)
             _put_message(msg, msg_len, "%s.%s raised %s: %s" % (self.name, method, type(e).__name__, e))
@@ -160,6 +167,10 @@ class Callbacks:
             return ret
         return _MC_ERR_PEER
 
+    def interrupted(self, exc):
+        """Keep exc for this thread's take_interrupt."""
+        self._interrupted.exc = exc
+
     def take_interrupt(self):
         """The KeyboardInterrupt or SystemExit a callback on this thread
         caught since the last call, or None."""
@@ -169,3 +180,29 @@ class Callbacks:
 
     def detach(self):
         self.engine = None
+
+
+# A signal handler can raise as a callback is entered, before the try in
+# _call: ctypes then reports the exception as unraisable and hands C an
+# undefined status, which may read as MC_OK. This hook keeps such an
+# exception for the Guard call that made the callback, which raises it
+# instead of any result: that call never looks like a success. (Seen with
+# SIGTERM under load: a write callback interrupted at entry, and the
+# transfer went on as though the engine had written.) A guard over an
+# engine puts it in front of whatever hook is set before each call into
+# the library (ensure_unraisable_hook), so an application's or a test
+# runner's hook set later does not take its place.
+def ensure_unraisable_hook():
+    current = sys.unraisablehook
+    if getattr(current, "_mcguard", False):
+        return
+
+    def hook(u):
+        ref = getattr(u.object, "_mcguard_callbacks", None)
+        owner = ref() if ref is not None else None
+        if owner is None:
+            current(u)
+            return
+        owner.interrupted(u.exc_value)
+    hook._mcguard = True
+    sys.unraisablehook = hook

@@ -258,6 +258,9 @@ class Guard:
         _check_not_forked()
         if self._closed:
             raise MCGuardError(MC_ERR_BAD_HANDLE, "this Guard is closed")
+        if self._callbacks is not None:  # the call may run them: see engine.ensure_unraisable_hook
+            from .engine import ensure_unraisable_hook
+            ensure_unraisable_hook()
         return self._handle
 
     @property

@@ -172,3 +172,25 @@ def test_keyboard_interrupt_inside_a_callback_comes_out_of_the_call(pd):
     del eng.write
     g.transfer("decode:7", srcs, dsts, [BLOCK] * N)  # and the guard goes on
     assert dst.raw == src.raw
+
+
+def test_an_interrupt_as_a_callback_is_entered_comes_out_of_the_call(pd, monkeypatch):
+    """A signal handler can raise at the callback's first line, before its
+    try: ctypes then reports it as unraisable and hands C an undefined
+    status, which may read as MC_OK. In off mode nothing would catch the
+    bytes that never moved; the call must raise the interrupt instead."""
+    from mcguard import engine as engine_module
+
+    def entered(self, method):
+        def cb(*_):  # stands for a handler run at cb's entry
+            raise SystemExit(3)
+        return cb if method == "write" else real(self, method)
+    real = engine_module.Callbacks._batch
+    monkeypatch.setattr(engine_module.Callbacks, "_batch", entered)
+    g, eng, src, dst, srcs, dsts = pd(verify="off")
+    src.raw = os.urandom(BLOCK * N)
+    with pytest.raises(SystemExit) as e:
+        g.transfer("decode:7", srcs, dsts, [BLOCK] * N)
+    assert e.value.code == 3
+    assert dst.raw != src.raw, "the write never ran"
+    assert g._callbacks.take_interrupt() is None, "raised once, then gone"
