@@ -20,4 +20,5 @@ var (
 	ErrDevice        = errs.Device
 	ErrQuiesced      = errs.Quiesced
 	ErrCancelled     = errs.Cancelled
+	ErrNoMemory      = errs.NoMemory
 )

@@ -11,6 +11,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 
 	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/sharedmem"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/transport/engine"
 	"github.com/mcguard/mcguard/core/wire"
@@ -47,6 +48,7 @@ type Guard struct {
 	closed   bool
 	sessions map[string]*session
 	inflight sync.WaitGroup
+	allocs   map[uint64]*sharedmem.File // Alloc's, by address
 
 	notices      *noticeStore
 	notifies     notifyQueue
@@ -71,7 +73,7 @@ func open(cfg Config, ops *engine.Ops) (*Guard, error) {
 	if cfg.Verify.SliceBytes == verify.SliceAuto {
 		cfg.Verify.SliceBytes = 0 // own data planes move a descriptor in order
 	}
-	g := &Guard{cfg: cfg, sessions: map[string]*session{}, notices: newNoticeStore(), auth: newAuthority(cfg.Secret),
+	g := &Guard{cfg: cfg, sessions: map[string]*session{}, allocs: map[uint64]*sharedmem.File{}, notices: newNoticeStore(), auth: newAuthority(cfg.Secret),
 		planeState: map[string]string{}, engineOps: ops}
 	g.nextTransfer.Store(mrand.Uint64() >> 1)
 	g.metrics = newGuardMetrics(g)
@@ -137,6 +139,7 @@ func (g *Guard) Close() error {
 	g.zctx.Term() // returns once the control socket is closed
 	g.control.wait()
 	g.closeDataPlanes()
+	g.freeAllocs()
 	return nil
 }
 

@@ -39,6 +39,8 @@ func matrixCell(t *testing.T, injected string, mode verify.Mode, plane string) (
 		p = newEnginePair(t, "{"+sendJS+", "+inject+"}", "", n*size, newFakeEngines())
 	case "same-host":
 		p = newPair(t, "{"+sendJS+`, "same_host": "required"}`, "{"+inject+"}", n*size)
+	case "same-host-mapped":
+		p = newMappedPair(t, "{"+sendJS+`, "same_host": "required"}`, "{"+inject+"}", n*size)
 	case "striped":
 		p = newPair(t, "{"+sendJS+`, "same_host": "off", "tcp_stripes": 4}`, "{"+inject+"}", n*size)
 	default:
@@ -80,15 +82,16 @@ func matrixCell(t *testing.T, injected string, mode verify.Mode, plane string) (
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if plane == "same-host" { // faults that act on a write at once the sender injects itself, writing into the receiver
+	if plane == "same-host" || plane == "same-host-mapped" { // faults that act on a write at once the sender injects itself, writing into the receiver
 		sync := slices.Contains([]string{fault.Drop, fault.Tear, fault.Stale}, injected)
 		require.Equal(t, sync, pushed(t, p.send) > 0, "%s: the sender writes into the receiver itself exactly where it can inject the fault", injected)
+		require.Equal(t, sync && plane == "same-host-mapped", mapped(t, p.send) > 0, "%s: by memcpy into the receiver's allocation", injected)
 	}
 	return ok, failed, mismatches
 }
 
 func TestDetectionMatrix(t *testing.T) {
-	for _, plane := range []string{"socket", "same-host", "striped"} {
+	for _, plane := range []string{"socket", "same-host", "same-host-mapped", "striped"} {
 		for _, injected := range fault.Delivery {
 			for _, mode := range verify.Modes {
 				t.Run(plane+"/"+injected+"/"+string(mode), func(t *testing.T) {

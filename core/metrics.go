@@ -75,7 +75,7 @@ func outcomeOf(err error) string {
 	}{
 		{ErrClosed, "closed"}, {ErrCancelled, "cancelled"}, {ErrInvalidArg, "invalid_arg"}, {ErrConfig, "config"},
 		{ErrNotRegistered, "not_registered"}, {ErrDevice, "device"}, {ErrVerify, "verify"}, {ErrQuiesced, "quiesced"},
-		{ErrTimeout, "timeout"}, {ErrSession, "session"}, {ErrPeer, "peer"},
+		{ErrTimeout, "timeout"}, {ErrSession, "session"}, {ErrPeer, "peer"}, {ErrNoMemory, "no_memory"},
 	} {
 		if errors.Is(err, e.err) {
 			return e.name

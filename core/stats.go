@@ -17,6 +17,7 @@ type counters struct {
 	// landed, and ranges whose memory was read again
 	digestsLanded, digestsRead atomic.Int64
 	pushed                     atomic.Int64 // bytes written into same-host targets by this process itself
+	mapped                     atomic.Int64 // of pushed, those copied into targets' shared allocations (memcpy)
 }
 
 // Stats returns counters and settings as JSON.
@@ -72,6 +73,7 @@ func (g *Guard) Stats() ([]byte, error) {
 		out["busy_poll_spins"], out["busy_poll_paid"], out["busy_poll_spent_us"] = spins, paid, spent.Microseconds()
 	}
 	out["same_host_pushed_bytes"] = g.stats.pushed.Load()
+	out["same_host_mapped_bytes"] = g.stats.mapped.Load()
 	out["same_host"] = g.cfg.SameHost
 	out["same_host_writer"] = g.cfg.SameHostWriter
 	for name, state := range g.planeState { // "tcp": what it runs on; "rdma": that, or why not

@@ -43,7 +43,7 @@ var dataPlanes = []struct {
 		}
 		return tcp.New(tcp.Config{Host: host, Timeout: g.cfg.Timeout, Regions: g.regions, Tokens: g.auth.tokens.sender,
 			Faults: faults, TailBytes: g.cfg.Verify.TailBytes, Notice: g.takeNotice, SameHost: g.cfg.SameHost,
-			SameHostWriter: g.cfg.SameHostWriter, Pushed: &g.stats.pushed,
+			SameHostWriter: g.cfg.SameHostWriter, Pushed: &g.stats.pushed, Mapped: &g.stats.mapped,
 			DigestAtLanding: g.cfg.DigestAt == "landing", Stripes: g.cfg.TCPStripes, BusyPoll: g.cfg.BusyPoll,
 			Refused: func(reason string) { g.metrics.refusedWrites.Add(1, reason) }})
 	}},

@@ -88,6 +88,28 @@ func mcgRegisterDevice(h C.mc_guard_t, addr unsafe.Pointer, n C.size_t) C.mc_sta
 	})
 }
 
+//export mcgAlloc
+func mcgAlloc(h C.mc_guard_t, n C.size_t, out *unsafe.Pointer) C.mc_status {
+	return run(h, "mc_guard_alloc", func(g *core.Guard) error {
+		if out == nil {
+			return fmt.Errorf("%w: out is NULL", core.ErrInvalidArg)
+		}
+		*out = nil
+		addr, err := g.Alloc(uint64(n))
+		if err == nil {
+			*out = unsafe.Pointer(uintptr(addr))
+		}
+		return err
+	})
+}
+
+//export mcgFree
+func mcgFree(h C.mc_guard_t, addr unsafe.Pointer) C.mc_status {
+	return run(h, "mc_guard_free", func(g *core.Guard) error {
+		return g.Free(uint64(uintptr(addr)))
+	})
+}
+
 //export mcgUnregister
 func mcgUnregister(h C.mc_guard_t, addr unsafe.Pointer) C.mc_status {
 	return run(h, "mc_guard_unregister", func(g *core.Guard) error {

@@ -78,6 +78,16 @@ mc_status mc_guard_register_device(mc_guard_t g, void *addr, size_t len) {
     return mcgRegisterDevice(g, addr, len);
 }
 
+mc_status mc_guard_alloc(mc_guard_t g, size_t len, void **out) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgAlloc(g, len, out);
+}
+
+mc_status mc_guard_free(mc_guard_t g, void *addr) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgFree(g, addr);
+}
+
 mc_status mc_guard_unregister(mc_guard_t g, void *addr) {
     if (mcg_forked()) return MC_ERR_FORKED;
     return mcgUnregister(g, addr);

@@ -67,6 +67,7 @@ var statuses = []struct {
 	{core.ErrTimeout, C.MC_ERR_TIMEOUT},
 	{core.ErrSession, C.MC_ERR_SESSION},
 	{core.ErrPeer, C.MC_ERR_PEER},
+	{core.ErrNoMemory, C.MC_ERR_NO_MEMORY},
 }
 
 // statusOf maps an error to its status.

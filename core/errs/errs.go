@@ -30,4 +30,6 @@ var (
 	Quiesced = errors.New("destination quiesced by the receiver")
 	// Cancelled: the caller cancelled the transfer.
 	Cancelled = errors.New("transfer cancelled")
+	// NoMemory: the system refused memory for an allocation.
+	NoMemory = errors.New("out of memory")
 )

@@ -74,6 +74,8 @@ _SIGNATURES = {
     "mc_guard_register": (_status, [_handle, ctypes.c_void_p, ctypes.c_size_t]),
     "mc_guard_register_device": (_status, [_handle, ctypes.c_void_p, ctypes.c_size_t]),
     "mc_guard_unregister": (_status, [_handle, ctypes.c_void_p]),
+    "mc_guard_alloc": (_status, [_handle, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]),
+    "mc_guard_free": (_status, [_handle, ctypes.c_void_p]),
     "mc_guard_transfer": (_status, [_handle, ctypes.c_char_p, _u64p, _u64p, _u64p,
                                     ctypes.c_size_t, ctypes.POINTER(TransferOpts)]),
     "mc_guard_read": (_status, [_handle, ctypes.c_char_p, _u64p, _u64p, _u64p, ctypes.c_size_t]),

@@ -31,6 +31,7 @@ STATUS_NAMES = {
     -13: "MC_ERR_DEVICE",
     -14: "MC_ERR_QUIESCED",
     -15: "MC_ERR_CANCELLED",
+    -16: "MC_ERR_NO_MEMORY",
 }
 globals().update({name: code for code, name in STATUS_NAMES.items()})
 
@@ -283,6 +284,18 @@ class Guard:
 
     def unregister(self, addr):
         self._check(self._lib.mc_guard_unregister(self._h(), address_of(addr)))
+
+    def alloc(self, length):
+        """The address of length bytes (whole pages) of zeroed host memory,
+        registered, that a same-host sender maps and writes with memcpy
+        (mc_guard_alloc). Freed by free() or close(): do not touch it after."""
+        out = ctypes.c_void_p()
+        self._check(self._lib.mc_guard_alloc(self._h(), _u64(length, "length"), ctypes.byref(out)))
+        return out.value
+
+    def free(self, addr):
+        """Quiesce, unregister and free an allocation of alloc()."""
+        self._check(self._lib.mc_guard_free(self._h(), address_of(addr)))
 
     def transfer(self, session, src, dst, lengths, verify=None, digests=False, notice=True, deadline_ms=0):
         """Write len bytes from each local src to each remote dst of session

@@ -26,7 +26,6 @@ import ctypes
 import enum
 import itertools
 import logging
-import mmap
 import socket
 import threading
 
@@ -113,7 +112,7 @@ class GuardedTransferEngine:
         self._batches = {}  # batch id -> Future
         self._batch_ids = itertools.count(1)
         self._pool = None
-        self._managed = {}  # address -> mmap of allocate_managed_buffer
+        self._managed = {}  # address -> ctypes view of allocate_managed_buffer's memory (the guard's)
 
     @property
     def guard(self):
@@ -303,7 +302,9 @@ class GuardedTransferEngine:
 
     def allocate_managed_buffer(self, length):
         """Page-aligned memory, registered; its address, or 0 (logged).
-        Freed by free_managed_buffer or at close."""
+        It is the guard's shared allocation (Guard.alloc): a same-host
+        sender writes into it with memcpy. Freed by free_managed_buffer or
+        at close."""
         if self._guard is None:
             log.error("mcguard: allocate_managed_buffer: %s", self._why_no_guard())
             return 0
@@ -311,18 +312,12 @@ class GuardedTransferEngine:
             n = address_of(length, "length")
             if n == 0:
                 raise ValueError("length is 0")
-            mem = mmap.mmap(-1, n)
-        except (MCGuardError, ValueError, OverflowError, OSError) as e:
+            addr = self._guard.alloc(n)
+        except (MCGuardError, ValueError) as e:
             log.error("mcguard: allocate_managed_buffer(%r): %s", length, e)
             return 0
-        view = ctypes.c_char.from_buffer(mem)
-        addr = ctypes.addressof(view)
-        del view  # an export left alive would stop mem.close()
-        if self.register_memory(addr, n) != 0:
-            mem.close()
-            return 0
         with self._mu:
-            self._managed[addr] = mem
+            self._managed[addr] = (ctypes.c_char * n).from_address(addr)
         return addr
 
     def free_managed_buffer(self, buffer_addr, length):
@@ -335,12 +330,9 @@ class GuardedTransferEngine:
                 log.error("mcguard: free_managed_buffer: %r is not a managed buffer of this engine", buffer_addr)
                 return -1
             del self._managed[buffer_addr]
-        ret = self._call("free_managed_buffer", lambda g: (g.quiesce([buffer_addr], [len(mem)]),
-                                                           g.unregister(buffer_addr)))
-        if ret == 0:
-            mem.close()
-        else:
-            with self._mu:  # still registered: keep it mapped until close
+        ret = self._call("free_managed_buffer", lambda g: g.free(buffer_addr))
+        if ret != 0:
+            with self._mu:  # still the guard's: it frees it at close
                 self._managed[buffer_addr] = mem
         return ret
 
@@ -642,10 +634,9 @@ class GuardedTransferEngine:
         with self._mu:  # the guard is closed: nothing can write into them now
             managed, self._managed = self._managed, {}
             self._batches.clear()
-        for addr, mem in managed.items():
+        for addr in managed:  # the guard's close freed them
             if self._engine is not None:  # Mooncake's engine outlives us: take them back from it
                 self._engine.unregister_memory(addr)
-            mem.close()
 
 
 def guarded_mooncake():

@@ -57,6 +57,7 @@ type conn struct {
 	// went through the socket since the last fence.
 	lease     *pushLease
 	pushed    *atomic.Int64
+	mapped    *atomic.Int64 // of pushed, those copied into a mapped shared allocation
 	iovLocal  []unix.Iovec
 	iovRemote []unix.RemoteIovec
 	ranges    []verify.Range

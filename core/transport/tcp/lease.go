@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mcguard/mcguard/core/logs"
+	"github.com/mcguard/mcguard/core/sharedmem"
 )
 
 // The lease file: how a same-host sender may write into the target's
@@ -25,7 +26,10 @@ import (
 // What it holds, all 8-byte words:
 //   - gen: even while the table is stable; odd while the target changes it.
 //     Every unregister, quiesce, settle and abort raises it.
-//   - the table: the target's registered host regions (address, length).
+//   - the table: the target's registered host regions (address, length),
+//     and for one inside a shared allocation (core/sharedmem) the
+//     allocation's address, size, descriptor and inode, for the sender to
+//     map it and copy with memcpy instead of process_vm_writev.
 //   - a slot per data connection: busy, the gen+1 its sender entered under
 //     (0: not writing), and owner, the epoch the target handed the slot
 //     out under (0 once it took it back: the connection ended or was
@@ -52,7 +56,8 @@ const (
 	leaseCountOff   = 24
 	leaseTableOff   = 64
 	maxLeaseRegions = 1024 // registered host regions past it are written through the socket
-	leaseSlotsOff   = leaseTableOff + 16*maxLeaseRegions
+	leaseEntrySize  = 48 // addr, n, then base, size, fd, ino of a shared allocation (ino 0: none)
+	leaseSlotsOff   = leaseTableOff + leaseEntrySize*maxLeaseRegions
 	leaseSlotSize   = 64 // a cache line each: senders do not share lines
 	maxLeaseSlots   = 1024
 	leaseSize       = (leaseSlotsOff + leaseSlotSize*maxLeaseSlots + 4095) &^ 4095
@@ -66,8 +71,11 @@ func (m leaseWords) word(off int) *uint64 { return (*uint64)(unsafe.Pointer(&m[o
 func (m leaseWords) gen() *uint64   { return m.word(leaseGenOff) }
 func (m leaseWords) count() *uint64 { return m.word(leaseCountOff) }
 func (m leaseWords) entry(i int) (a, n *uint64) {
-	return m.word(leaseTableOff + 16*i), m.word(leaseTableOff + 16*i + 8)
+	return m.field(i, 0), m.field(i, 1)
 }
+
+// field is word k of table entry i.
+func (m leaseWords) field(i, k int) *uint64 { return m.word(leaseTableOff + leaseEntrySize*i + 8*k) }
 func (m leaseWords) busy(slot int) *uint64  { return m.word(leaseSlotsOff + leaseSlotSize*slot) }
 func (m leaseWords) owner(slot int) *uint64 { return m.word(leaseSlotsOff + leaseSlotSize*slot + 8) }
 
@@ -92,7 +100,11 @@ type lease struct {
 	inUse atomic.Int32 // slots handed out
 }
 
-type regionEntry struct{ addr, n uint64 }
+// regionEntry is a table entry; shared the allocation it lies in, if any.
+type regionEntry struct {
+	addr, n uint64
+	shared  sharedmem.File
+}
 
 // newLease creates the lease file; timeout bounds each wait for writers.
 func newLease(timeout time.Duration) (*lease, error) {
@@ -152,22 +164,23 @@ func (l *lease) changeLocked(fn func()) uint64 {
 	fn()
 	atomic.StoreUint64(l.mem.count(), uint64(len(l.table)))
 	for i, e := range l.table {
-		a, n := l.mem.entry(i)
-		atomic.StoreUint64(a, e.addr)
-		atomic.StoreUint64(n, e.n)
+		for k, v := range [...]uint64{e.addr, e.n, e.shared.Addr, e.shared.Len, uint64(e.shared.FD), e.shared.Ino} {
+			atomic.StoreUint64(l.mem.field(i, k), v)
+		}
 	}
 	return atomic.AddUint64(l.mem.gen(), 1)
 }
 
-// add puts a registered host region in the table; past maxLeaseRegions it
-// is left out, and senders write into it through the socket.
-func (l *lease) add(addr, n uint64) {
+// add puts a registered host region in the table, with the shared
+// allocation it lies in (Ino 0: none); past maxLeaseRegions it is left
+// out, and senders write into it through the socket.
+func (l *lease) add(addr, n uint64, shared sharedmem.File) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.table) >= maxLeaseRegions {
 		return
 	}
-	l.changeLocked(func() { l.table = append(l.table, regionEntry{addr, n}) })
+	l.changeLocked(func() { l.table = append(l.table, regionEntry{addr, n, shared}) })
 }
 
 // remove takes the region at addr out of the table and waits until no

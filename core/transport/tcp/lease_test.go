@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/mcguard/mcguard/core/sharedmem"
 	"github.com/mcguard/mcguard/verify"
 )
 
@@ -23,7 +24,7 @@ import (
 // and the sender in the middle of a write into it.
 func leaseWithWriter(t *testing.T, timeout time.Duration) (*lease, *pushLease) {
 	l, p := newLeasePair(t, timeout)
-	l.add(0x10000, 0x1000)
+	l.add(0x10000, 0x1000, sharedmem.File{})
 	ok, err := p.enter(rng(0x10000, 0x1000))
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -46,8 +47,8 @@ func rng(addr, n uint64) []verify.Range { return []verify.Range{{Addr: addr, Len
 
 func TestLeaseCoversOnlyTheTable(t *testing.T) {
 	l, p := newLeasePair(t, time.Second)
-	l.add(0x10000, 0x1000)
-	l.add(0x40000, 0x2000)
+	l.add(0x10000, 0x1000, sharedmem.File{})
+	l.add(0x40000, 0x2000, sharedmem.File{})
 	ok, err := p.enter([]verify.Range{{Addr: 0x10000, Len: 0x1000}, {Addr: 0x41000, Len: 0x1000}})
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -99,7 +100,7 @@ func TestLeaseRemoveFailsWhereAWriterNeverFinishes(t *testing.T) {
 // waits only for what began before it.
 func TestLeaseSettleWaitsOnlyForOlderWriters(t *testing.T) {
 	l, p := newLeasePair(t, time.Second)
-	l.add(0x10000, 0x1000)
+	l.add(0x10000, 0x1000, sharedmem.File{})
 	require.NoError(t, l.settle(context.Background()))
 	ok, _ := p.enter(rng(0x10000, 0x1000))
 	require.True(t, ok)
@@ -112,7 +113,7 @@ func TestLeaseSettleWaitsOnlyForOlderWriters(t *testing.T) {
 
 func TestLeaseRevokeStopsTheSendersWrites(t *testing.T) {
 	l, p := newLeasePair(t, time.Second)
-	l.add(0x10000, 0x1000)
+	l.add(0x10000, 0x1000, sharedmem.File{})
 	require.NoError(t, l.revoke(context.Background(), "someone else"))
 	ok, err := p.enter(rng(0x10000, 0x1000))
 	require.NoError(t, err)
@@ -129,7 +130,7 @@ func TestLeaseADeadWriterHoldsNothing(t *testing.T) {
 	l, err := newLease(5 * time.Second)
 	require.NoError(t, err)
 	defer l.close()
-	l.add(0x10000, 0x1000)
+	l.add(0x10000, 0x1000, sharedmem.File{})
 	cmd := exec.Command("sleep", "30")
 	require.NoError(t, cmd.Start())
 	slot, _ := l.assign("dead", cmd.Process.Pid)
@@ -185,7 +186,7 @@ func TestVMCopyManyPairs(t *testing.T) {
 // connection's epoch no longer owns it, even though the slot is in use.
 func TestLeaseAReassignedSlotRefusesItsFormerConnection(t *testing.T) {
 	l, p := newLeasePair(t, time.Second)
-	l.add(0x10000, 0x1000)
+	l.add(0x10000, 0x1000, sharedmem.File{})
 	l.release(p.slot)
 	slot, epoch := l.assign("sender", os.Getpid())
 	require.Equal(t, p.slot, slot)
@@ -206,7 +207,7 @@ func TestLeaseAReassignedSlotRefusesItsFormerConnection(t *testing.T) {
 func TestLeaseCloseShutsOutEverySender(t *testing.T) {
 	l, err := newLease(time.Second)
 	require.NoError(t, err)
-	l.add(0x10000, 0x1000)
+	l.add(0x10000, 0x1000, sharedmem.File{})
 	slot, epoch := l.assign("sender", os.Getpid())
 	p, why := attachLease(os.Getpid(), l.fd, hex.EncodeToString(l.nonce[:]), slot, epoch)
 	require.Empty(t, why)

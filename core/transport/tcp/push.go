@@ -17,6 +17,7 @@ import (
 	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/sharedmem"
 	"github.com/mcguard/mcguard/verify"
 )
 
@@ -27,8 +28,11 @@ import (
 // read with process_vm_readv: no frame, no socket round trip, no target
 // thread. The call is a synchronous kernel copy, so its return means the
 // bytes are in the target's memory; a fence has nothing left to wait for.
-// Anything else (device memory, a region the table does not hold, a
-// changing table, a kernel that refuses the calls) goes the socket's way.
+// Where a destination lies in a shared allocation of the target
+// (core/sharedmem), the sender maps that allocation once and copies with
+// memcpy instead: no system call at all. Anything else (device memory, a
+// region the table does not hold, a changing table, a kernel that refuses
+// the calls) goes the socket's way.
 
 // pushLease is a sender connection's view of the target's lease file.
 type pushLease struct {
@@ -36,7 +40,16 @@ type pushLease struct {
 	slot  int
 	epoch uint64 // the slot's owner while it is this connection's
 	pid   int    // the target
+
+	spans    []span                        // the last enter's ranges: the shared allocation each lies in
+	maps     map[uint64]*sharedmem.Mapping // the target's shared allocations mapped here, by inode
+	unmapped map[uint64]bool               // inodes that could not be mapped: process_vm_writev
+	mapGen   uint64                        // the gen maps were last checked against the table under
 }
+
+// span is the shared allocation (base, size, descriptor and inode in the
+// target) that a range lies in; ino 0: none.
+type span struct{ base, size, fd, ino uint64 }
 
 // attachLease maps the target's lease file: fd in process pid, checked
 // against the handshake's nonce. It returns why not, or "".
@@ -67,10 +80,17 @@ func attachLease(pid, fd int, nonceHex string, slot int, epoch uint64) (*pushLea
 		unix.Munmap(mem)
 		return nil, "the receiver's lease file is not the one its handshake named"
 	}
-	return &pushLease{mem: mem, slot: slot, epoch: epoch, pid: pid}, ""
+	return &pushLease{mem: mem, slot: slot, epoch: epoch, pid: pid,
+		maps: map[uint64]*sharedmem.Mapping{}, unmapped: map[uint64]bool{}}, ""
 }
 
-func (p *pushLease) close() { unix.Munmap(p.mem) }
+func (p *pushLease) close() {
+	for _, m := range p.maps {
+		m.Release()
+	}
+	clear(p.maps)
+	unix.Munmap(p.mem)
+}
 
 // errRevoked: the target aborted this connection (or it ended there).
 var errRevoked = errors.New("the receiver revoked this connection's same-host writes")
@@ -103,6 +123,10 @@ func (p *pushLease) enter(ranges []verify.Range) (ok bool, err error) {
 			atomic.StoreUint64(busy, 0) // the table moved while we read it
 			continue
 		}
+		if g != p.mapGen {
+			p.pruneMaps()
+			p.mapGen = g
+		}
 		if !covered {
 			atomic.StoreUint64(busy, 0)
 			return false, nil
@@ -114,26 +138,87 @@ func (p *pushLease) enter(ranges []verify.Range) (ok bool, err error) {
 
 func (p *pushLease) exit() { atomic.StoreUint64(p.mem.busy(p.slot), 0) }
 
-// covers reports whether every range lies inside one region of the table.
+// covers reports whether every range lies inside one region of the
+// table, and notes in spans the shared allocation each lies in.
 func (p *pushLease) covers(ranges []verify.Range) bool {
 	n := min(int(atomic.LoadUint64(p.mem.count())), maxLeaseRegions)
+	p.spans = p.spans[:0]
 	last := -1 // batches mostly stay in one region: try it first
+	var at span
 	for _, r := range ranges {
-		if last >= 0 && p.inEntry(last, r) {
-			continue
-		}
-		last = -1
-		for i := 0; i < n; i++ {
-			if p.inEntry(i, r) {
-				last = i
-				break
+		if last < 0 || !p.inEntry(last, r) {
+			last = -1
+			for i := 0; i < n; i++ {
+				if p.inEntry(i, r) {
+					last = i
+					break
+				}
 			}
+			if last < 0 {
+				return false
+			}
+			at = p.spanOf(last)
 		}
-		if last < 0 {
-			return false
-		}
+		p.spans = append(p.spans, at)
 	}
 	return true
+}
+
+func (p *pushLease) spanOf(i int) span {
+	return span{atomic.LoadUint64(p.mem.field(i, 2)), atomic.LoadUint64(p.mem.field(i, 3)),
+		atomic.LoadUint64(p.mem.field(i, 4)), atomic.LoadUint64(p.mem.field(i, 5))}
+}
+
+// mapped is where range i of the last enter lies in this process's
+// mapping of the target's shared allocation, or nil (none, or it cannot
+// be mapped: logged once, and process_vm_writev takes it). Only between
+// enter and exit, when the target cannot free the allocation.
+func (p *pushLease) mapped(i int, r verify.Range) []byte {
+	s := p.spans[i]
+	if s.ino == 0 || p.unmapped[s.ino] || r.Addr < s.base || r.Addr-s.base > s.size || r.Len > s.size-(r.Addr-s.base) {
+		return nil
+	}
+	m := p.maps[s.ino]
+	if m == nil {
+		var err error
+		if m, err = sharedmem.Attach(p.pid, int(s.fd), s.ino, s.size); err != nil {
+			mapFallback.Printf(logs.Info, "a receiver's shared buffer not mapped (written with process_vm_writev instead): %v", err)
+			p.unmapped[s.ino] = true
+			return nil
+		}
+		p.maps[s.ino] = m
+	}
+	off := r.Addr - s.base
+	return m.Mem[off : off+r.Len : off+r.Len]
+}
+
+// pruneMaps lets go of the mappings (and forgets the failures) of shared
+// allocations no longer in the table, so that the target's freed memory
+// is freed here too; it runs when the table's gen moved.
+func (p *pushLease) pruneMaps() {
+	if len(p.maps) == 0 && len(p.unmapped) == 0 {
+		return
+	}
+	n := min(int(atomic.LoadUint64(p.mem.count())), maxLeaseRegions)
+	live := func(ino uint64) bool {
+		for i := 0; i < n; i++ {
+			if atomic.LoadUint64(p.mem.field(i, 5)) == ino {
+				return true
+			}
+		}
+		return false
+	}
+	for ino, m := range p.maps {
+		if !live(ino) {
+			m.Release()
+			delete(p.maps, ino)
+		}
+	}
+	for ino := range p.unmapped {
+		if !live(ino) {
+			delete(p.unmapped, ino)
+		}
+	}
 }
 
 func (p *pushLease) inEntry(i int, r verify.Range) bool {
@@ -231,13 +316,18 @@ func (t *conn) push(ctx context.Context, descs []verify.Desc) (done bool, err er
 	if t.faults != nil {
 		t.injectFaults()
 	}
+	var mapped uint64
 	switch {
 	case t.closedByPeer: // begin's peek: the target (maybe its process) is gone, and its pid may be another's
 		err = fmt.Errorf("%w: the receiving process %d closed the data connection", errs.Peer, t.lease.pid)
 	case ctx.Err() != nil:
 		err = ctx.Err()
 	default:
-		err = vmCopyParallel(t.lease.pid, t.iovLocal, t.iovRemote, total)
+		var rest uint64
+		mapped, rest = t.copyMapped()
+		if rest > 0 {
+			err = vmCopyParallel(t.lease.pid, t.iovLocal, t.iovRemote, rest)
+		}
 	}
 	t.lease.exit()
 	if err != nil {
@@ -246,7 +336,28 @@ func (t *conn) push(ctx context.Context, descs []verify.Desc) (done bool, err er
 	if t.pushed != nil {
 		t.pushed.Add(int64(total))
 	}
+	if t.mapped != nil && mapped > 0 {
+		t.mapped.Add(int64(mapped))
+	}
 	return true, nil
+}
+
+// copyMapped copies the pending push's pairs whose destinations this
+// process maps (memcpy), empties them, and returns the bytes left for
+// process_vm_writev.
+func (t *conn) copyMapped() (mapped, rest uint64) {
+	for i := range t.iovLocal {
+		n := int(t.iovLocal[i].Len) // fault injection may have cut it
+		if dst := t.lease.mapped(i, t.ranges[i]); dst != nil {
+			copy(dst[:n], unsafe.Slice(t.iovLocal[i].Base, n))
+			mapped += t.ranges[i].Len
+			t.iovLocal[i].SetLen(0)
+			t.iovRemote[i].Len = 0
+			continue
+		}
+		rest += uint64(n)
+	}
+	return mapped, rest
 }
 
 // pushFailed turns a failed process_vm_writev into what the caller does:
@@ -279,7 +390,11 @@ func (t *conn) pullRanges(ranges []verify.Range, out []byte) (done bool, err err
 	}
 	defer t.lease.exit()
 	t.iovLocal, t.iovRemote = t.iovLocal[:0], t.iovRemote[:0]
-	for _, r := range ranges { // enter refused empty ranges
+	for i, r := range ranges { // enter refused empty ranges
+		if src := t.lease.mapped(i, r); src != nil {
+			out = out[copy(out, src):]
+			continue
+		}
 		lv := unix.Iovec{Base: &out[0]}
 		lv.SetLen(int(r.Len))
 		t.iovLocal = append(t.iovLocal, lv)

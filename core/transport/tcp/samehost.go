@@ -185,7 +185,7 @@ func processVMRead(pid int, addr uint64, b []byte) error {
 // Why, once per process, a same-host path fell back: an automatic
 // same-host transfer to the socket, a sender's own writes to the receiver
 // copying, a GPU source from CUDA IPC to staging.
-var sameHostFallback, pushFallback, ipcFallback logs.Once
+var sameHostFallback, pushFallback, ipcFallback, mapFallback logs.Once
 
 // probe is the page a sender proves itself with: the handshake's nonce,
 // written where the target can read it.

@@ -18,6 +18,7 @@ import (
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/sharedmem"
 	"github.com/mcguard/mcguard/core/transport"
 )
 
@@ -63,6 +64,9 @@ type Config struct {
 	// Pushed, if set, counts the bytes this guard's connections wrote
 	// into same-host targets themselves.
 	Pushed *atomic.Int64
+	// Mapped, if set, counts those of them copied with memcpy into a
+	// target's shared allocation mapped here.
+	Mapped *atomic.Int64
 }
 
 // Transport is the TCP data plane of one guard.
@@ -128,11 +132,12 @@ func (t *Transport) Describe() string { return "tcp target on " + t.target.addr(
 func (t *Transport) Addr() string { return t.target.addr() }
 
 // Register puts host memory in the lease table, for same-host senders
-// to write into themselves; the target checks its own writes against the
-// guard's table.
+// to write into themselves (by memcpy where it is a shared allocation);
+// the target checks its own writes against the guard's table.
 func (t *Transport) Register(addr, n uint64, mem cuda.Memory) error {
 	if l := t.target.lease; l != nil && !mem.Device {
-		l.add(addr, n)
+		shared, _ := sharedmem.Lookup(addr, n)
+		l.add(addr, n, shared)
 	}
 	return nil
 }
@@ -261,7 +266,7 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, _ 
 	for i := range n {
 		c, err := dial(ctx, addr, peer, a.Gen, &d.t.cfg, i)
 		if err == nil {
-			c.finalFence, c.pushed = a.FinalFence, d.t.cfg.Pushed
+			c.finalFence, c.pushed, c.mapped = a.FinalFence, d.t.cfg.Pushed, d.t.cfg.Mapped
 			if err = c.sameHost(ctx, d.t.cfg.SameHost, a); err != nil {
 				c.Close()
 			} else if c.lease != nil && a.Faults != nil {

@@ -1,0 +1,78 @@
+package core
+
+import (
+	"fmt"
+
+	"github.com/mcguard/mcguard/core/sharedmem"
+)
+
+// Alloc allocates n bytes (whole pages) of zeroed host memory as a shared
+// allocation (core/sharedmem) and registers it. A same-host sender then
+// maps it and writes into it with memcpy, and its tail check is a memcmp,
+// instead of two cross-memory system calls per transfer. It is freed by
+// Free or by Close.
+func (g *Guard) Alloc(n uint64) (uint64, error) {
+	if err := g.enter(); err != nil {
+		return 0, err
+	}
+	defer g.inflight.Done()
+	if n == 0 || n > maxAlloc {
+		return 0, fmt.Errorf("%w: allocation of %d bytes (1 to %d)", ErrInvalidArg, n, uint64(maxAlloc))
+	}
+	f, err := sharedmem.Alloc(n)
+	if err != nil {
+		return 0, fmt.Errorf("%w: allocating %d bytes: %v", ErrNoMemory, n, err)
+	}
+	if err := g.Register(f.Addr, f.Len); err != nil {
+		f.Free()
+		return 0, err
+	}
+	g.mu.Lock()
+	g.allocs[f.Addr] = f
+	g.mu.Unlock()
+	return f.Addr, nil
+}
+
+// maxAlloc bounds one allocation (128 TiB, the user address space).
+const maxAlloc = 1 << 47
+
+// Free quiesces and unregisters an allocation of Alloc, then frees it.
+// Where unregistering times out (a same-host sender that did not finish
+// its write) the allocation stays, and a later Free or Close frees it.
+func (g *Guard) Free(addr uint64) error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	defer g.inflight.Done()
+	g.mu.Lock()
+	f := g.allocs[addr]
+	delete(g.allocs, addr)
+	g.mu.Unlock()
+	if f == nil {
+		return fmt.Errorf("%w: %#x is not an allocation of this guard (mc_guard_alloc)", ErrInvalidArg, addr)
+	}
+	if g.regions.Check(f.Addr, f.Len) == nil { // not yet unregistered (a retried Free: it is)
+		err := g.Quiesce([]SyncRange{{Addr: f.Addr, Len: f.Len}})
+		if err == nil {
+			err = g.Unregister(f.Addr)
+		}
+		if err != nil {
+			g.mu.Lock()
+			g.allocs[addr] = f
+			g.mu.Unlock()
+			return fmt.Errorf("freeing %#x: %w", addr, err)
+		}
+	}
+	return f.Free()
+}
+
+// freeAllocs frees every allocation at Close, once no peer can write.
+func (g *Guard) freeAllocs() {
+	g.mu.Lock()
+	allocs := g.allocs
+	g.allocs = nil
+	g.mu.Unlock()
+	for _, f := range allocs {
+		f.Free()
+	}
+}

@@ -1,0 +1,129 @@
+package core
+
+import (
+	"bytes"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/core/sharedmem"
+	"github.com/mcguard/mcguard/verify"
+)
+
+func mapped(t *testing.T, g *Guard) int64 {
+	return int64(stats(t, g)["same_host_mapped_bytes"].(float64))
+}
+
+// allocated is n bytes of g.Alloc as test memory; g's Close frees it.
+func allocated(t *testing.T, g *Guard, n int) *mem {
+	t.Helper()
+	addr, err := g.Alloc(uint64(n))
+	require.NoError(t, err)
+	return &mem{b: unsafe.Slice((*byte)(unsafe.Pointer(uintptr(addr))), n)}
+}
+
+// newMappedPair is newPair with the receiver's memory from its Alloc.
+func newMappedPair(t *testing.T, sendJS, recvJS string, size int) *pair {
+	p := &pair{src: newMem(t, size)}
+	p.send, p.recv = openGuard(t, sendJS), openGuard(t, recvJS)
+	p.dst = allocated(t, p.recv, size)
+	require.NoError(t, p.send.Register(p.src.addr(0), uint64(size)))
+	p.session = p.recv.Endpoint()
+	return p
+}
+
+// A same-host sender writes into the receiver's allocation with memcpy in
+// every mode, and the bytes are there.
+func TestAllocatedMemoryIsWrittenByMemcpy(t *testing.T) {
+	p := newMappedPair(t, `{"verify": "tail"}`, "", 64*4096)
+	for _, mode := range verify.Modes {
+		fill(p.src.b)
+		res, err := p.send.Transfer(p.session, p.blocks(64, 4096), TransferOptions{Verify: ptr(mode)})
+		require.NoError(t, err, mode)
+		if mode == verify.Digest {
+			require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0))
+		}
+		require.True(t, bytes.Equal(p.src.b, p.dst.b), mode)
+	}
+	all := int64(len(verify.Modes) * 64 * 4096)
+	require.Equal(t, all, pushed(t, p.send))
+	require.Equal(t, all, mapped(t, p.send), "every byte went by memcpy")
+}
+
+// Free shuts the sender out (its writes fail as unregistered, nothing
+// lands in the freed memory's file), and the sender lets go of its
+// mapping at its next try, so freed memory is freed on both sides.
+func TestFreeShutsOutTheSenderAndReleasesItsMapping(t *testing.T) {
+	before := sharedmem.Mapped()
+	p := newMappedPair(t, "", "", 16*4096)
+	stop, done := make(chan struct{}), make(chan struct{})
+	var ok, failed atomic.Int64
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := p.send.Transfer(p.session, p.blocks(16, 4096), TransferOptions{}); err == nil {
+				ok.Add(1)
+			} else {
+				require.ErrorIs(t, err, ErrNotRegistered)
+				failed.Add(1)
+			}
+		}
+	}()
+	for ok.Load() < 20 {
+		time.Sleep(time.Millisecond)
+	}
+	require.Equal(t, before+1, sharedmem.Mapped(), "one mapping, shared by the session's connections")
+	require.NoError(t, p.recv.Free(p.dst.addr(0)))
+	_, still := sharedmem.Lookup(p.dst.addr(0), 1)
+	require.False(t, still, "the receiver let go of it")
+	for failed.Load() < 20 {
+		time.Sleep(time.Millisecond)
+	}
+	close(stop)
+	<-done
+	require.Equal(t, before, sharedmem.Mapped(), "the sender let go of it at its next try")
+	require.Positive(t, mapped(t, p.send))
+}
+
+func TestAllocAndFreeRefuseBadInput(t *testing.T) {
+	g := openGuard(t, "")
+	_, err := g.Alloc(0)
+	require.ErrorIs(t, err, ErrInvalidArg)
+	_, err = g.Alloc(1 << 62)
+	require.ErrorIs(t, err, ErrInvalidArg)
+	m := allocated(t, g, 5000)
+	require.Len(t, m.b, 5000)
+	require.Equal(t, make([]byte, 5000), m.b, "zeroed")
+	require.ErrorIs(t, g.Free(m.addr(1)), ErrInvalidArg, "not the start of an allocation")
+	other := newMem(t, 4096)
+	require.NoError(t, g.Register(other.addr(0), 4096))
+	require.ErrorIs(t, g.Free(other.addr(0)), ErrInvalidArg, "registered, but not allocated here")
+	require.NoError(t, g.Free(m.addr(0)))
+	require.ErrorIs(t, g.Free(m.addr(0)), ErrInvalidArg, "freed twice")
+	require.ErrorIs(t, g.regions.Check(m.addr(0), 4096), ErrNotRegistered, "freed memory is unregistered")
+	_, ok := sharedmem.Lookup(m.addr(0), 1)
+	require.False(t, ok, "and unmapped")
+}
+
+// Close frees what Alloc gave; a region the caller unregistered first is
+// freed as well.
+func TestCloseFreesAllocations(t *testing.T) {
+	g, err := Open(testConfig(t, ""))
+	require.NoError(t, err)
+	a := allocated(t, g, 4096)
+	b := allocated(t, g, 8192)
+	require.NoError(t, g.Unregister(b.addr(0)))
+	require.NoError(t, g.Close())
+	for _, m := range []*mem{a, b} {
+		_, ok := sharedmem.Lookup(m.addr(0), 1)
+		require.False(t, ok)
+	}
+}

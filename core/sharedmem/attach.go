@@ -1,0 +1,100 @@
+package sharedmem
+
+import (
+	"fmt"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// Mapping is a peer's allocation mapped into this process. Every
+// connection of this process to that peer shares one mapping (one set of
+// page tables to fill), until the last lets go of it.
+type Mapping struct {
+	Mem  []byte
+	key  mapKey
+	refs int
+}
+
+// mapKey names a peer's file: its descriptor in the peer's process and its
+// inode. A mapping keeps its inode alive, so no other file takes the
+// number while the mapping is here.
+type mapKey struct {
+	pid, fd int
+	ino     uint64
+}
+
+var mappings = struct {
+	sync.Mutex
+	byKey map[mapKey]*Mapping
+}{byKey: map[mapKey]*Mapping{}}
+
+// Attach maps the allocation that process pid holds as descriptor fd and
+// says is inode ino of size bytes. Taking a copy of the descriptor
+// (pidfd_getfd) needs the same permission as writing the process's
+// memory; the copy must be the inode named, sealed against shrinking, and
+// of that size, or nothing is mapped.
+func Attach(pid, fd int, ino, size uint64) (*Mapping, error) {
+	key := mapKey{pid, fd, ino}
+	mappings.Lock()
+	defer mappings.Unlock()
+	if m := mappings.byKey[key]; m != nil && uint64(len(m.Mem)) == size {
+		m.refs++
+		return m, nil
+	}
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("pidfd_open: %w", err)
+	}
+	own, err := unix.PidfdGetfd(pidfd, fd, 0)
+	unix.Close(pidfd)
+	if err != nil {
+		return nil, fmt.Errorf("pidfd_getfd: %w", err)
+	}
+	defer unix.Close(own)
+	var st unix.Stat_t
+	if err := unix.Fstat(own, &st); err != nil {
+		return nil, fmt.Errorf("fstat: %w", err)
+	}
+	if st.Ino != ino || st.Size < 0 || uint64(st.Size) != size || size == 0 || size > 1<<47 {
+		return nil, fmt.Errorf("descriptor %d of process %d is not the shared buffer its table names", fd, pid)
+	}
+	got, err := unix.FcntlInt(uintptr(own), unix.F_GET_SEALS, 0)
+	if err != nil || got&unix.F_SEAL_SHRINK == 0 {
+		return nil, fmt.Errorf("descriptor %d of process %d is not sealed against shrinking", fd, pid)
+	}
+	mem, err := unix.Mmap(own, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("mmap: %w", err)
+	}
+	if old := mappings.byKey[key]; old != nil {
+		delete(mappings.byKey, key) // its holders keep it; it goes with the last
+		old.key = mapKey{}
+	}
+	m := &Mapping{Mem: mem, key: key, refs: 1}
+	mappings.byKey[key] = m
+	return m, nil
+}
+
+// Release lets go of a mapping; the last holder unmaps it, which frees the
+// peer's pages if it freed them too.
+func (m *Mapping) Release() {
+	mappings.Lock()
+	defer mappings.Unlock()
+	m.refs--
+	if m.refs > 0 {
+		return
+	}
+	if mappings.byKey[m.key] == m {
+		delete(mappings.byKey, m.key)
+	}
+	unix.Munmap(m.Mem)
+	m.Mem = nil
+}
+
+// Mapped counts this process's mappings of peers' allocations.
+func Mapped() int {
+	mappings.Lock()
+	defer mappings.Unlock()
+	return len(mappings.byKey)
+}
