@@ -56,7 +56,7 @@ const (
 	leaseCountOff   = 24
 	leaseTableOff   = 64
 	maxLeaseRegions = 1024 // registered host regions past it are written through the socket
-	leaseEntrySize  = 48 // addr, n, then base, size, fd, ino of a shared allocation (ino 0: none)
+	leaseEntrySize  = 48   // addr, n, then base, size, fd, ino of a shared allocation (ino 0: none)
 	leaseSlotsOff   = leaseTableOff + leaseEntrySize*maxLeaseRegions
 	leaseSlotSize   = 64 // a cache line each: senders do not share lines
 	maxLeaseSlots   = 1024
