@@ -2,9 +2,11 @@
  * a receiving guard in a child process (this program run with "serve"),
  * the sender here, 1 x 4 KiB transfers timed one by one, medians and p90
  * for each verification mode, on one host (the sender writes into the
- * receiver itself) and with same_host off (the bytes through the loopback
- * socket). The receiver hashes the destination after each configuration,
- * so every row moved the right bytes.
+ * receiver itself: into memory the receiver registered, with
+ * process_vm_writev, and into memory from mc_guard_alloc, mapped, with
+ * memcpy) and with same_host off (the bytes through the loopback socket).
+ * The receiver hashes the destination after each configuration, so every
+ * row moved the right bytes.
  *
  *   latency [ITERATIONS]     (default 20000)
  */
@@ -40,20 +42,26 @@ static uint64_t fnv(const unsigned char *p, size_t n) {
     return h;
 }
 
-/* The receiver: register a region, say where it is, answer "hash" lines. */
+/* The receiver: register a region and allocate one, say where they are,
+ * answer "hash N" lines (N: 0 the registered one, 1 the allocated one). */
 static int serve(void) {
     mc_guard_t g;
-    static unsigned char dst[SIZE];
-    if (mc_guard_open("{}", &g) != MC_OK || mc_guard_register(g, dst, SIZE) != MC_OK) return 1;
+    static unsigned char registered[SIZE];
+    void *allocated = NULL;
+    if (mc_guard_open("{}", &g) != MC_OK || mc_guard_register(g, registered, SIZE) != MC_OK ||
+        mc_guard_alloc(g, SIZE, &allocated) != MC_OK)
+        return 1;
+    unsigned char *dst[2] = {registered, allocated};
     char ep[128];
     if (mc_guard_endpoint(g, ep, sizeof ep) != MC_OK) return 1;
-    printf("%s %" PRIu64 "\n", ep, (uint64_t)(uintptr_t)dst);
+    printf("%s %" PRIu64 " %" PRIu64 "\n", ep, (uint64_t)(uintptr_t)dst[0], (uint64_t)(uintptr_t)dst[1]);
     fflush(stdout);
     char line[64];
-    while (fgets(line, sizeof line, stdin) && strncmp(line, "hash", 4) == 0) {
-        uint64_t a = (uint64_t)(uintptr_t)dst, n = SIZE;
+    while (fgets(line, sizeof line, stdin) && strncmp(line, "hash ", 5) == 0) {
+        int which = line[5] == '1';
+        uint64_t a = (uint64_t)(uintptr_t)dst[which], n = SIZE;
         if (mc_guard_sync(g, &a, &n, 1, NULL) != MC_OK) return 1;
-        printf("%016" PRIx64 "\n", fnv(dst, SIZE));
+        printf("%016" PRIx64 "\n", fnv(dst[which], SIZE));
         fflush(stdout);
     }
     mc_guard_close(g);
@@ -80,8 +88,8 @@ int main(int argc, char **argv) {
     close(from_child[1]);
     FILE *in = fdopen(from_child[0], "r"), *out = fdopen(to_child[1], "w");
     char ep[128];
-    uint64_t dst;
-    if (fscanf(in, "%127s %" SCNu64, ep, &dst) != 2) {
+    uint64_t dsts[2];
+    if (fscanf(in, "%127s %" SCNu64 " %" SCNu64, ep, &dsts[0], &dsts[1]) != 3) {
         fprintf(stderr, "the receiver did not start\n");
         return 1;
     }
@@ -89,10 +97,13 @@ int main(int argc, char **argv) {
     static unsigned char src[SIZE];
     double *t = malloc(sizeof(double) * iters);
     const char *modes[] = {"off", "tail", "sample", "digest"};
-    const char *planes[] = {"auto", "off"};
-    printf("%-8s %-26s %10s %10s\n", "verify", "path", "median us", "p90 us");
+    /* same_host, and which destination: registered, or mc_guard_alloc's */
+    const char *planes[] = {"auto", "auto", "off"};
+    const int which[] = {1, 0, 0};
+    printf("%-8s %-32s %10s %10s\n", "verify", "path", "median us", "p90 us");
     int failed = 0;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < 3; p++) {
+        uint64_t dst = dsts[which[p]];
         for (int m = 0; m < 4; m++) {
             char cfg[160];
             snprintf(cfg, sizeof cfg, "{\"verify\": \"%s\", \"same_host\": \"%s\"}", modes[m], planes[p]);
@@ -112,7 +123,7 @@ int main(int argc, char **argv) {
                 }
                 if (i >= 500) t[i - 500] = b - a;
             }
-            fputs("hash\n", out);
+            fprintf(out, "hash %d\n", which[p]);
             fflush(out);
             char hex[32];
             if (fscanf(in, "%31s", hex) != 1) return 1;
@@ -122,9 +133,13 @@ int main(int argc, char **argv) {
             size_t needed = 0;
             if (mc_guard_stats(g, stats, sizeof stats, &needed) != MC_OK) return 1;
             int pushed = strstr(stats, "\"same_host_pushed_bytes\":0,") == NULL;
+            int mapped = strstr(stats, "\"same_host_mapped_bytes\":0,") == NULL;
             qsort(t, iters, sizeof(double), cmp);
-            printf("%-8s %-26s %10.2f %10.2f%s\n", modes[m],
-                   pushed ? "same host (sender writes)" : "socket", t[iters / 2], t[iters * 9 / 10],
+            printf("%-8s %-32s %10.2f %10.2f%s\n", modes[m],
+                   mapped   ? "same host, mapped (memcpy)"
+                   : pushed ? "same host (process_vm_writev)"
+                            : "socket",
+                   t[iters / 2], t[iters * 9 / 10],
                    same ? "" : "  WRONG BYTES");
             fflush(stdout);
             mc_guard_close(g);
