@@ -1,6 +1,9 @@
 """A receiving guard in its own process, for the fault tests.
 
-    python3 peer.py '{"listen": "...", ...}' SIZE
+    python3 peer.py '{"listen": "...", ...}' SIZE [alloc]
+
+(alloc: the region comes from Guard.alloc, a shared allocation a
+same-host sender maps, instead of memory registered.)
 
 Prints one JSON line {"endpoint": ..., "addr": ...}, then answers commands
 on stdin: "hash" prints the SHA-1 of the region (after a sync), "quit"
@@ -21,9 +24,12 @@ import mcguard  # noqa: E402
 def main():
     cfg, size = json.loads(sys.argv[1]), int(sys.argv[2])
     g = mcguard.Guard(cfg)
-    buf = ctypes.create_string_buffer(size)
-    addr = ctypes.addressof(buf)
-    g.register(addr, size)
+    if sys.argv[3:] == ["alloc"]:
+        addr = g.alloc(size)
+    else:
+        buf = ctypes.create_string_buffer(size)
+        addr = ctypes.addressof(buf)
+        g.register(addr, size)
     print(json.dumps({"endpoint": g.endpoint, "addr": addr}), flush=True)
     for line in sys.stdin:
         cmd = line.strip()

@@ -67,6 +67,8 @@ def test_bogus_handles(handle):
         lambda: L.mc_guard_close(handle),
         lambda: L.mc_guard_register(handle, 4096, 10),
         lambda: L.mc_guard_unregister(handle, 4096),
+        lambda: L.mc_guard_alloc(handle, 4096, ctypes.byref(ctypes.c_void_p())),
+        lambda: L.mc_guard_free(handle, 4096),
         lambda: L.mc_guard_transfer(handle, b"127.0.0.1:1", one, one, one, 1, None),
         lambda: L.mc_guard_read(handle, b"127.0.0.1:1", one, one, one, 1),
         lambda: L.mc_guard_sync(handle, one, one, 1, None),

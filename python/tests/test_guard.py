@@ -2,6 +2,7 @@
 checked by comparing the destination's bytes with the source's."""
 
 import array
+import ctypes
 import hashlib
 import threading
 import time
@@ -307,6 +308,26 @@ def test_python_never_wraps_a_value_silently(guards):
     with pytest.raises(MCGuardError) as e:
         s.transfer(r.endpoint, [src.addr], [dst.addr], [16])
     assert e.value.status == mcguard.MC_ERR_BAD_HANDLE and "closed" in e.value.message
+
+
+def test_alloc_and_free(guards):
+    """alloc gives zeroed registered memory, refuses what ctypes would wrap,
+    and free takes back only what alloc gave, once."""
+    g = guards()
+    for bad in [0, -1, 2 ** 64, 2 ** 62, 16.9, True, None, "4096"]:
+        with pytest.raises(MCGuardError) as e:
+            g.alloc(bad)
+        assert e.value.status == mcguard.MC_ERR_INVALID_ARG, bad
+    addr = g.alloc(5000)
+    assert addr % 4096 == 0 and ctypes.string_at(addr, 5000) == b"\0" * 5000
+    for bad in [addr + 1, 4096]:
+        with pytest.raises(MCGuardError) as e:
+            g.free(bad)
+        assert e.value.status == mcguard.MC_ERR_INVALID_ARG and "not an allocation" in e.value.message
+    g.free(addr)
+    with pytest.raises(MCGuardError) as e:
+        g.free(addr)
+    assert e.value.status == mcguard.MC_ERR_INVALID_ARG
 
 
 def test_mooncake_adapter_refuses_bad_values_with_minus_one(caplog):

@@ -27,8 +27,8 @@ SIZE = 1 << 20
 class Receiver(LinePeer):
     """peer.py: a receiving guard in another process (argv_prefix: how to run Python)."""
 
-    def __init__(self, cfg, argv_prefix=(sys.executable,)):
-        super().__init__([*argv_prefix, PEER, json.dumps(cfg), str(SIZE)])
+    def __init__(self, cfg, argv_prefix=(sys.executable,), alloc=False):
+        super().__init__([*argv_prefix, PEER, json.dumps(cfg), str(SIZE)] + (["alloc"] if alloc else []))
         self.endpoint, self.addr = self.hello["endpoint"], self.hello["addr"]
 
     def hash(self):
@@ -53,6 +53,17 @@ def test_two_processes_same_host_in_every_read_back_mode(mode, writer):
         landed, stats = send_and_hash({"verify": mode, "same_host": "required"}, recv)
         assert landed
         assert stats["same_host_pushed_bytes"] == (SIZE if writer == "sender" else 0)
+    finally:
+        assert recv.close() == 0
+
+
+@pytest.mark.parametrize("mode", ["off", "tail", "sample", "full"])
+def test_two_processes_same_host_into_allocated_memory_by_memcpy(mode):
+    recv = Receiver({"same_host": "required"}, alloc=True)
+    try:
+        landed, stats = send_and_hash({"verify": mode, "same_host": "required"}, recv)
+        assert landed
+        assert stats["same_host_pushed_bytes"] == stats["same_host_mapped_bytes"] == SIZE
     finally:
         assert recv.close() == 0
 
@@ -96,11 +107,14 @@ def test_a_receiver_that_cannot_read_the_sender_falls_back_or_fails_clearly():
         assert recv.close() == 0
 
 
-def test_a_sender_writing_itself_fails_clearly_once_the_receiver_is_gone():
+@pytest.mark.parametrize("alloc", [False, True], ids=["registered", "allocated"])
+def test_a_sender_writing_itself_fails_clearly_once_the_receiver_is_gone(alloc):
     """The sender writes into the receiver's memory itself: once the receiver
     process is killed, the next transfer must fail, never report success
-    (nor write into whatever process gets the pid next)."""
-    recv = Receiver({})
+    (nor write into whatever process gets the pid next). Allocated memory
+    outlives the receiver in the sender's mapping: a copy into it must
+    not count either."""
+    recv = Receiver({}, alloc=alloc)
     src = ctypes.create_string_buffer(os.urandom(SIZE), SIZE)
     with Guard({"verify": "tail", "timeout_ms": 2000}) as g:
         g.register(ctypes.addressof(src), SIZE)
@@ -108,6 +122,7 @@ def test_a_sender_writing_itself_fails_clearly_once_the_receiver_is_gone():
         g.transfer(recv.endpoint, *args)
         assert recv.hash() == hashlib.sha1(src.raw).hexdigest()
         assert g.stats()["same_host_pushed_bytes"] == SIZE
+        assert g.stats()["same_host_mapped_bytes"] == (SIZE if alloc else 0)
         recv.proc.kill()
         recv.proc.wait(30)
         with pytest.raises(MCGuardError) as e:

@@ -145,6 +145,13 @@ int main(void) {
     /* Host memory named as GPU memory: no driver here, or not device memory. */
     CHECK_STATUS(mc_guard_register_device(sender, dst, 4096), MC_ERR_DEVICE, sender, "device");
     CHECK_STATUS(mc_guard_unregister(sender, dst), MC_ERR_NOT_REGISTERED, sender, "no region");
+    CHECK_STATUS(mc_guard_alloc(sender, 4096, NULL), MC_ERR_INVALID_ARG, sender, "out is NULL");
+    void *allocated = NULL;
+    CHECK_STATUS(mc_guard_alloc(sender, 0, &allocated), MC_ERR_INVALID_ARG, sender, "allocation of 0 bytes");
+    CHECK_STATUS(mc_guard_alloc(sender, 4096, &allocated), MC_OK, sender, "");
+    CHECK(allocated != NULL);
+    CHECK_STATUS(mc_guard_free(sender, dst), MC_ERR_INVALID_ARG, sender, "not an allocation");
+    CHECK_STATUS(mc_guard_free(sender, allocated), MC_OK, sender, "");
     char tiny[4];
     CHECK_STATUS(mc_guard_endpoint(receiver, tiny, sizeof tiny), MC_ERR_BUFFER_TOO_SMALL, receiver, "needed");
     size_t needed = 0;

@@ -40,6 +40,7 @@ type pushLease struct {
 	slot  int
 	epoch uint64 // the slot's owner while it is this connection's
 	pid   int    // the target
+	pidfd int    // the target process, to see that it was alive when a memcpy into its memory ended
 
 	spans    []span                        // the last enter's ranges: the shared allocation each lies in
 	maps     map[uint64]*sharedmem.Mapping // the target's shared allocations mapped here, by inode
@@ -62,8 +63,13 @@ func attachLease(pid, fd int, nonceHex string, slot int, epoch uint64) (*pushLea
 	if err != nil {
 		return nil, "pidfd_open: " + err.Error()
 	}
+	keep := false
+	defer func() {
+		if !keep {
+			unix.Close(pidfd)
+		}
+	}()
 	own, err := unix.PidfdGetfd(pidfd, fd, 0)
-	unix.Close(pidfd)
 	if err != nil {
 		return nil, "pidfd_getfd: " + err.Error()
 	}
@@ -80,7 +86,8 @@ func attachLease(pid, fd int, nonceHex string, slot int, epoch uint64) (*pushLea
 		unix.Munmap(mem)
 		return nil, "the receiver's lease file is not the one its handshake named"
 	}
-	return &pushLease{mem: mem, slot: slot, epoch: epoch, pid: pid,
+	keep = true
+	return &pushLease{mem: mem, slot: slot, epoch: epoch, pid: pid, pidfd: pidfd,
 		maps: map[uint64]*sharedmem.Mapping{}, unmapped: map[uint64]bool{}}, ""
 }
 
@@ -90,6 +97,7 @@ func (p *pushLease) close() {
 	}
 	clear(p.maps)
 	unix.Munmap(p.mem)
+	unix.Close(p.pidfd)
 }
 
 // errRevoked: the target aborted this connection (or it ended there).
@@ -327,6 +335,11 @@ func (t *conn) push(ctx context.Context, descs []verify.Desc) (done bool, err er
 		mapped, rest = t.copyMapped()
 		if rest > 0 {
 			err = vmCopyParallel(t.lease.pid, t.iovLocal, t.iovRemote, rest)
+		}
+		if err == nil && mapped > 0 && exited(t.lease.pidfd) {
+			// Its pages outlive it in our mapping: a copy into them proves
+			// nothing unless the process was there when it ended.
+			err = fmt.Errorf("%w: the receiving process %d has exited", errs.Peer, t.lease.pid)
 		}
 	}
 	t.lease.exit()
