@@ -18,7 +18,7 @@ func mapped(t *testing.T, g *Guard) int64 {
 }
 
 // allocated is n bytes of g.Alloc as test memory; g's Close frees it.
-func allocated(t *testing.T, g *Guard, n int) *mem {
+func allocated(t testing.TB, g *Guard, n int) *mem {
 	t.Helper()
 	addr, err := g.Alloc(uint64(n))
 	require.NoError(t, err)
