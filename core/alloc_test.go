@@ -127,3 +127,14 @@ func TestCloseFreesAllocations(t *testing.T) {
 		require.False(t, ok)
 	}
 }
+
+// A batch large enough to be copied by several threads lands whole.
+func TestALargeBatchIntoAllocatedMemoryLandsWhole(t *testing.T) {
+	const size = 3 << 20 // three 3 MiB blocks: cut across blocks into runs
+	p := newMappedPair(t, `{"verify": "full"}`, "", 3*size)
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.session, p.blocks(3, size), TransferOptions{})
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(p.src.b, p.dst.b))
+	require.EqualValues(t, 3*size, mapped(t, p.send))
+}

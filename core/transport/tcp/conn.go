@@ -61,6 +61,7 @@ type conn struct {
 	iovLocal  []unix.Iovec
 	iovRemote []unix.RemoteIovec
 	ranges    []verify.Range
+	copies    []copyPair // a push's memcpys into the target's mapped allocations
 	pins      []memory.Held
 	unfenced  bool
 	faults    *fault.Injector // the target's drop, tear or stale, injected here for pushed writes

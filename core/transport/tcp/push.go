@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -359,10 +360,13 @@ func (t *conn) push(ctx context.Context, descs []verify.Desc) (done bool, err er
 // process maps (memcpy), empties them, and returns the bytes left for
 // process_vm_writev.
 func (t *conn) copyMapped() (mapped, rest uint64) {
+	t.copies = t.copies[:0]
+	var bytes uint64
 	for i := range t.iovLocal {
 		n := int(t.iovLocal[i].Len) // fault injection may have cut it
 		if dst := t.lease.mapped(i, t.ranges[i]); dst != nil {
-			copy(dst[:n], unsafe.Slice(t.iovLocal[i].Base, n))
+			t.copies = append(t.copies, copyPair{dst[:n], unsafe.Slice(t.iovLocal[i].Base, n)})
+			bytes += uint64(n)
 			mapped += t.ranges[i].Len
 			t.iovLocal[i].SetLen(0)
 			t.iovRemote[i].Len = 0
@@ -370,7 +374,49 @@ func (t *conn) copyMapped() (mapped, rest uint64) {
 		}
 		rest += uint64(n)
 	}
+	copyParallel(t.copies, bytes)
+	clear(t.copies) // no reference to the target's mapping outlives the lease
 	return mapped, rest
+}
+
+// copyPair is a memcpy of src into dst (the same length).
+type copyPair struct{ dst, src []byte }
+
+// copyParallel copies the pairs, cut by bytes into contiguous runs over up
+// to GOMAXPROCS (at most 4) goroutines where the batch is large (as
+// vmCopyParallel does): one thread's copy is bound by its core's
+// bandwidth.
+func copyParallel(pairs []copyPair, total uint64) {
+	k := min(runtime.GOMAXPROCS(0), 4)
+	if total < parallelMin || k < 2 {
+		for _, c := range pairs {
+			copy(c.dst, c.src)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	share := int((total + uint64(k) - 1) / uint64(k))
+	for len(pairs) > 0 {
+		var run []copyPair
+		for need := share; need > 0 && len(pairs) > 0; {
+			c := pairs[0]
+			if len(c.src) <= need {
+				run = append(run, c)
+				pairs = pairs[1:]
+				need -= len(c.src)
+				continue
+			}
+			run = append(run, copyPair{c.dst[:need], c.src[:need]}) // cut: its first need bytes in this run
+			pairs[0] = copyPair{c.dst[need:], c.src[need:]}
+			need = 0
+		}
+		wg.Go(func() {
+			for _, c := range run {
+				copy(c.dst, c.src)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // pushFailed turns a failed process_vm_writev into what the caller does:
