@@ -285,10 +285,15 @@ func TestSmallTransferAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates for its own bookkeeping; make test also runs this without it")
 	}
-	for _, plane := range []string{"off", "required"} {
+	for _, plane := range []string{"off", "required", "mapped"} {
 		for _, mode := range []string{"off", "tail", "sample"} {
 			t.Run("same_host "+plane+"/"+mode, func(t *testing.T) {
-				p := newPair(t, `{"verify": "`+mode+`", "same_host": "`+plane+`"}`, "", 4096)
+				var p *pair
+				if plane == "mapped" { // the receiver's memory from Alloc: memcpy
+					p = newMappedPair(t, `{"verify": "`+mode+`", "same_host": "required"}`, "", 4096)
+				} else {
+					p = newPair(t, `{"verify": "`+mode+`", "same_host": "`+plane+`"}`, "", 4096)
+				}
 				descs := p.blocks(1, 4096)
 				for i := 0; i < 50; i++ {
 					_, err := p.send.Transfer(p.session, descs, TransferOptions{})
