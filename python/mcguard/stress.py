@@ -82,6 +82,9 @@ def parse_args(argv=None):
                         "the sender, so its faults apply; an error where neither can); mooncake moves the bytes with Mooncake's "
                         "own engine (its wheel, TCP, P2PHANDSHAKE) under the guard, faults injected at the "
                         "guard's callbacks into it")
+    p.add_argument("--receive-memory", choices=["registered", "allocated"], default="registered",
+                   help="decode side's KV region: memory it registers, or Guard.alloc's shared memory, which a "
+                        "same-host sender maps and writes with memcpy")
     p.add_argument("--rdma-qps", type=int, default=1,
                    help="RDMA: queue pairs per session that each batch's writes are striped over (1 to 16)")
     p.add_argument("--sessions", type=int, default=2, help="decode processes, one session each")
@@ -217,10 +220,14 @@ def decode_main(parent, index, args):
         parent.send({"error": str(e)})
         return
     size = args.blocks * args.block_bytes
-    region = (ctypes.c_char * size)()
-    base = ctypes.addressof(region)
+    if args.receive_memory == "allocated":
+        base = guard.alloc(size)  # the guard's: freed by its close
+        region = (ctypes.c_char * size).from_address(base)
+    else:
+        region = (ctypes.c_char * size)()
+        base = ctypes.addressof(region)
+        guard.register(base, size)
     view = memoryview(region).cast("B")
-    guard.register(base, size)
     listener = Listener(("127.0.0.1", 0), authkey=AUTHKEY)
     parent.send({"session": session, "guard": guard.endpoint, "base": base, "check": listener.address})
 
@@ -487,6 +494,9 @@ def prefill_main(parent, sessions, args):
     result["seconds"] = round(elapsed, 3)
     result["errors"] = dict(counters.errors)
     result["first_error"] = getattr(counters, "first_error", "")
+    stats = guard.stats()
+    result["same_host_pushed_bytes"] = stats.get("same_host_pushed_bytes", 0)
+    result["same_host_mapped_bytes"] = stats.get("same_host_mapped_bytes", 0)
     guard.close()
     parent.send(result)
 
@@ -546,6 +556,9 @@ def run(args):
         "ok": result["ok"], "failed": result["failed"], "mismatches": result["mismatches"],
         "retries": result["retries"], "resends": result["resends"], "seconds": seconds,
         "gbps": round(result["bytes"] * 8 / 1e9 / seconds, 3),
+        "receive_memory": args.receive_memory,
+        "same_host_pushed_bytes": result["same_host_pushed_bytes"],
+        "same_host_mapped_bytes": result["same_host_mapped_bytes"],
     }
     if result["errors"]:
         out["errors"] = result["errors"]

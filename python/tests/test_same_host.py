@@ -81,6 +81,26 @@ def test_stress_over_same_host_shows_lag_with_off_and_none_with_tail():
     assert tail["ok"] > 0 and tail["mismatches"] == 0
 
 
+def test_stress_into_allocated_memory_shows_tears_with_off_and_none_with_tail():
+    """Two processes, the decode side's KV region from Guard.alloc: the
+    prefill side writes it with memcpy, injecting the receiver's tears
+    itself; off shows them, tail catches every one."""
+    def stress(verify):
+        out = subprocess.run([sys.executable, "-m", "mcguard.stress", "--transport", "same-host",
+                              "--receive-memory", "allocated", "--inject", "tear", "--inject-rate", "0.02", "--verify", verify,
+                              "--seconds", "2", "--json", "--quiet"],
+                             capture_output=True, text=True, timeout=120,
+                             env=dict(os.environ, PYTHONPATH=os.path.join(HERE, "..")))
+        assert out.returncode in (0, 1), out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    off, tail = stress("off"), stress("tail")
+    for r in (off, tail):
+        assert r["receive_memory"] == "allocated" and r["ok"] > 0
+        assert r["same_host_mapped_bytes"] > 0 and r["same_host_mapped_bytes"] == r["same_host_pushed_bytes"]
+    assert off["mismatches"] > 0
+    assert tail["mismatches"] == 0
+
+
 def as_another_user():
     """argv that runs a Python as uid 65534 (it cannot read our memory), or skip."""
     setpriv, python = shutil.which("setpriv"), "/usr/bin/python3"
