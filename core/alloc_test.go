@@ -2,9 +2,7 @@ package core
 
 import (
 	"bytes"
-	"sync/atomic"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
@@ -59,36 +57,14 @@ func TestAllocatedMemoryIsWrittenByMemcpy(t *testing.T) {
 func TestFreeShutsOutTheSenderAndReleasesItsMapping(t *testing.T) {
 	before := sharedmem.Mapped()
 	p := newMappedPair(t, "", "", 16*4096)
-	stop, done := make(chan struct{}), make(chan struct{})
-	var ok, failed atomic.Int64
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if _, err := p.send.Transfer(p.session, p.blocks(16, 4096), TransferOptions{}); err == nil {
-				ok.Add(1)
-			} else {
-				require.ErrorIs(t, err, ErrNotRegistered)
-				failed.Add(1)
-			}
-		}
-	}()
-	for ok.Load() < 20 {
-		time.Sleep(time.Millisecond)
-	}
+	s := keepSending(t, p, p.blocks(16, 4096))
+	s.until(&s.ok, 20)
 	require.Equal(t, before+1, sharedmem.Mapped(), "one mapping, shared by the session's connections")
 	require.NoError(t, p.recv.Free(p.dst.addr(0)))
 	_, still := sharedmem.Lookup(p.dst.addr(0), 1)
 	require.False(t, still, "the receiver let go of it")
-	for failed.Load() < 20 {
-		time.Sleep(time.Millisecond)
-	}
-	close(stop)
-	<-done
+	s.until(&s.failed, 20)
+	s.stop()
 	require.Equal(t, before, sharedmem.Mapped(), "the sender let go of it at its next try")
 	require.Positive(t, mapped(t, p.send))
 }

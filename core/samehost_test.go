@@ -131,37 +131,55 @@ func TestSameHostConcurrentSessions(t *testing.T) {
 // changing its source the whole time.
 func TestSameHostUnregisterShutsOutTheSendersWrites(t *testing.T) {
 	p := newPair(t, "", "", 16*4096)
-	stop, done := make(chan struct{}), make(chan struct{})
-	var ok, failed atomic.Int64
+	s := keepSending(t, p, p.blocks(16, 4096))
+	s.until(&s.ok, 20)
+	require.NoError(t, p.recv.Unregister(p.dst.addr(0)))
+	after := bytes.Clone(p.dst.b)
+	s.until(&s.failed, 20)
+	s.stop()
+	require.Equal(t, after, p.dst.b, "nothing landed after Unregister returned")
+	require.Positive(t, pushed(t, p.send))
+}
+
+// sending is a sender writing fresh bytes in a loop (keepSending): its
+// transfers either succeed or are refused as unregistered.
+type sending struct {
+	ok, failed atomic.Int64
+	quit, done chan struct{}
+}
+
+func keepSending(t *testing.T, p *pair, descs []verify.Desc) *sending {
+	s := &sending{quit: make(chan struct{}), done: make(chan struct{})}
 	go func() {
-		defer close(done)
+		defer close(s.done)
 		for {
 			select {
-			case <-stop:
+			case <-s.quit:
 				return
 			default:
 			}
 			fill(p.src.b)
-			if _, err := p.send.Transfer(p.session, p.blocks(16, 4096), TransferOptions{}); err == nil {
-				ok.Add(1)
+			if _, err := p.send.Transfer(p.session, descs, TransferOptions{}); err == nil {
+				s.ok.Add(1)
 			} else {
 				require.ErrorIs(t, err, ErrNotRegistered)
-				failed.Add(1)
+				s.failed.Add(1)
 			}
 		}
 	}()
-	for ok.Load() < 20 {
+	return s
+}
+
+// until waits for a count to reach n.
+func (s *sending) until(count *atomic.Int64, n int64) {
+	for count.Load() < n {
 		time.Sleep(time.Millisecond)
 	}
-	require.NoError(t, p.recv.Unregister(p.dst.addr(0)))
-	after := bytes.Clone(p.dst.b)
-	for failed.Load() < 20 {
-		time.Sleep(time.Millisecond)
-	}
-	close(stop)
-	<-done
-	require.Equal(t, after, p.dst.b, "nothing landed after Unregister returned")
-	require.Positive(t, pushed(t, p.send))
+}
+
+func (s *sending) stop() {
+	close(s.quit)
+	<-s.done
 }
 
 // Senders that come and go leave no lease slot behind: each connection's
