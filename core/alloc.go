@@ -19,7 +19,7 @@ func (g *Guard) Alloc(n uint64) (uint64, error) {
 	if n == 0 || n > maxAlloc {
 		return 0, fmt.Errorf("%w: allocation of %d bytes (1 to %d)", ErrInvalidArg, n, uint64(maxAlloc))
 	}
-	f, err := sharedmem.Alloc(n)
+	f, err := sharedmem.Alloc(n, g.regions)
 	if err != nil {
 		return 0, fmt.Errorf("%w: allocating %d bytes: %v", ErrNoMemory, n, err)
 	}

@@ -61,7 +61,7 @@ func TestFreeShutsOutTheSenderAndReleasesItsMapping(t *testing.T) {
 	s.until(&s.ok, 20)
 	require.Equal(t, before+1, sharedmem.Mapped(), "one mapping, shared by the session's connections")
 	require.NoError(t, p.recv.Free(p.dst.addr(0)))
-	_, still := sharedmem.Lookup(p.dst.addr(0), 1)
+	_, still := sharedmem.Lookup(p.dst.addr(0), 1, p.recv.regions)
 	require.False(t, still, "the receiver let go of it")
 	s.until(&s.failed, 20)
 	s.stop()
@@ -85,7 +85,7 @@ func TestAllocAndFreeRefuseBadInput(t *testing.T) {
 	require.NoError(t, g.Free(m.addr(0)))
 	require.ErrorIs(t, g.Free(m.addr(0)), ErrInvalidArg, "freed twice")
 	require.ErrorIs(t, g.regions.Check(m.addr(0), 4096), ErrNotRegistered, "freed memory is unregistered")
-	_, ok := sharedmem.Lookup(m.addr(0), 1)
+	_, ok := sharedmem.Lookup(m.addr(0), 1, g.regions)
 	require.False(t, ok, "and unmapped")
 }
 
@@ -99,7 +99,7 @@ func TestCloseFreesAllocations(t *testing.T) {
 	require.NoError(t, g.Unregister(b.addr(0)))
 	require.NoError(t, g.Close())
 	for _, m := range []*mem{a, b} {
-		_, ok := sharedmem.Lookup(m.addr(0), 1)
+		_, ok := sharedmem.Lookup(m.addr(0), 1, g.regions)
 		require.False(t, ok)
 	}
 }
@@ -113,4 +113,24 @@ func TestALargeBatchIntoAllocatedMemoryLandsWhole(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(p.src.b, p.dst.b))
 	require.EqualValues(t, 3*size, mapped(t, p.send))
+}
+
+// Only the guard that allocated memory offers it for mapping: another
+// guard of the process that registers it too is written with
+// process_vm_writev, so that the owner's Free cannot leave a sender
+// writing into a mapping that outlived the memory at that address.
+func TestAnotherGuardsAllocationIsNotMapped(t *testing.T) {
+	owner := openGuard(t, "")
+	p := &pair{src: newMem(t, 4096)}
+	p.send, p.recv = openGuard(t, ""), openGuard(t, "")
+	p.dst = allocated(t, owner, 4096)
+	require.NoError(t, p.send.Register(p.src.addr(0), 4096))
+	require.NoError(t, p.recv.Register(p.dst.addr(0), 4096))
+	p.session = p.recv.Endpoint()
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.session, p.blocks(1, 4096), TransferOptions{})
+	require.NoError(t, err)
+	require.Equal(t, p.src.b, p.dst.b)
+	require.EqualValues(t, 4096, pushed(t, p.send))
+	require.Zero(t, mapped(t, p.send))
 }

@@ -20,12 +20,13 @@ import (
 const seals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_SEAL
 
 // File is one allocation: Len bytes at Addr in this process, the whole of
-// the file FD (inode Ino).
+// the file FD (inode Ino), made for owner.
 type File struct {
 	Addr, Len uint64
 	FD        int
 	Ino       uint64
 	mem       []byte
+	owner     any
 }
 
 // files holds this process's allocations by address, for Lookup.
@@ -35,8 +36,8 @@ var files = struct {
 }{byAddr: map[uint64]*File{}}
 
 // Alloc maps n bytes (rounded up to whole pages) of a new sealed memfd,
-// zeroed.
-func Alloc(n uint64) (*File, error) {
+// zeroed, for owner (which alone finds it with Lookup).
+func Alloc(n uint64, owner any) (*File, error) {
 	page := uint64(unix.Getpagesize())
 	size := (n + page - 1) &^ (page - 1)
 	if n == 0 || size < n || size > 1<<47 {
@@ -64,7 +65,7 @@ func Alloc(n uint64) (*File, error) {
 	if err != nil {
 		return fail("mmap", err)
 	}
-	f := &File{Addr: addrOf(mem), Len: size, FD: fd, Ino: st.Ino, mem: mem}
+	f := &File{Addr: addrOf(mem), Len: size, FD: fd, Ino: st.Ino, mem: mem, owner: owner}
 	files.Lock()
 	files.byAddr[f.Addr] = f
 	files.Unlock()
@@ -87,12 +88,15 @@ func (f *File) Free() error {
 	return err
 }
 
-// Lookup returns the allocation that holds all of [addr, addr+n).
-func Lookup(addr, n uint64) (File, bool) {
+// Lookup returns owner's allocation that holds all of [addr, addr+n).
+// Another owner's is not found: it may free it while this one still has
+// the range registered, and a peer's mapping would then outlive the
+// memory at that address.
+func Lookup(addr, n uint64, owner any) (File, bool) {
 	files.Lock()
 	defer files.Unlock()
 	for _, f := range files.byAddr {
-		if addr >= f.Addr && addr+n >= addr && addr+n <= f.Addr+f.Len {
+		if f.owner == owner && addr >= f.Addr && addr+n >= addr && addr+n <= f.Addr+f.Len {
 			return *f, true
 		}
 	}

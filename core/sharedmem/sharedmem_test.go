@@ -9,7 +9,7 @@ import (
 )
 
 func TestAllocIsSealedZeroedAndFound(t *testing.T) {
-	f, err := Alloc(5000)
+	f, err := Alloc(5000, "a")
 	require.NoError(t, err)
 	require.EqualValues(t, 8192, f.Len, "whole pages")
 	require.Equal(t, make([]byte, f.Len), f.mem)
@@ -17,23 +17,25 @@ func TestAllocIsSealedZeroedAndFound(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, seals&(unix.F_SEAL_SHRINK|unix.F_SEAL_GROW), unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
 	require.Error(t, unix.Ftruncate(f.FD, 4096), "it cannot shrink under a peer's mapping")
-	got, ok := Lookup(f.Addr+100, 200)
+	got, ok := Lookup(f.Addr+100, 200, "a")
 	require.True(t, ok)
 	require.Equal(t, f.FD, got.FD)
-	_, ok = Lookup(f.Addr+8000, 200)
+	_, ok = Lookup(f.Addr+100, 200, "b")
+	require.False(t, ok, "another owner's")
+	_, ok = Lookup(f.Addr+8000, 200, "a")
 	require.False(t, ok, "past its end")
 	require.NoError(t, f.Free())
 	require.Error(t, f.Free(), "freed twice")
-	_, ok = Lookup(f.Addr, 1)
+	_, ok = Lookup(f.Addr, 1, "a")
 	require.False(t, ok)
-	_, err = Alloc(0)
+	_, err = Alloc(0, "a")
 	require.Error(t, err)
 }
 
 // A peer's mapping shows the owner's bytes both ways, is shared between
 // holders, and outlives the owner's Free until the last holder lets go.
 func TestAttachSharesOneMapping(t *testing.T) {
-	f, err := Alloc(4096)
+	f, err := Alloc(4096, "a")
 	require.NoError(t, err)
 	pid := os.Getpid()
 	a, err := Attach(pid, f.FD, f.Ino, f.Len)
@@ -52,7 +54,7 @@ func TestAttachSharesOneMapping(t *testing.T) {
 }
 
 func TestAttachRefusesAFileItWasNotTold(t *testing.T) {
-	f, err := Alloc(4096)
+	f, err := Alloc(4096, "a")
 	require.NoError(t, err)
 	defer f.Free()
 	pid := os.Getpid()

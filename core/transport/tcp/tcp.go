@@ -136,7 +136,7 @@ func (t *Transport) Addr() string { return t.target.addr() }
 // the target checks its own writes against the guard's table.
 func (t *Transport) Register(addr, n uint64, mem cuda.Memory) error {
 	if l := t.target.lease; l != nil && !mem.Device {
-		shared, _ := sharedmem.Lookup(addr, n)
+		shared, _ := sharedmem.Lookup(addr, n, t.cfg.Regions)
 		l.add(addr, n, shared)
 	}
 	return nil
