@@ -3,6 +3,7 @@ package core
 import (
 	"fmt"
 
+	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/sharedmem"
 )
 
@@ -36,9 +37,11 @@ func (g *Guard) Alloc(n uint64) (uint64, error) {
 // maxAlloc bounds one allocation (128 TiB, the user address space).
 const maxAlloc = 1 << 47
 
-// Free quiesces and unregisters an allocation of Alloc, then frees it.
-// Where unregistering times out (a same-host sender that did not finish
-// its write) the allocation stays, and a later Free or Close frees it.
+// Free quiesces and unregisters every registered region in an allocation
+// of Alloc (the whole, as Alloc registered it, or what the caller
+// registered of it since), then frees it. Where unregistering times out
+// (a same-host sender that did not finish its write) the allocation
+// stays, and a later Free or Close frees it.
 func (g *Guard) Free(addr uint64) error {
 	if err := g.enter(); err != nil {
 		return err
@@ -51,10 +54,14 @@ func (g *Guard) Free(addr uint64) error {
 	if f == nil {
 		return fmt.Errorf("%w: %#x is not an allocation of this guard (mc_guard_alloc)", ErrInvalidArg, addr)
 	}
-	if g.regions.Check(f.Addr, f.Len) == nil { // not yet unregistered (a retried Free: it is)
-		err := g.Quiesce([]SyncRange{{Addr: f.Addr, Len: f.Len}})
+	whole := memory.Region{Addr: f.Addr, Len: f.Len}
+	for _, r := range g.regions.Snapshot() {
+		if !r.Overlaps(whole) {
+			continue
+		}
+		err := g.Quiesce([]SyncRange{{Addr: r.Addr, Len: r.Len}})
 		if err == nil {
-			err = g.Unregister(f.Addr)
+			err = g.Unregister(r.Addr)
 		}
 		if err != nil {
 			g.mu.Lock()

@@ -89,6 +89,18 @@ func TestAllocAndFreeRefuseBadInput(t *testing.T) {
 	require.False(t, ok, "and unmapped")
 }
 
+// Free unregisters what the caller registered of an allocation, not only
+// the whole: no table entry is left naming freed memory.
+func TestFreeUnregistersPartsRegisteredSince(t *testing.T) {
+	g := openGuard(t, "")
+	m := allocated(t, g, 3*4096)
+	require.NoError(t, g.Unregister(m.addr(0)))
+	require.NoError(t, g.Register(m.addr(4096), 4096))
+	require.NoError(t, g.Free(m.addr(0)))
+	require.ErrorIs(t, g.regions.Check(m.addr(4096), 4096), ErrNotRegistered)
+	require.Empty(t, g.regions.Snapshot())
+}
+
 // Close frees what Alloc gave; a region the caller unregistered first is
 // freed as well.
 func TestCloseFreesAllocations(t *testing.T) {
