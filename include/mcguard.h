@@ -263,9 +263,10 @@ mc_status mc_guard_unregister(mc_guard_t g, void *addr);
  * every allocation of the guard. */
 mc_status mc_guard_alloc(mc_guard_t g, size_t len, void **out);
 
-/* Free an allocation of mc_guard_alloc: writes sent into it before are
- * quiesced, it is unregistered (waiting for accesses in progress), then
- * unmapped. A same-host sender that mapped it lets go of its pages at its
+/* Free an allocation of mc_guard_alloc: for every registered region in it
+ * (the whole, or what you registered of it after unregistering it),
+ * writes sent into it before are quiesced and it is unregistered (waiting
+ * for accesses in progress); then it is unmapped. A same-host sender that mapped it lets go of its pages at its
  * next transfer to this guard, or when its connection ends. MC_ERR_INVALID_ARG
  * for an address mc_guard_alloc did not return; MC_ERR_TIMEOUT as
  * mc_guard_unregister, with the memory still allocated (free again later,
