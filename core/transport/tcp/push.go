@@ -536,6 +536,7 @@ const parallelMin = 4 << 20
 // vmCopyParallel writes the pairs with vmCopy, cut by bytes into
 // contiguous runs (a pair may be cut in two) over up to GOMAXPROCS (at
 // most 4) goroutines where the batch is large; the first error wins.
+// copyParallel cuts memcpy pairs the same way.
 func vmCopyParallel(pid int, local []unix.Iovec, remote []unix.RemoteIovec, total uint64) error {
 	k := min(runtime.GOMAXPROCS(0), 4)
 	if total < parallelMin || k < 2 {
