@@ -146,3 +146,27 @@ func TestAnotherGuardsAllocationIsNotMapped(t *testing.T) {
 	require.EqualValues(t, 4096, pushed(t, p.send))
 	require.Zero(t, mapped(t, p.send))
 }
+
+// A receiver that allocates and frees over and over while a sender writes
+// each allocation leaves no mapping behind on either side: each is let go
+// of at the sender's next transfer after the free.
+func TestAllocFreeCyclesLeaveNoMappings(t *testing.T) {
+	before := sharedmem.Mapped()
+	send, recv := openGuard(t, ""), openGuard(t, "")
+	src := newMem(t, 8192)
+	require.NoError(t, send.Register(src.addr(0), 8192))
+	for i := 0; i < 60; i++ {
+		dst := allocated(t, recv, 8192)
+		fill(src.b)
+		_, err := send.Transfer(recv.Endpoint(), []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 8192}}, TransferOptions{})
+		require.NoError(t, err)
+		require.Equal(t, src.b, dst.b)
+		require.LessOrEqual(t, sharedmem.Mapped(), before+2, "cycle %d: at most the live allocation and the one freed last", i)
+		require.NoError(t, recv.Free(dst.addr(0)))
+	}
+	require.EqualValues(t, 60*8192, mapped(t, send))
+	other := allocated(t, recv, 4096) // a transfer after the last free lets go of its mapping
+	_, err := send.Transfer(recv.Endpoint(), []verify.Desc{{Src: src.addr(0), Dst: other.addr(0), Len: 4096}}, TransferOptions{})
+	require.NoError(t, err)
+	require.Equal(t, before+1, sharedmem.Mapped())
+}
