@@ -2,11 +2,19 @@ package tcp
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
+	"os/exec"
 	"runtime"
 	"testing"
+	"time"
+	"unsafe"
 
+	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/sharedmem"
+	"github.com/mcguard/mcguard/verify"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // A large batch is cut into runs over several goroutines, pairs split
@@ -31,4 +39,43 @@ func TestCopyParallelCutsPairsExactly(t *testing.T) {
 		require.True(t, bytes.Equal(srcs[i], dsts[i][1:len(dsts[i])-1]), "pair %d", i)
 		require.Equal(t, []byte{0xAA, 0xBB}, []byte{dsts[i][0], dsts[i][len(dsts[i])-1]}, "pair %d: nothing past its ends", i)
 	}
+}
+
+// A copy into a receiver's mapped allocation, or out of it, counts only
+// where the receiving process was still there when it ended: its pages
+// outlive it in the sender's mapping.
+func TestMappedCopiesFailOnceTheReceiverIsGone(t *testing.T) {
+	l, p := newLeasePair(t, time.Second)
+	f, err := sharedmem.Alloc(4096, "receiver")
+	require.NoError(t, err)
+	defer f.Free()
+	l.add(f.Addr, f.Len, *f)
+	src := make([]byte, 4096)
+	rand.Read(src)
+	local := memory.New(nil)
+	require.NoError(t, local.Add(uint64(uintptr(unsafe.Pointer(&src[0]))), 4096))
+	c := &conn{local: local, lease: p}
+	descs := []verify.Desc{{Src: uint64(uintptr(unsafe.Pointer(&src[0]))), Dst: f.Addr, Len: 4096}}
+	done, err := c.push(context.Background(), descs)
+	require.NoError(t, err)
+	require.True(t, done)
+	require.Equal(t, src, memory.BytesAt(f.Addr, 4096), "by memcpy into the mapping")
+	out := make([]byte, 4096)
+	done, err = c.pullRanges(rng(f.Addr, 4096), out)
+	require.NoError(t, err)
+	require.True(t, done)
+	require.Equal(t, src, out)
+
+	// The receiver's pidfd now names a process that has exited.
+	child := exec.Command("true")
+	require.NoError(t, child.Start())
+	gone, err := unix.PidfdOpen(child.Process.Pid, 0)
+	require.NoError(t, err)
+	require.NoError(t, child.Wait())
+	unix.Close(p.pidfd)
+	p.pidfd = gone
+	_, err = c.push(context.Background(), descs)
+	require.ErrorContains(t, err, "has exited")
+	_, err = c.pullRanges(rng(f.Addr, 4096), out)
+	require.ErrorContains(t, err, "has exited")
 }

@@ -449,9 +449,11 @@ func (t *conn) pullRanges(ranges []verify.Range, out []byte) (done bool, err err
 	}
 	defer t.lease.exit()
 	t.iovLocal, t.iovRemote = t.iovLocal[:0], t.iovRemote[:0]
+	mapped := false
 	for i, r := range ranges { // enter refused empty ranges
 		if src := t.lease.mapped(i, r); src != nil {
 			out = out[copy(out, src):]
+			mapped = true
 			continue
 		}
 		lv := unix.Iovec{Base: &out[0]}
@@ -462,6 +464,9 @@ func (t *conn) pullRanges(ranges []verify.Range, out []byte) (done bool, err err
 	}
 	if err := vmCopy(t.lease.pid, t.iovLocal, t.iovRemote, false); err != nil {
 		return false, fmt.Errorf("%w: reading back from the receiving process: %v", errs.Peer, err)
+	}
+	if mapped && exited(t.lease.pidfd) { // as for a push: its pages outlive it here
+		return false, fmt.Errorf("%w: the receiving process %d has exited", errs.Peer, t.lease.pid)
 	}
 	return true, nil
 }
