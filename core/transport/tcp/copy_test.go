@@ -50,7 +50,9 @@ func TestMappedCopiesFailOnceTheReceiverIsGone(t *testing.T) {
 	require.NoError(t, err)
 	defer f.Free()
 	l.add(f.Addr, f.Len, *f)
-	src := make([]byte, 4096)
+	src, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE) // as the library's callers' memory: not Go's heap
+	require.NoError(t, err)
+	defer unix.Munmap(src)
 	rand.Read(src)
 	local := memory.New(nil)
 	require.NoError(t, local.Add(uint64(uintptr(unsafe.Pointer(&src[0]))), 4096))
