@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -48,10 +47,6 @@ type pushLease struct {
 	unmapped map[uint64]bool               // inodes that could not be mapped: process_vm_writev
 	mapGen   uint64                        // the gen maps were last checked against the table under
 }
-
-// span is the shared allocation (base, size, descriptor and inode in the
-// target) that a range lies in; ino 0: none.
-type span struct{ base, size, fd, ino uint64 }
 
 // attachLease maps the target's lease file: fd in process pid, checked
 // against the handshake's nonce. It returns why not, or "".
@@ -173,114 +168,10 @@ func (p *pushLease) covers(ranges []verify.Range) bool {
 	return true
 }
 
-func (p *pushLease) spanOf(i int) span {
-	return span{atomic.LoadUint64(p.mem.field(i, 2)), atomic.LoadUint64(p.mem.field(i, 3)),
-		atomic.LoadUint64(p.mem.field(i, 4)), atomic.LoadUint64(p.mem.field(i, 5))}
-}
-
-// mapped is where range i of the last enter lies in this process's
-// mapping of the target's shared allocation, or nil (none, or it cannot
-// be mapped: logged once, and process_vm_writev takes it). Only between
-// enter and exit, when the target cannot free the allocation.
-func (p *pushLease) mapped(i int, r verify.Range) []byte {
-	s := p.spans[i]
-	if s.ino == 0 || p.unmapped[s.ino] || r.Addr < s.base || r.Addr-s.base > s.size || r.Len > s.size-(r.Addr-s.base) {
-		return nil
-	}
-	m := p.maps[s.ino]
-	if m == nil {
-		var err error
-		if m, err = sharedmem.Attach(p.pid, int(s.fd), s.ino, s.size); err != nil {
-			mapFallback.Printf(logs.Info, "a receiver's shared buffer not mapped (written with process_vm_writev instead): %v", err)
-			p.unmapped[s.ino] = true
-			return nil
-		}
-		p.maps[s.ino] = m
-	}
-	off := r.Addr - s.base
-	return m.Mem[off : off+r.Len : off+r.Len]
-}
-
-// pruneMaps lets go of the mappings (and forgets the failures) of shared
-// allocations no longer in the table, so that the target's freed memory
-// is freed here too; it runs when the table's gen moved.
-func (p *pushLease) pruneMaps() {
-	if len(p.maps) == 0 && len(p.unmapped) == 0 {
-		return
-	}
-	n := min(int(atomic.LoadUint64(p.mem.count())), maxLeaseRegions)
-	live := func(ino uint64) bool {
-		for i := 0; i < n; i++ {
-			if atomic.LoadUint64(p.mem.field(i, 5)) == ino {
-				return true
-			}
-		}
-		return false
-	}
-	for ino, m := range p.maps {
-		if !live(ino) {
-			m.Release()
-			delete(p.maps, ino)
-		}
-	}
-	for ino := range p.unmapped {
-		if !live(ino) {
-			delete(p.unmapped, ino)
-		}
-	}
-}
-
 func (p *pushLease) inEntry(i int, r verify.Range) bool {
 	a, n := p.mem.entry(i)
 	base, size := atomic.LoadUint64(a), atomic.LoadUint64(n)
 	return r.Len > 0 && r.Addr >= base && r.Addr+r.Len >= r.Addr && r.Addr+r.Len <= base+size
-}
-
-// maxIov is the iovecs one process_vm_writev call takes (IOV_MAX).
-const maxIov = 1024
-
-// vmCopy copies local[i] to or from remote[i] in process pid, continuing
-// short copies, IOV_MAX pairs per call; both sides' lengths match pairwise.
-func vmCopy(pid int, local []unix.Iovec, remote []unix.RemoteIovec, write bool) error {
-	for {
-		for len(local) > 0 && local[0].Len == 0 { // an empty pair (a dropped write) at the front
-			local, remote = local[1:], remote[1:]
-		}
-		if len(local) == 0 {
-			return nil
-		}
-		k := min(len(local), maxIov)
-		var n int
-		var err error
-		if write {
-			n, err = unix.ProcessVMWritev(pid, local[:k], remote[:k], 0)
-		} else {
-			n, err = unix.ProcessVMReadv(pid, local[:k], remote[:k], 0)
-		}
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return syscall.EFAULT
-		}
-		// Skip the pairs done, and cut into the one done partly.
-		for n > 0 && len(local) > 0 {
-			l := int(local[0].Len)
-			if n >= l {
-				n -= l
-				local, remote = local[1:], remote[1:]
-				continue
-			}
-			local[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(local[0].Base), n))
-			local[0].SetLen(l - n)
-			remote[0].Base += uintptr(n)
-			remote[0].Len -= n
-			n = 0
-		}
-	}
 }
 
 // logPushFallback says, once per process, why same-host writes by the
@@ -354,69 +245,6 @@ func (t *conn) push(ctx context.Context, descs []verify.Desc) (done bool, err er
 		t.mapped.Add(int64(mapped))
 	}
 	return true, nil
-}
-
-// copyMapped copies the pending push's pairs whose destinations this
-// process maps (memcpy), empties them, and returns the bytes left for
-// process_vm_writev.
-func (t *conn) copyMapped() (mapped, rest uint64) {
-	t.copies = t.copies[:0]
-	var bytes uint64
-	for i := range t.iovLocal {
-		n := int(t.iovLocal[i].Len) // fault injection may have cut it
-		if dst := t.lease.mapped(i, t.ranges[i]); dst != nil {
-			t.copies = append(t.copies, copyPair{dst[:n], unsafe.Slice(t.iovLocal[i].Base, n)})
-			bytes += uint64(n)
-			mapped += t.ranges[i].Len
-			t.iovLocal[i].SetLen(0)
-			t.iovRemote[i].Len = 0
-			continue
-		}
-		rest += uint64(n)
-	}
-	copyParallel(t.copies, bytes)
-	clear(t.copies) // no reference to the target's mapping outlives the lease
-	return mapped, rest
-}
-
-// copyPair is a memcpy of src into dst (the same length).
-type copyPair struct{ dst, src []byte }
-
-// copyParallel copies the pairs, cut by bytes into contiguous runs over up
-// to GOMAXPROCS (at most 4) goroutines where the batch is large (as
-// vmCopyParallel does): one thread's copy is bound by its core's
-// bandwidth.
-func copyParallel(pairs []copyPair, total uint64) {
-	k := min(runtime.GOMAXPROCS(0), 4)
-	if total < parallelMin || k < 2 {
-		for _, c := range pairs {
-			copy(c.dst, c.src)
-		}
-		return
-	}
-	var wg sync.WaitGroup
-	share := int((total + uint64(k) - 1) / uint64(k))
-	for len(pairs) > 0 {
-		var run []copyPair
-		for need := share; need > 0 && len(pairs) > 0; {
-			c := pairs[0]
-			if len(c.src) <= need {
-				run = append(run, c)
-				pairs = pairs[1:]
-				need -= len(c.src)
-				continue
-			}
-			run = append(run, copyPair{c.dst[:need], c.src[:need]}) // cut: its first need bytes in this run
-			pairs[0] = copyPair{c.dst[need:], c.src[need:]}
-			need = 0
-		}
-		wg.Go(func() {
-			for _, c := range run {
-				copy(c.dst, c.src)
-			}
-		})
-	}
-	wg.Wait()
 }
 
 // pushFailed turns a failed process_vm_writev into what the caller does:
@@ -530,55 +358,4 @@ func (t *conn) pushFirst(ctx context.Context, descs []verify.Desc) (done bool, e
 		}
 	}
 	return t.push(ctx, descs)
-}
-
-// parallelMin is the batch from which a push is split over several
-// threads: the kernel pins the target's pages in every call, so one thread
-// copies at about half of memcpy's speed, and the target's CPU takes no
-// part. Below it a thread hand-off costs more than it saves.
-const parallelMin = 4 << 20
-
-// vmCopyParallel writes the pairs with vmCopy, cut by bytes into
-// contiguous runs (a pair may be cut in two) over up to GOMAXPROCS (at
-// most 4) goroutines where the batch is large; the first error wins.
-// copyParallel cuts memcpy pairs the same way.
-func vmCopyParallel(pid int, local []unix.Iovec, remote []unix.RemoteIovec, total uint64) error {
-	k := min(runtime.GOMAXPROCS(0), 4)
-	if total < parallelMin || k < 2 {
-		return vmCopy(pid, local, remote, true)
-	}
-	results := make(chan error, k)
-	runs := 0
-	share := int((total + uint64(k) - 1) / uint64(k))
-	for len(local) > 0 {
-		var l []unix.Iovec
-		var r []unix.RemoteIovec
-		for need := share; need > 0 && len(local) > 0; {
-			n := int(local[0].Len)
-			if n <= need {
-				l, r = append(l, local[0]), append(r, remote[0])
-				local, remote = local[1:], remote[1:]
-				need -= n
-				continue
-			}
-			// Cut the pair: its first need bytes go in this run.
-			head := local[0]
-			head.SetLen(need)
-			l, r = append(l, head), append(r, unix.RemoteIovec{Base: remote[0].Base, Len: need})
-			local[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(local[0].Base), need))
-			local[0].SetLen(n - need)
-			remote[0].Base += uintptr(need)
-			remote[0].Len -= need
-			need = 0
-		}
-		runs++
-		go func() { results <- vmCopy(pid, l, r, true) }()
-	}
-	var first error
-	for ; runs > 0; runs-- {
-		if err := <-results; err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
 }

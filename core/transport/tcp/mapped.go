@@ -1,0 +1,140 @@
+package tcp
+
+// Same-host writes into a target's shared allocations (core/sharedmem):
+// the sender maps each allocation once and copies with memcpy, large
+// batches over several goroutines; push.go decides what goes this way.
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/mcguard/mcguard/core/logs"
+	"github.com/mcguard/mcguard/core/sharedmem"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// span is the shared allocation (base, size, descriptor and inode in the
+// target) that a range lies in; ino 0: none.
+type span struct{ base, size, fd, ino uint64 }
+
+func (p *pushLease) spanOf(i int) span {
+	return span{atomic.LoadUint64(p.mem.field(i, 2)), atomic.LoadUint64(p.mem.field(i, 3)),
+		atomic.LoadUint64(p.mem.field(i, 4)), atomic.LoadUint64(p.mem.field(i, 5))}
+}
+
+// mapped is where range i of the last enter lies in this process's
+// mapping of the target's shared allocation, or nil (none, or it cannot
+// be mapped: logged once, and process_vm_writev takes it). Only between
+// enter and exit, when the target cannot free the allocation.
+func (p *pushLease) mapped(i int, r verify.Range) []byte {
+	s := p.spans[i]
+	if s.ino == 0 || p.unmapped[s.ino] || r.Addr < s.base || r.Addr-s.base > s.size || r.Len > s.size-(r.Addr-s.base) {
+		return nil
+	}
+	m := p.maps[s.ino]
+	if m == nil {
+		var err error
+		if m, err = sharedmem.Attach(p.pid, int(s.fd), s.ino, s.size); err != nil {
+			mapFallback.Printf(logs.Info, "a receiver's shared buffer not mapped (written with process_vm_writev instead): %v", err)
+			p.unmapped[s.ino] = true
+			return nil
+		}
+		p.maps[s.ino] = m
+	}
+	off := r.Addr - s.base
+	return m.Mem[off : off+r.Len : off+r.Len]
+}
+
+// pruneMaps lets go of the mappings (and forgets the failures) of shared
+// allocations no longer in the table, so that the target's freed memory
+// is freed here too; it runs when the table's gen moved.
+func (p *pushLease) pruneMaps() {
+	if len(p.maps) == 0 && len(p.unmapped) == 0 {
+		return
+	}
+	n := min(int(atomic.LoadUint64(p.mem.count())), maxLeaseRegions)
+	live := func(ino uint64) bool {
+		for i := 0; i < n; i++ {
+			if atomic.LoadUint64(p.mem.field(i, 5)) == ino {
+				return true
+			}
+		}
+		return false
+	}
+	for ino, m := range p.maps {
+		if !live(ino) {
+			m.Release()
+			delete(p.maps, ino)
+		}
+	}
+	for ino := range p.unmapped {
+		if !live(ino) {
+			delete(p.unmapped, ino)
+		}
+	}
+}
+
+// copyMapped copies the pending push's pairs whose destinations this
+// process maps (memcpy), empties them, and returns the bytes left for
+// process_vm_writev.
+func (t *conn) copyMapped() (mapped, rest uint64) {
+	t.copies = t.copies[:0]
+	var bytes uint64
+	for i := range t.iovLocal {
+		n := int(t.iovLocal[i].Len) // fault injection may have cut it
+		if dst := t.lease.mapped(i, t.ranges[i]); dst != nil {
+			t.copies = append(t.copies, copyPair{dst[:n], unsafe.Slice(t.iovLocal[i].Base, n)})
+			bytes += uint64(n)
+			mapped += t.ranges[i].Len
+			t.iovLocal[i].SetLen(0)
+			t.iovRemote[i].Len = 0
+			continue
+		}
+		rest += uint64(n)
+	}
+	copyParallel(t.copies, bytes)
+	clear(t.copies) // no reference to the target's mapping outlives the lease
+	return mapped, rest
+}
+
+// copyPair is a memcpy of src into dst (the same length).
+type copyPair struct{ dst, src []byte }
+
+// copyParallel copies the pairs, cut by bytes into contiguous runs over up
+// to GOMAXPROCS (at most 4) goroutines where the batch is large (as
+// vmCopyParallel does): one thread's copy is bound by its core's
+// bandwidth.
+func copyParallel(pairs []copyPair, total uint64) {
+	k := min(runtime.GOMAXPROCS(0), 4)
+	if total < parallelMin || k < 2 {
+		for _, c := range pairs {
+			copy(c.dst, c.src)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	share := int((total + uint64(k) - 1) / uint64(k))
+	for len(pairs) > 0 {
+		var run []copyPair
+		for need := share; need > 0 && len(pairs) > 0; {
+			c := pairs[0]
+			if len(c.src) <= need {
+				run = append(run, c)
+				pairs = pairs[1:]
+				need -= len(c.src)
+				continue
+			}
+			run = append(run, copyPair{c.dst[:need], c.src[:need]}) // cut: its first need bytes in this run
+			pairs[0] = copyPair{c.dst[need:], c.src[need:]}
+			need = 0
+		}
+		wg.Go(func() {
+			for _, c := range run {
+				copy(c.dst, c.src)
+			}
+		})
+	}
+	wg.Wait()
+}
