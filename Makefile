@@ -101,8 +101,14 @@ $(NIC_MODEL): tests/nicmodel/nicmodel.c core/transport/rdma/verbs/flush_abi.h | 
 $(CUDA_MODEL): tests/cudamodel/cudamodel.c
 	cc -shared -fPIC -O2 -Wall -o $@ $< -lpthread
 
+# Go's build cache does not see include/mcguard.h (outside export/, which
+# includes it) change, and would link the C shims compiled against the old
+# one (its version string, say): the header's checksum in the C flags
+# makes a changed header recompile them.
+HEADER_SUM = $(shell sha1sum include/mcguard.h | cut -c1-12)
+
 $(LIB): $(GO_SRC) | deps-system deps-go
-	$(GO) build -buildmode=c-shared -o $(LIB) \
+	CGO_CFLAGS="$${CGO_CFLAGS:--O2 -g} -DMCG_HEADER_SUM=$(HEADER_SUM)" $(GO) build -buildmode=c-shared -o $(LIB) \
 	  -ldflags "-extldflags=-Wl,--version-script=$(CURDIR)/export/mcguard.map,-soname,libmcguard.so" ./export
 
 ## test: Go (race detector), C/C++ (ctest), Python (pytest)

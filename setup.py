@@ -3,6 +3,7 @@ same command as `make build`), the public header, and the CMake and
 pkg-config files a C or C++ build finds them with, all inside the mcguard
 package. Needs Go, pkg-config and libzmq's headers, as `make build` does."""
 
+import hashlib
 import os
 import re
 import shutil
@@ -64,9 +65,15 @@ class BuildWithGo(build_py):
         pkg = os.path.join(os.path.abspath(self.build_lib), "mcguard")
         lib = os.path.join(pkg, "libmcguard.so")
         script = os.path.join(HERE, "export", "mcguard.map")
+        # Go's build cache does not see include/mcguard.h change (outside
+        # export/): its checksum in the C flags recompiles the C shims, as
+        # the Makefile does.
+        with open(os.path.join(HERE, "include", "mcguard.h"), "rb") as f:
+            header_sum = hashlib.sha1(f.read()).hexdigest()[:12]
+        env = dict(os.environ, CGO_CFLAGS="%s -DMCG_HEADER_SUM=%s" % (os.environ.get("CGO_CFLAGS", "-O2 -g"), header_sum))
         subprocess.run(["go", "build", "-buildmode=c-shared", "-o", lib,
                         "-ldflags", "-extldflags=-Wl,--version-script=%s,-soname,libmcguard.so" % script, "./export"],
-                       cwd=HERE, check=True)
+                       cwd=HERE, check=True, env=env)
         os.remove(os.path.join(pkg, "libmcguard.h"))  # cgo's header; the public one follows
         v = version()
         major, minor = v.split(".")[:2]
