@@ -42,8 +42,8 @@ extern "C" {
 
 #define MC_GUARD_VERSION_MAJOR 0
 #define MC_GUARD_VERSION_MINOR 3
-#define MC_GUARD_VERSION_PATCH 0
-#define MC_GUARD_VERSION_STRING "0.3.0"
+#define MC_GUARD_VERSION_PATCH 1
+#define MC_GUARD_VERSION_STRING "0.3.1"
 
 /* Largest descriptor count of one mc_guard_transfer call. Any count up to
  * it works; the library chunks it at the max_batch setting. */
@@ -70,7 +70,7 @@ typedef int32_t mc_status;
 #define MC_ERR_DEVICE          -13  /* a GPU copy or synchronisation failed, or device memory without a usable CUDA driver */
 #define MC_ERR_QUIESCED        -14  /* the receiver quiesced a destination after the write was sent: refused */
 #define MC_ERR_CANCELLED       -15  /* mc_guard_cancel cancelled the transfer */
-#define MC_ERR_NO_MEMORY       -16  /* the system refused memory for mc_guard_alloc */
+#define MC_ERR_NO_MEMORY       -16  /* the system refused memory for mc_guard_alloc (since 0.3.1) */
 
 /* Verification modes, for mc_transfer_opts.verify. */
 #define MC_VERIFY_DEFAULT -1 /* the guard's configured mode */
@@ -252,7 +252,7 @@ mc_status mc_guard_register_device(mc_guard_t g, void *addr, size_t len);
  * the table, but its memory must not be reused until that sender is gone. */
 mc_status mc_guard_unregister(mc_guard_t g, void *addr);
 
-/* Allocate len bytes (rounded up to whole pages) of zeroed host memory,
+/* Since 0.3.1. Allocate len bytes (rounded up to whole pages) of zeroed host memory,
  * registered, into *out. It is a sealed shared memory file (memfd): a
  * sender on the same host that may write this process's memory maps it
  * and writes with memcpy, and checks a tail with memcmp, instead of two
