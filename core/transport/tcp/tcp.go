@@ -270,7 +270,13 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, _ 
 			if err = c.sameHost(ctx, d.t.cfg.SameHost, a); err != nil {
 				c.Close()
 			} else if c.lease != nil && a.Faults != nil {
-				c.faults = fault.New(*a.Faults, a.TailBytes, "same-host writes into "+addr)
+				// Each connection its own stream of fates: a failed transfer
+				// drops its connection, and a new one that replayed the seed's
+				// stream would fail the same transfer of every connection
+				// (every second one, at a 1 % drop rate over 32 writes).
+				f := *a.Faults
+				f.Seed += int(pushFaultConns.Add(1))
+				c.faults = fault.New(f, a.TailBytes, "same-host writes into "+addr)
 			}
 		}
 		if err != nil {
@@ -289,3 +295,7 @@ var (
 	_ transport.Transport = (*Transport)(nil)
 	_ transport.Conn      = (*conn)(nil)
 )
+
+// pushFaultConns numbers the connections that inject a target's faults
+// themselves (push.go), for their seeds.
+var pushFaultConns atomic.Int64
