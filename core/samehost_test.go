@@ -269,3 +269,33 @@ func TestSameHostUnregisterUnderConcurrentSenders(t *testing.T) {
 	}
 	require.Positive(t, all, "the senders wrote into the receiver themselves")
 }
+
+// A sender that injects a receiver's faults itself draws a fresh stream of
+// fates on each connection: a failed transfer drops its connection, and a
+// new one that replayed the same stream failed the same transfer of every
+// connection (with one write a transfer: all, or every second one).
+func TestSameHostInjectedFaultsDoNotRepeatPerConnection(t *testing.T) {
+	p := newPair(t, `{"verify": "tail", "max_retries": 0, "same_host": "required"}`,
+		`{"inject": "drop", "inject_rate": 0.5, "inject_seed": 7}`, 4096)
+	var outcome []bool
+	for i := 0; i < 48; i++ {
+		fill(p.src.b)
+		_, err := p.send.Transfer(p.session, p.blocks(1, 4096), TransferOptions{})
+		if err != nil {
+			require.ErrorIs(t, err, ErrVerify)
+		}
+		outcome = append(outcome, err == nil)
+	}
+	require.Positive(t, pushed(t, p.send), "the sender wrote, injecting the drops")
+	periodic := func(k int) bool {
+		for i := k; i < len(outcome); i++ {
+			if outcome[i] != outcome[i-k] {
+				return false
+			}
+		}
+		return true
+	}
+	for k := 1; k <= 4; k++ {
+		require.False(t, periodic(k), "outcomes repeat every %d transfers: %v", k, outcome)
+	}
+}
