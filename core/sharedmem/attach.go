@@ -38,7 +38,10 @@ func Attach(pid, fd int, ino, size uint64) (*Mapping, error) {
 	key := mapKey{pid, fd, ino}
 	mappings.Lock()
 	defer mappings.Unlock()
-	if m := mappings.byKey[key]; m != nil && uint64(len(m.Mem)) == size {
+	if m := mappings.byKey[key]; m != nil {
+		if uint64(len(m.Mem)) != size { // sealed: its size cannot have changed
+			return nil, fmt.Errorf("descriptor %d of process %d is not the shared buffer its table names", fd, pid)
+		}
 		m.refs++
 		return m, nil
 	}
@@ -67,10 +70,6 @@ func Attach(pid, fd int, ino, size uint64) (*Mapping, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mmap: %w", err)
 	}
-	if old := mappings.byKey[key]; old != nil {
-		delete(mappings.byKey, key) // its holders keep it; it goes with the last
-		old.key = mapKey{}
-	}
 	m := &Mapping{Mem: mem, key: key, refs: 1}
 	mappings.byKey[key] = m
 	return m, nil
@@ -85,9 +84,7 @@ func (m *Mapping) Release() {
 	if m.refs > 0 {
 		return
 	}
-	if mappings.byKey[m.key] == m {
-		delete(mappings.byKey, m.key)
-	}
+	delete(mappings.byKey, m.key)
 	unix.Munmap(m.Mem)
 	m.Mem = nil
 }

@@ -43,6 +43,8 @@ func TestAttachSharesOneMapping(t *testing.T) {
 	b, err := Attach(pid, f.FD, f.Ino, f.Len)
 	require.NoError(t, err)
 	require.Same(t, a, b)
+	_, err = Attach(pid, f.FD, f.Ino, 2*f.Len)
+	require.ErrorContains(t, err, "not the shared buffer", "a size its sealed file cannot have")
 	require.Equal(t, 1, Mapped())
 	a.Mem[7] = 42
 	require.EqualValues(t, 42, f.mem[7], "the very pages")

@@ -5,11 +5,11 @@ package tcp
 // batches over several goroutines; push.go decides what goes this way.
 
 import (
-	"runtime"
-	"sync"
+	"fmt"
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/sharedmem"
 	"github.com/mcguard/mcguard/verify"
@@ -45,6 +45,16 @@ func (p *pushLease) mapped(i int, r verify.Range) []byte {
 	}
 	off := r.Addr - s.base
 	return m.Mem[off : off+r.Len : off+r.Len]
+}
+
+// alive is nil where the target process still exists. After a copy
+// through this process's mapping of its memory, whose pages outlive it
+// here, that is what shows the copy reached a live receiver.
+func (p *pushLease) alive() error {
+	if exited(p.pidfd) {
+		return fmt.Errorf("%w: the receiving process %d has exited", errs.Peer, p.pid)
+	}
+	return nil
 }
 
 // pruneMaps lets go of the mappings (and forgets the failures) of shared
@@ -102,39 +112,24 @@ func (t *conn) copyMapped() (mapped, rest uint64) {
 // copyPair is a memcpy of src into dst (the same length).
 type copyPair struct{ dst, src []byte }
 
-// copyParallel copies the pairs, cut by bytes into contiguous runs over up
-// to GOMAXPROCS (at most 4) goroutines where the batch is large (as
-// vmCopyParallel does): one thread's copy is bound by its core's
-// bandwidth.
+// copyParallel copies the pairs, on several goroutines where the batch is
+// large (inRuns).
 func copyParallel(pairs []copyPair, total uint64) {
-	k := min(runtime.GOMAXPROCS(0), 4)
-	if total < parallelMin || k < 2 {
+	k := copyThreads(total)
+	if k == 1 {
 		for _, c := range pairs {
 			copy(c.dst, c.src)
 		}
 		return
 	}
-	var wg sync.WaitGroup
-	share := int((total + uint64(k) - 1) / uint64(k))
-	for len(pairs) > 0 {
-		var run []copyPair
-		for need := share; need > 0 && len(pairs) > 0; {
-			c := pairs[0]
-			if len(c.src) <= need {
-				run = append(run, c)
-				pairs = pairs[1:]
-				need -= len(c.src)
-				continue
-			}
-			run = append(run, copyPair{c.dst[:need], c.src[:need]}) // cut: its first need bytes in this run
-			pairs[0] = copyPair{c.dst[need:], c.src[need:]}
-			need = 0
-		}
-		wg.Go(func() {
-			for _, c := range run {
-				copy(c.dst, c.src)
-			}
-		})
+	size := func(c copyPair) int { return len(c.src) }
+	split := func(c copyPair, n int) (copyPair, copyPair) {
+		return copyPair{c.dst[:n], c.src[:n]}, copyPair{c.dst[n:], c.src[n:]}
 	}
-	wg.Wait()
+	inRuns(pairs, total, k, size, split, func(run []copyPair) error {
+		for _, c := range run {
+			copy(c.dst, c.src)
+		}
+		return nil
+	})
 }

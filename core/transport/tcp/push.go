@@ -228,10 +228,8 @@ func (t *conn) push(ctx context.Context, descs []verify.Desc) (done bool, err er
 		if rest > 0 {
 			err = vmCopyParallel(t.lease.pid, t.iovLocal, t.iovRemote, rest)
 		}
-		if err == nil && mapped > 0 && exited(t.lease.pidfd) {
-			// Its pages outlive it in our mapping: a copy into them proves
-			// nothing unless the process was there when it ended.
-			err = fmt.Errorf("%w: the receiving process %d has exited", errs.Peer, t.lease.pid)
+		if err == nil && mapped > 0 {
+			err = t.lease.alive()
 		}
 	}
 	t.lease.exit()
@@ -293,8 +291,10 @@ func (t *conn) pullRanges(ranges []verify.Range, out []byte) (done bool, err err
 	if err := vmCopy(t.lease.pid, t.iovLocal, t.iovRemote, false); err != nil {
 		return false, fmt.Errorf("%w: reading back from the receiving process: %v", errs.Peer, err)
 	}
-	if mapped && exited(t.lease.pidfd) { // as for a push: its pages outlive it here
-		return false, fmt.Errorf("%w: the receiving process %d has exited", errs.Peer, t.lease.pid)
+	if mapped {
+		if err := t.lease.alive(); err != nil {
+			return false, err
+		}
 	}
 	return true, nil
 }

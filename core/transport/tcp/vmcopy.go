@@ -5,7 +5,6 @@ package tcp
 // several goroutines.
 
 import (
-	"runtime"
 	"syscall"
 	"unsafe"
 
@@ -59,53 +58,39 @@ func vmCopy(pid int, local []unix.Iovec, remote []unix.RemoteIovec, write bool) 
 	}
 }
 
-// parallelMin is the batch from which a push is split over several
-// threads: the kernel pins the target's pages in every call, so one thread
-// copies at about half of memcpy's speed, and the target's CPU takes no
-// part. Below it a thread hand-off costs more than it saves.
-const parallelMin = 4 << 20
+// vmPair is one pair of vmCopy's slices, for inRuns.
+type vmPair struct {
+	l unix.Iovec
+	r unix.RemoteIovec
+}
 
-// vmCopyParallel writes the pairs with vmCopy, cut by bytes into
-// contiguous runs (a pair may be cut in two) over up to GOMAXPROCS (at
-// most 4) goroutines where the batch is large; the first error wins.
-// copyParallel cuts memcpy pairs the same way.
+// vmCopyParallel writes the pairs with vmCopy, on several goroutines
+// where the batch is large (inRuns); the first error wins.
 func vmCopyParallel(pid int, local []unix.Iovec, remote []unix.RemoteIovec, total uint64) error {
-	k := min(runtime.GOMAXPROCS(0), 4)
-	if total < parallelMin || k < 2 {
+	k := copyThreads(total)
+	if k == 1 {
 		return vmCopy(pid, local, remote, true)
 	}
-	results := make(chan error, k)
-	runs := 0
-	share := int((total + uint64(k) - 1) / uint64(k))
-	for len(local) > 0 {
-		var l []unix.Iovec
-		var r []unix.RemoteIovec
-		for need := share; need > 0 && len(local) > 0; {
-			n := int(local[0].Len)
-			if n <= need {
-				l, r = append(l, local[0]), append(r, remote[0])
-				local, remote = local[1:], remote[1:]
-				need -= n
-				continue
-			}
-			// Cut the pair: its first need bytes go in this run.
-			head := local[0]
-			head.SetLen(need)
-			l, r = append(l, head), append(r, unix.RemoteIovec{Base: remote[0].Base, Len: need})
-			local[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(local[0].Base), need))
-			local[0].SetLen(n - need)
-			remote[0].Base += uintptr(need)
-			remote[0].Len -= need
-			need = 0
-		}
-		runs++
-		go func() { results <- vmCopy(pid, l, r, true) }()
+	pairs := make([]vmPair, len(local))
+	for i := range local {
+		pairs[i] = vmPair{local[i], remote[i]}
 	}
-	var first error
-	for ; runs > 0; runs-- {
-		if err := <-results; err != nil && first == nil {
-			first = err
-		}
+	size := func(p vmPair) int { return int(p.l.Len) }
+	split := func(p vmPair, n int) (vmPair, vmPair) {
+		head, tail := p, p
+		head.l.SetLen(n)
+		head.r.Len = n
+		tail.l.Base = (*byte)(unsafe.Add(unsafe.Pointer(p.l.Base), n))
+		tail.l.SetLen(int(p.l.Len) - n)
+		tail.r.Base += uintptr(n)
+		tail.r.Len -= n
+		return head, tail
 	}
-	return first
+	return inRuns(pairs, total, k, size, split, func(run []vmPair) error {
+		l, r := make([]unix.Iovec, len(run)), make([]unix.RemoteIovec, len(run))
+		for i, p := range run {
+			l[i], r[i] = p.l, p.r
+		}
+		return vmCopy(pid, l, r, true)
+	})
 }
