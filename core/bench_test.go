@@ -285,16 +285,17 @@ func BenchmarkRDMAModelStripes(b *testing.B) {
 	b.ReportMetric(gbs("digest_qp1")/gbs("off_qp1"), "digest/off_qp1")
 }
 
-// A small transfer allocates nothing in steady state, in off and the
-// read-back modes, over the socket and on one host (both ends counted:
-// they share this process). Averaged over many transfers, so a stray
+// A small transfer allocates nothing in steady state, in off, the
+// read-back modes and digest with the receiver's sync (digest_at "sync":
+// the notice, its store and the sync's scratch are reused), over the
+// socket and on one host (both ends counted: they share this process). Averaged over many transfers, so a stray
 // allocation elsewhere (a timer, the collector) does not fail it.
 func TestSmallTransferAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates for its own bookkeeping; make test also runs this without it")
 	}
 	for _, plane := range []string{"off", "required", "mapped"} {
-		for _, mode := range []string{"off", "tail", "sample"} {
+		for _, mode := range []string{"off", "tail", "sample", "digest"} {
 			t.Run("same_host "+plane+"/"+mode, func(t *testing.T) {
 				var p *pair
 				if plane == "mapped" { // the receiver's memory from Alloc: memcpy
@@ -303,15 +304,21 @@ func TestSmallTransferAllocatesNothing(t *testing.T) {
 					p = newPair(t, `{"verify": "`+mode+`", "same_host": "`+plane+`"}`, "", 4096)
 				}
 				descs := p.blocks(1, 4096)
-				for i := 0; i < 50; i++ {
-					_, err := p.send.Transfer(p.session, descs, TransferOptions{})
-					require.NoError(t, err)
-				}
-				allocs := testing.AllocsPerRun(300, func() {
-					if _, err := p.send.Transfer(p.session, descs, TransferOptions{}); err != nil {
+				transfer := func() {
+					res, err := p.send.Transfer(p.session, descs, TransferOptions{})
+					if err != nil {
 						t.Fatal(err)
 					}
-				})
+					if mode == "digest" { // the receiver's half too: its notice and sync
+						if err := p.recv.SyncTransfers([]uint64{res.ID}, 0); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				for i := 0; i < 50; i++ {
+					transfer()
+				}
+				allocs := testing.AllocsPerRun(300, transfer)
 				require.LessOrEqual(t, allocs, 1.0, "allocations per transfer")
 			})
 		}

@@ -36,8 +36,17 @@ type noticeStore struct {
 	order   []uint64 // arrival order, for eviction
 	evicted map[uint64]bool
 	descs   int
-	changed chan struct{}
+	changed chan struct{} // closed by add where waiters > 0
+	waiters int
+	free    []*notice // synced notices, reused: a steady stream allocates none
 }
+
+// Reuse bounds: a few free entries, each keeping at most this many
+// descriptors' room, so one huge transfer does not pin its buffer.
+const (
+	maxFreeNotices     = 64
+	maxReusedNoticeCap = 4096
+)
 
 func newNoticeStore() *noticeStore {
 	return &noticeStore{entries: map[uint64]*notice{}, evicted: map[uint64]bool{}, changed: make(chan struct{})}
@@ -58,7 +67,8 @@ func (s *noticeStore) add(n wire.Notice, landed transport.Landed) error {
 		return fmt.Errorf("%w: transfer %#x: chunk at %d does not continue the notice", errNotice, n.ID, n.Base)
 	}
 	if !ok {
-		e = &notice{mode: mode, total: n.Total}
+		e = s.newLocked()
+		e.mode, e.total = mode, n.Total
 		s.entries[n.ID] = e
 		s.order = append(s.order, n.ID)
 		delete(s.evicted, n.ID)
@@ -71,9 +81,36 @@ func (s *noticeStore) add(n wire.Notice, landed transport.Landed) error {
 	for (len(s.entries) > maxNoticeEntries || s.descs > maxNoticeDescs) && len(s.order) > 1 {
 		s.evictOldestLocked()
 	}
-	close(s.changed)
-	s.changed = make(chan struct{})
+	if s.waiters > 0 {
+		close(s.changed)
+		s.changed = make(chan struct{})
+	}
 	return nil
+}
+
+// newLocked is a cleared entry, reused where one is free.
+func (s *noticeStore) newLocked() *notice {
+	if k := len(s.free); k > 0 {
+		e := s.free[k-1]
+		s.free = s.free[:k-1]
+		return e
+	}
+	return &notice{}
+}
+
+// release gives back an entry that take returned, once its caller is done
+// with it (its landed digests released).
+func (s *noticeStore) release(e *notice) {
+	if cap(e.descs) > maxReusedNoticeCap || cap(e.landed) > maxReusedNoticeCap {
+		return
+	}
+	clear(e.landed) // drop references
+	*e = notice{descs: e.descs[:0], landed: e.landed[:0]}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.free) < maxFreeNotices {
+		s.free = append(s.free, e)
+	}
 }
 
 func (s *noticeStore) evictOldestLocked() {
@@ -89,7 +126,8 @@ func (s *noticeStore) evictOldestLocked() {
 	}
 }
 
-// take waits until the notice for id is complete and removes it.
+// take waits until the notice for id is complete and removes it; the
+// caller gives it back with release.
 func (s *noticeStore) take(ctx context.Context, id uint64) (*notice, error) {
 	for {
 		s.mu.Lock()
@@ -110,10 +148,18 @@ func (s *noticeStore) take(ctx context.Context, id uint64) (*notice, error) {
 			return nil, fmt.Errorf("%w: the notice of transfer %#x was dropped: too many unsynced notices", ErrSession, id)
 		}
 		ch := s.changed
+		s.waiters++
 		s.mu.Unlock()
+		var timedOut bool
 		select {
 		case <-ch:
 		case <-ctx.Done():
+			timedOut = true
+		}
+		s.mu.Lock()
+		s.waiters--
+		s.mu.Unlock()
+		if timedOut {
 			return nil, fmt.Errorf("%w: no complete notice for transfer %#x arrived", ErrTimeout, id)
 		}
 	}

@@ -1,11 +1,11 @@
 package core
 
 import (
-	"context"
 	"crypto/hmac"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
@@ -35,7 +35,12 @@ func (g *Guard) receiveNotice(body []byte) []byte {
 // connection: it must decode, prove its handshake (token, sequence, MAC)
 // and name only memory registered here.
 func (g *Guard) takeNotice(body []byte, landed transport.Landed) error {
-	n, err := wire.DecodeNotice(body, len(verify.Modes))
+	buf := noticeDescBufs.Get().(*[]wire.NoticeDesc)
+	defer noticeDescBufs.Put(buf)
+	n, err := wire.DecodeNotice(body, len(verify.Modes), *buf)
+	if cap(n.Descs) <= maxReusedNoticeCap {
+		*buf = n.Descs[:0] // keeps its room for the next notice
+	}
 	if err == nil {
 		_, err = g.auth.tokens.notice(n.Token, n.Seq, func(key []byte) bool { m := noticeMAC(key, body); return hmac.Equal(n.MAC, m[:]) })
 	}
@@ -56,6 +61,10 @@ func (g *Guard) takeNotice(body []byte, landed transport.Landed) error {
 	}
 	return err
 }
+
+// noticeDescBufs are decode buffers: the store copies a notice's
+// descriptors, so decoding need not allocate.
+var noticeDescBufs = sync.Pool{New: func() any { return new([]wire.NoticeDesc) }}
 
 // SyncRange is one destination range the receiver was told is complete.
 type SyncRange struct{ Addr, Len uint64 }
@@ -82,9 +91,9 @@ func (g *Guard) Sync(ranges []SyncRange, digests []uint64, stream uint64) (err e
 			return fmt.Errorf("sync range %d: %w", i, err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.SyncTimeout)
-	defer cancel()
-	return g.settle(ctx, ranges, digests, func() string { return "range" }, stream)
+	c := g.beginSync()
+	defer endSync(c)
+	return c.settle(ranges, digests, nil, func() string { return "range" }, stream)
 }
 
 // SyncTransfers is the receiver's half for transfers announced by
@@ -100,50 +109,96 @@ func (g *Guard) SyncTransfers(ids []uint64, stream uint64) (err error) {
 	if len(ids) == 0 || len(ids) > MaxDescriptors {
 		return fmt.Errorf("%w: %d transfer ids (1 to %d)", ErrInvalidArg, len(ids), MaxDescriptors)
 	}
-	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.SyncTimeout)
-	defer cancel()
+	c := g.beginSync()
+	defer endSync(c)
 	for _, id := range ids {
-		n, err := g.notices.take(ctx, id)
+		n, err := g.notices.take(&c.ctx, id)
 		if err != nil {
 			g.stats.syncFailures.Add(1)
 			return err
 		}
-		ranges := make([]SyncRange, len(n.descs))
-		var digests []uint64
-		if n.mode == verify.Digest {
-			digests = make([]uint64, len(n.descs))
-		}
-		for i, d := range n.descs {
-			ranges[i] = SyncRange{Addr: d.Dst, Len: d.Len}
-			if digests != nil {
-				digests[i] = d.Digest
-			}
-		}
-		if err := g.settleLanded(ctx, ranges, digests, n.landed, func() string { return fmt.Sprintf("transfer %#x descriptor", id) }, stream); err != nil {
+		err = c.settleNotice(n, id, stream)
+		g.notices.release(n)
+		if err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// settle waits for writes in flight to ranges, runs the device hook (for
-// each GPU the ranges are on: flush GPUDirect writes, then synchronise the
-// caller's stream or the context), and compares digests if there are any.
-func (g *Guard) settle(ctx context.Context, ranges []SyncRange, digests []uint64, what func() string, stream uint64) error {
-	return g.settleLanded(ctx, ranges, digests, nil, what, stream)
+// syncCall is one sync's scratch, pooled so that a steady stream of
+// syncs allocates nothing: its deadline, and the buffers the ranges are
+// converted into for the planes and the digest comparison.
+type syncCall struct {
+	g       *Guard
+	ctx     deadlineContext // sync_timeout from the call's start
+	ranges  []SyncRange
+	regions []memory.Region
+	vr      []verify.Range
+	digests []uint64
+	landed  []transport.Landed // the notice's digests taken as the bytes landed
+	digest  func(verify.Range) (uint64, error) // c.digestRange, bound once: CompareDigests may hand it to goroutines
 }
 
-// settleLanded is settle where the target may have digested some of the
-// ranges as they landed: those digests are compared instead of reading
-// the memory again (digest_at "landing").
-func (g *Guard) settleLanded(ctx context.Context, ranges []SyncRange, digests []uint64, landed []transport.Landed, what func() string, stream uint64) error {
-	g.stats.syncs.Add(1)
-	regions := make([]memory.Region, len(ranges))
-	for i, r := range ranges {
-		regions[i] = memory.Region(r)
+var syncCalls = sync.Pool{New: func() any {
+	c := &syncCall{}
+	c.digest = c.digestRange
+	return c
+}}
+
+func (g *Guard) beginSync() *syncCall {
+	c := syncCalls.Get().(*syncCall)
+	c.g = g
+	c.ctx.start(g.ctx, g.cfg.SyncTimeout)
+	return c
+}
+
+// endSync stops the call's deadline and pools its scratch, less any
+// buffer a huge sync grew.
+func endSync(c *syncCall) {
+	c.ctx.stop()
+	c.g, c.landed = nil, nil
+	if max(cap(c.ranges), cap(c.regions), cap(c.vr), cap(c.digests)) > maxReusedNoticeCap {
+		c.ranges, c.regions, c.vr, c.digests = nil, nil, nil, nil
 	}
+	syncCalls.Put(c)
+}
+
+// settleNotice settles the ranges notice n names.
+func (c *syncCall) settleNotice(n *notice, id uint64, stream uint64) error {
+	c.ranges = c.ranges[:0]
+	c.digests = c.digests[:0]
+	for _, d := range n.descs {
+		c.ranges = append(c.ranges, SyncRange{Addr: d.Dst, Len: d.Len})
+		c.digests = append(c.digests, d.Digest)
+	}
+	digests := c.digests
+	if n.mode != verify.Digest {
+		digests = nil
+	}
+	return c.settle(c.ranges, digests, n.landed, func() string { return fmt.Sprintf("transfer %#x descriptor", id) }, stream)
+}
+
+// settle waits for writes in flight to ranges, runs the device hook (for
+// each GPU the ranges are on: flush GPUDirect writes, then synchronise the
+// caller's stream or the context), and compares digests if there are any:
+// where the target digested some ranges as they landed (digest_at
+// "landing"), those digests are compared instead of reading the memory
+// again.
+func (c *syncCall) settle(ranges []SyncRange, digests []uint64, landed []transport.Landed, what func() string, stream uint64) error {
+	g := c.g
+	g.stats.syncs.Add(1)
+	c.regions = c.regions[:0]
+	for _, r := range ranges {
+		c.regions = append(c.regions, memory.Region(r))
+	}
+	defer func() {
+		for _, l := range landed {
+			l.Release()
+		}
+	}()
 	for _, p := range g.planes {
-		if err := p.Settle(ctx, regions); err != nil {
+		if err := p.Settle(&c.ctx, c.regions); err != nil {
 			g.stats.syncFailures.Add(1)
 			return fmt.Errorf("%w: %s writes to the synced ranges were still in flight after %v", ErrTimeout, p.Name(), g.cfg.SyncTimeout)
 		}
@@ -151,7 +206,7 @@ func (g *Guard) settleLanded(ctx context.Context, ranges []SyncRange, digests []
 	// Host memory needs no hook: the target applied its writes before it
 	// acknowledged them, and the application learned of the transfer
 	// through a message (a syscall), which orders memory. GPU memory does:
-	for _, ordinal := range g.regions.Devices(regions) {
+	for _, ordinal := range g.regions.Devices(c.regions) {
 		if err := g.regions.GPU().Settle(ordinal, stream); err != nil {
 			g.stats.syncFailures.Add(1)
 			return fmt.Errorf("%w: GPU %d: %v", ErrDevice, ordinal, err)
@@ -160,28 +215,27 @@ func (g *Guard) settleLanded(ctx context.Context, ranges []SyncRange, digests []
 	if digests == nil {
 		return nil
 	}
-	vr := make([]verify.Range, len(ranges))
-	for i, r := range ranges {
-		vr[i] = verify.Range(r)
+	c.vr = c.vr[:0]
+	for _, r := range ranges {
+		c.vr = append(c.vr, verify.Range(r))
 	}
-	digest := func(r verify.Range) (uint64, error) {
-		for _, l := range landed {
-			if d, ok := l.Digest(r.Addr, r.Len); ok {
-				g.stats.digestsLanded.Add(1)
-				return d, nil
-			}
-		}
-		g.stats.digestsRead.Add(1)
-		return g.regions.Digest(r.Addr, r.Len)
-	}
-	defer func() {
-		for _, l := range landed {
-			l.Release()
-		}
-	}()
-	if err := verify.CompareDigests(vr, digests, digest, what); err != nil {
+	c.landed = landed
+	if err := verify.CompareDigests(c.vr, digests, c.digest, what); err != nil {
 		g.stats.syncFailures.Add(1)
 		return err
 	}
 	return nil
+}
+
+// digestRange is a synced range's digest: the one taken as it landed,
+// where there is one, else read from memory.
+func (c *syncCall) digestRange(r verify.Range) (uint64, error) {
+	for _, l := range c.landed {
+		if d, ok := l.Digest(r.Addr, r.Len); ok {
+			c.g.stats.digestsLanded.Add(1)
+			return d, nil
+		}
+	}
+	c.g.stats.digestsRead.Add(1)
+	return c.g.regions.Digest(r.Addr, r.Len)
 }

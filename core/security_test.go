@@ -312,7 +312,7 @@ func TestHugeCountsAreRefusedBeforeAllocating(t *testing.T) {
 	copy(b, "MGN1")
 	binary.LittleEndian.PutUint32(b[16:], 1<<30) // total
 	binary.LittleEndian.PutUint32(b[24:], 1<<30) // count
-	_, err := wire.DecodeNotice(b, len(verify.Modes))
+	_, err := wire.DecodeNotice(b, len(verify.Modes), nil)
 	require.ErrorIs(t, err, wire.ErrFrame)
 }
 

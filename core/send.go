@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/mcguard/mcguard/core/wire"
@@ -149,28 +150,26 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 	for base := 0; base < len(descs); base += g.cfg.MaxBatch {
 		chunk := descs[base:min(base+g.cfg.MaxBatch, len(descs))]
 		var digests []uint64
-		wait := func() error { return nil }
+		var digestErr error
+		var digesting <-chan error // the sources' digests still being taken
 		if vcfg.Mode == verify.Digest || opts.Digests != nil {
-			digests = make([]uint64, len(chunk))
-			var digestErr error
-			digestAll := func() {
-				for i, d := range chunk {
-					if digests[i], digestErr = g.regions.Digest(d.Src, d.Len); digestErr != nil {
-						return
-					}
-				}
-			}
+			digests = slices.Grow(keep(s.digests), len(chunk))[:len(chunk)]
+			s.digests = digests
 			if chunkBytes(chunk) <= inlineDigestBytes {
 				// Cheaper than a goroutine hand-off from a C caller's thread.
-				digestAll()
-				wait = func() error { return digestErr }
+				digestErr = g.digestSources(chunk, digests)
 			} else {
 				// Digest the sources while the writes go out: the source
 				// must not change during a transfer, so both see the same bytes.
-				done := make(chan struct{})
-				go func() { defer close(done); digestAll() }()
-				wait = func() error { <-done; return digestErr }
+				digesting = g.digestInBackground(chunk, digests)
 			}
+		}
+		wait := func() error {
+			if digesting != nil {
+				digestErr = <-digesting
+				digesting = nil
+			}
+			return digestErr
 		}
 		var announce func(fenceFollows bool) error
 		if notify {
@@ -233,6 +232,24 @@ func isMismatch(err error) bool {
 	return errors.As(err, &mismatch)
 }
 
+// digestSources takes each source's digest into digests.
+func (g *Guard) digestSources(chunk []verify.Desc, digests []uint64) (err error) {
+	for i, d := range chunk {
+		if digests[i], err = g.regions.Digest(d.Src, d.Len); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// digestInBackground runs digestSources on a goroutine of its own; its
+// result comes on the channel.
+func (g *Guard) digestInBackground(chunk []verify.Desc, digests []uint64) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- g.digestSources(chunk, digests) }()
+	return done
+}
+
 // inlineDigestBytes: a chunk this small is digested before its writes go
 // out (tens of µs) rather than beside them on another goroutine.
 const inlineDigestBytes = 256 << 10
@@ -254,13 +271,15 @@ func (g *Guard) notify(ctx context.Context, s *session, id uint64, mode verify.M
 	}
 	for off := 0; off < len(chunk); off += wire.MaxNoticeDescs {
 		part := chunk[off:min(off+wire.MaxNoticeDescs, len(chunk))]
-		n := wire.Notice{ID: id, Mode: modeIndex(mode), Total: total, Base: base + off, Descs: make([]wire.NoticeDesc, len(part))}
+		n := wire.Notice{ID: id, Mode: modeIndex(mode), Total: total, Base: base + off, Descs: keep(s.noticeDescs)}
 		for i, d := range part {
-			n.Descs[i] = wire.NoticeDesc{Dst: d.Dst, Len: d.Len}
+			nd := wire.NoticeDesc{Dst: d.Dst, Len: d.Len}
 			if digests != nil {
-				n.Descs[i].Digest = digests[off+i]
+				nd.Digest = digests[off+i]
 			}
+			n.Descs = append(n.Descs, nd)
 		}
+		s.noticeDescs = n.Descs
 		if err := g.sendNotice(ctx, s, n, fenceFollows); err != nil {
 			return err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"unsafe"
 
 	zmq "github.com/pebbe/zmq4"
 
@@ -34,6 +35,29 @@ type session struct {
 	seq     uint64         // of the last notice sent under hello.Token
 	notices *zmq.Socket    // REQ to the peer's control endpoint, for notices
 	scratch verify.Scratch
+	sendBufs
+}
+
+// sendBufs are a session's buffers for digest mode's digests and notices,
+// reused by every transfer under the session's lock (none keeps them past
+// its return), so that a steady stream of transfers allocates nothing.
+type sendBufs struct {
+	digests     []uint64
+	noticeDescs []wire.NoticeDesc
+	noticeBody  []byte
+}
+
+// maxKeptSendBuf bounds the bytes a buffer keeps between transfers.
+const maxKeptSendBuf = 64 << 10
+
+// keep returns b emptied, or nil where a huge transfer grew it past
+// maxKeptSendBuf.
+func keep[T any](b []T) []T {
+	var elem T
+	if uintptr(cap(b))*unsafe.Sizeof(elem) > maxKeptSendBuf {
+		return nil
+	}
+	return b[:0]
 }
 
 // connect makes sure the session has a handshake and a data connection
@@ -143,13 +167,15 @@ func (s *session) notify(ctx context.Context, zctx *zmq.Context, cfg *Config, bo
 }
 
 // signNotice encodes n under the session's handshake: its token, the next
-// sequence number, and the MAC under its key.
+// sequence number, and the MAC under its key. The body is the session's
+// buffer: valid until the next call.
 func (s *session) signNotice(n wire.Notice) []byte {
 	s.seq++
 	n.Token, n.Seq, n.MAC = s.hello.Token, s.seq, nil
-	body := wire.EncodeNotice(make([]byte, 0, wire.NoticeHeaderSize+len(n.Descs)*wire.NoticeDescSize), n)
+	body := wire.EncodeNotice(keep(s.noticeBody), n)
 	m := noticeMAC(s.hello.key, body)
 	copy(body[wire.NoticeMACOffset:], m[:])
+	s.noticeBody = body
 	return body
 }
 

@@ -56,7 +56,7 @@ func FuzzDecodeNotice(f *testing.F) {
 	f.Add(EncodeNotice(nil, Notice{Token: tok, ID: 9, Mode: 4, Total: 2, Descs: []NoticeDesc{{4096, 64, 1}, {8192, 64, 2}}}))
 	f.Add([]byte("MGN1"))
 	f.Fuzz(func(t *testing.T, in []byte) {
-		n, err := DecodeNotice(in, 5)
+		n, err := DecodeNotice(in, 5, nil)
 		if err != nil {
 			return
 		}

@@ -3,6 +3,7 @@ package wire
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 )
 
 // A completion notice tells a receiving guard that a transfer's writes
@@ -71,8 +72,9 @@ func EncodeNotice(b []byte, n Notice) []byte {
 }
 
 // DecodeNotice parses a notice, checking every length before using it.
-// Its Token and MAC are slices of b.
-func DecodeNotice(b []byte, modes int) (Notice, error) {
+// Its Token and MAC are slices of b; its Descs are appended to descs[:0]
+// (a buffer the caller reuses, or nil).
+func DecodeNotice(b []byte, modes int, descs []NoticeDesc) (Notice, error) {
 	if len(b) < NoticeHeaderSize || !IsNotice(b) {
 		return Notice{}, fmt.Errorf("%w: notice of %d bytes has no notice header", ErrFrame, len(b))
 	}
@@ -98,7 +100,7 @@ func DecodeNotice(b []byte, modes int) (Notice, error) {
 	case len(b) != NoticeHeaderSize+count*NoticeDescSize:
 		return Notice{}, fmt.Errorf("%w: notice of %d bytes, %d descriptors need %d", ErrFrame, len(b), count, NoticeHeaderSize+count*NoticeDescSize)
 	}
-	n.Descs = make([]NoticeDesc, count)
+	n.Descs = slices.Grow(descs[:0], count)[:count]
 	for i := range n.Descs {
 		p := b[NoticeHeaderSize+i*NoticeDescSize:]
 		d := NoticeDesc{Dst: binary.LittleEndian.Uint64(p), Len: binary.LittleEndian.Uint64(p[8:]), Digest: binary.LittleEndian.Uint64(p[16:])}

@@ -45,7 +45,8 @@ const (
 type landedIndex struct {
 	mu      sync.Mutex
 	buckets map[uint64][]*landed
-	fifo    []*landed
+	fifo    []*landed // fifo[head:] in age order; the front is reused, not sliced away (a sliding slice reallocated on nearly every append)
+	head    int
 	slots   int // entries in buckets
 }
 
@@ -75,9 +76,15 @@ func (x *landedIndex) begin(addr, n uint64) *landed {
 		x.slots++
 	}
 	x.fifo = append(x.fifo, e)
-	for len(x.fifo) > maxLanded || x.slots > maxSlots || len(x.fifo) > 0 && x.fifo[0].removed {
-		x.removeLocked(x.fifo[0])
-		x.fifo = x.fifo[1:]
+	for len(x.fifo)-x.head > maxLanded || x.slots > maxSlots || x.head < len(x.fifo) && x.fifo[x.head].removed {
+		x.removeLocked(x.fifo[x.head])
+		x.fifo[x.head] = nil
+		x.head++
+	}
+	if x.head > len(x.fifo)/2 { // compact in place
+		k := copy(x.fifo, x.fifo[x.head:])
+		clear(x.fifo[k:])
+		x.fifo, x.head = x.fifo[:k], 0
 	}
 	return e
 }
@@ -136,10 +143,10 @@ func (x *landedIndex) wrote(addr, n uint64, self *landed) {
 func (x *landedIndex) forgetAll() {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	for _, e := range x.fifo {
+	for _, e := range x.fifo[x.head:] {
 		x.removeLocked(e)
 	}
-	x.fifo = nil
+	x.fifo, x.head = nil, 0
 	clear(x.buckets)
 	x.slots = 0
 }
@@ -155,11 +162,26 @@ func (x *landedIndex) digestOf(e *landed) (uint64, bool) {
 // connection since the connection's previous notice (transport.Landed).
 type landedSet struct {
 	x       *landedIndex
-	entries map[uint64]*landed // by address
+	entries []*landed          // in landing order
+	byAddr  map[uint64]*landed // where there are many; else entries are scanned (no allocation)
 }
 
+// setScanMax: a set of at most this many entries is scanned.
+const setScanMax = 32
+
 func (s landedSet) Digest(addr, n uint64) (uint64, bool) {
-	if e, ok := s.entries[addr]; ok && e.len == n {
+	var e *landed
+	if s.byAddr != nil {
+		e = s.byAddr[addr]
+	} else {
+		for i := len(s.entries) - 1; i >= 0; i-- { // a later landing at the same address wins
+			if s.entries[i].addr == addr {
+				e = s.entries[i]
+				break
+			}
+		}
+	}
+	if e != nil && e.len == n {
 		return s.x.digestOf(e)
 	}
 	return 0, false
@@ -294,9 +316,12 @@ func (l *landing) abandon() { l.run = nil }
 
 // take hands what landed to a notice.
 func (l *landing) take(x *landedIndex) landedSet {
-	s := landedSet{x: x, entries: make(map[uint64]*landed, len(l.done))}
-	for _, e := range l.done {
-		s.entries[e.addr] = e // a later landing at the same address wins
+	s := landedSet{x: x, entries: l.done}
+	if len(l.done) > setScanMax {
+		s.byAddr = make(map[uint64]*landed, len(l.done))
+		for _, e := range l.done {
+			s.byAddr[e.addr] = e // a later landing at the same address wins
+		}
 	}
 	l.done = nil
 	return s
