@@ -136,7 +136,7 @@ type syncCall struct {
 	regions []memory.Region
 	vr      []verify.Range
 	digests []uint64
-	landed  []transport.Landed // the notice's digests taken as the bytes landed
+	landed  []transport.Landed                 // the notice's digests taken as the bytes landed
 	digest  func(verify.Range) (uint64, error) // c.digestRange, bound once: CompareDigests may hand it to goroutines
 }
 
