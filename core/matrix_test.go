@@ -23,7 +23,8 @@ import (
 // source.
 // The data plane is "socket" (TCP, bytes through the socket), "same-host"
 // (TCP, the target copying them out of the sender), "striped" (TCP over
-// four connections, batches large enough to be striped), or "engine" (the
+// three connections, batches large enough to be striped, each third
+// ending inside a descriptor), or "engine" (the
 // fault injected at the sender's engine callbacks instead of the target).
 func matrixCell(t *testing.T, injected string, mode verify.Mode, plane string) (ok, failed, mismatches int) {
 	const n, rounds = 16, 6
@@ -42,7 +43,7 @@ func matrixCell(t *testing.T, injected string, mode verify.Mode, plane string) (
 	case "same-host-mapped":
 		p = newMappedPair(t, "{"+sendJS+`, "same_host": "required"}`, "{"+inject+"}", n*size)
 	case "striped":
-		p = newPair(t, "{"+sendJS+`, "same_host": "off", "tcp_stripes": 4}`, "{"+inject+"}", n*size)
+		p = newPair(t, "{"+sendJS+`, "same_host": "off", "tcp_stripes": 3}`, "{"+inject+"}", n*size)
 	default:
 		p = newPair(t, "{"+sendJS+`, "same_host": "off"}`, "{"+inject+"}", n*size)
 	}

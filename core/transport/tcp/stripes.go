@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"context"
+	"log/slog"
 
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
@@ -10,13 +11,22 @@ import (
 
 // Striping (tcp_stripes): a session may use several data connections to
 // one target, as UCX's lanes and Mooncake's connections do, so that one
-// session is not bound by one socket (one core copying on each side). A
-// batch of at least stripeMin bytes is cut into contiguous runs of whole
-// descriptors of about equal bytes, one per connection, each sent by a
-// goroutine of its own; a smaller batch goes on the first connection
-// alone, on the caller's goroutine, so the latency path is unchanged. Each
-// connection is fenced on its own; read-backs and completion notices go on
-// the first once the others' fences have answered.
+// session is not bound by one socket (one core copying on each side).
+//
+//   - The first connection opens with the session; the others at its
+//     first batch of at least stripeMin bytes, so sessions that never move
+//     one (and the latency path) cost one connection. Where the first
+//     connection writes into the receiver itself (same host) none opens:
+//     that copy is split over threads instead.
+//   - A large batch is cut into one contiguous run per connection of about
+//     equal bytes, cutting inside a descriptor where a share ends there (a
+//     single 64 MiB descriptor goes over every connection), each sent by a
+//     goroutine of its own. Digest mode's marked writes, which the target
+//     digests per descriptor as they land, are cut between descriptors.
+//   - A smaller batch goes on the first connection alone, on the caller's
+//     goroutine, so the latency path is unchanged.
+//   - Each connection is fenced on its own; read-backs and completion
+//     notices go on the first once the others' fences have answered.
 
 // MaxStripes bounds tcp_stripes.
 const MaxStripes = 8
@@ -24,63 +34,160 @@ const MaxStripes = 8
 // stripeMin is the smallest batch that is striped.
 const stripeMin = 1 << 20
 
+// stripeAlign: cuts inside a descriptor fall on this many bytes.
+const stripeAlign = 4096
+
 type striped struct {
-	parts   []*conn
-	written []bool // since its last fence
+	parts   []*conn // open, the first from the start
+	want    int     // tcp_stripes
+	dial    func(ctx context.Context, i int) (*conn, error)
+	dialErr error // why the others could not be opened: not tried again on this session's connection
+
+	written []bool          // per part, since its last fence
+	runs    []stripeRun     // per part, the batch being sent
+	cut     [][]verify.Desc // per part, its run's descriptors where a descriptor was cut (reused)
 }
 
-// runs cuts descs into one contiguous run per part, [from, to) each, of
-// about equal bytes; a small batch is one run, on the first part.
-func (s *striped) runs(descs []verify.Desc) [][2]int {
-	out := make([][2]int, len(s.parts))
+// stripeRun is one part's share of a batch: its descriptors and the
+// batch index of the first.
+type stripeRun struct {
+	descs []verify.Desc
+	base  int
+}
+
+func newStriped(first *conn, want int, dial func(ctx context.Context, i int) (*conn, error)) *striped {
+	return &striped{parts: []*conn{first}, want: want, dial: dial,
+		written: make([]bool, want), runs: make([]stripeRun, want), cut: make([][]verify.Desc, want)}
+}
+
+// open opens the parts not open yet, once: a part that cannot be opened
+// leaves the session on those that are, and is logged.
+func (s *striped) open(ctx context.Context) {
+	if len(s.parts) == s.want || s.dialErr != nil || s.parts[0].lease != nil {
+		return
+	}
+	for i := len(s.parts); i < s.want; i++ {
+		c, err := s.dial(ctx, i)
+		if err != nil {
+			s.dialErr = err
+			slog.Warn("mcguard: could not open another data connection; striping over fewer", "open", len(s.parts), "tcp_stripes", s.want, "err", err)
+			return
+		}
+		s.parts = append(s.parts, c)
+	}
+}
+
+// share cuts descs into one run per open part (s.runs): contiguous, of
+// about equal bytes, inside descriptors unless whole; a small batch is
+// one run, on the first part. It returns how many parts have a run.
+func (s *striped) share(ctx context.Context, descs []verify.Desc, base int, whole bool) int {
+	clear(s.runs)
 	var total uint64
 	for _, d := range descs {
 		total += d.Len
 	}
-	if total < stripeMin {
-		out[0] = [2]int{0, len(descs)}
-		return out
+	if total >= stripeMin {
+		s.open(ctx)
 	}
-	k, from := 0, 0
+	k := len(s.parts)
+	if total < stripeMin || k == 1 {
+		s.runs[0] = stripeRun{descs, base}
+		return 1
+	}
+	if whole {
+		return s.shareWhole(descs, base, total, k)
+	}
+	return s.shareBytes(descs, base, total, k)
+}
+
+// shareWhole cuts after the descriptor at which a part has its share.
+func (s *striped) shareWhole(descs []verify.Desc, base int, total uint64, k int) int {
+	p, from := 0, 0
 	var sum uint64
 	for i, d := range descs {
 		sum += d.Len
-		// cut after descriptor i once this part has its share
-		if k < len(s.parts)-1 && sum*uint64(len(s.parts)) >= total*uint64(k+1) {
-			out[k] = [2]int{from, i + 1}
-			k, from = k+1, i+1
+		if p < k-1 && sum*uint64(k) >= total*uint64(p+1) {
+			s.runs[p] = stripeRun{descs[from : i+1], base + from}
+			p, from = p+1, i+1
 		}
 	}
 	if from < len(descs) {
-		out[k] = [2]int{from, len(descs)}
+		s.runs[p] = stripeRun{descs[from:], base + from}
+		p++
 	}
-	return out
+	return p
 }
+
+// shareBytes gives part p the batch's bytes [p*share, (p+1)*share): the
+// descriptors there, the first and last trimmed to them.
+func (s *striped) shareBytes(descs []verify.Desc, base int, total uint64, k int) int {
+	share := (total + uint64(k) - 1) / uint64(k)
+	share = (share + stripeAlign - 1) / stripeAlign * stripeAlign
+	for p := range k {
+		s.cut[p] = s.cut[p][:0]
+	}
+	var at uint64 // the batch offset of descs[i]
+	for i, d := range descs {
+		for p := at / share; p < uint64(k) && p*share < at+d.Len; p++ {
+			lo, hi := max(at, p*share), min(at+d.Len, (p+1)*share)
+			if len(s.cut[p]) == 0 {
+				s.runs[p].base = base + i
+			}
+			s.cut[p] = append(s.cut[p], verify.Desc{Src: d.Src + (lo - at), Dst: d.Dst + (lo - at), Len: hi - lo})
+		}
+		at += d.Len
+	}
+	n := 0
+	for p := range k {
+		if len(s.cut[p]) > 0 {
+			s.runs[p].descs = s.cut[p]
+			n = p + 1
+		}
+		if cap(s.cut[p]) > maxKeptCut {
+			s.cut[p] = nil // do not keep a huge batch's room
+		}
+	}
+	return n
+}
+
+// maxKeptCut bounds the descriptors a part's cut buffer keeps.
+const maxKeptCut = 4096
 
 // each sends every part's run with send, concurrently where there are
 // several.
-func (s *striped) each(descs []verify.Desc, base int, send func(c *conn, run []verify.Desc, base int) error) error {
-	runs := s.runs(descs)
-	return transport.Each(len(s.parts), func(i int) bool { return runs[i][1] > runs[i][0] }, func(i int) error {
+func (s *striped) each(ctx context.Context, descs []verify.Desc, base int, whole bool, send func(c *conn, run []verify.Desc, base int) error) error {
+	n := s.share(ctx, descs, base, whole)
+	if n == 1 {
+		s.written[0] = true
+		return send(s.parts[0], s.runs[0].descs, s.runs[0].base)
+	}
+	return transport.Each(n, func(i int) bool { return len(s.runs[i].descs) > 0 }, func(i int) error {
 		s.written[i] = true
-		return send(s.parts[i], descs[runs[i][0]:runs[i][1]], base+runs[i][0])
+		return send(s.parts[i], s.runs[i].descs, s.runs[i].base)
 	})
 }
 
 func (s *striped) Write(ctx context.Context, descs []verify.Desc, base int) error {
-	return s.each(descs, base, func(c *conn, run []verify.Desc, base int) error { return c.Write(ctx, run, base) })
+	return s.each(ctx, descs, base, false, func(c *conn, run []verify.Desc, base int) error { return c.Write(ctx, run, base) })
 }
 
 func (s *striped) Post(ctx context.Context, descs []verify.Desc, base int) error {
-	return s.each(descs, base, func(c *conn, run []verify.Desc, base int) error { return c.Post(ctx, run, base) })
+	return s.each(ctx, descs, base, false, func(c *conn, run []verify.Desc, base int) error { return c.Post(ctx, run, base) })
 }
 
 func (s *striped) PostMarked(ctx context.Context, descs []verify.Desc, base int) error {
-	return s.each(descs, base, func(c *conn, run []verify.Desc, base int) error { return c.PostMarked(ctx, run, base) })
+	return s.each(ctx, descs, base, true, func(c *conn, run []verify.Desc, base int) error { return c.PostMarked(ctx, run, base) })
 }
 
 // fenceOthers fences every written part but the first.
 func (s *striped) fenceOthers(ctx context.Context) error {
+	others := false
+	for i := 1; i < len(s.parts); i++ {
+		others = others || s.written[i]
+	}
+	if !others {
+		return nil
+	}
 	return transport.Each(len(s.parts), func(i int) bool { return i > 0 && s.written[i] }, func(i int) error {
 		s.written[i] = false
 		return s.parts[i].Fence(ctx)

@@ -261,34 +261,36 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, _ 
 			addr = net.JoinHostPort(peer.Host, port)
 		}
 	}
-	n := min(max(d.t.cfg.Stripes, 1), MaxStripes)
-	s := &striped{written: make([]bool, n)}
-	for i := range n {
-		c, err := dial(ctx, addr, peer, a.Gen, &d.t.cfg, i)
-		if err == nil {
-			c.finalFence, c.pushed, c.mapped = a.FinalFence, d.t.cfg.Pushed, d.t.cfg.Mapped
-			if err = c.sameHost(ctx, d.t.cfg.SameHost, a); err != nil {
-				c.Close()
-			} else if c.lease != nil && a.Faults != nil {
-				// Each connection its own stream of fates: a failed transfer
-				// drops its connection, and a new one that replayed the seed's
-				// stream would fail the same transfer of every connection
-				// (every second one, at a 1 % drop rate over 32 writes).
-				f := *a.Faults
-				f.Seed += int(pushFaultConns.Add(1))
-				c.faults = fault.New(f, a.TailBytes, "same-host writes into "+addr)
-			}
-		}
+	open := func(ctx context.Context, stripe int) (*conn, error) {
+		c, err := dial(ctx, addr, peer, a.Gen, &d.t.cfg, stripe)
 		if err != nil {
-			s.Close()
 			return nil, err
 		}
-		s.parts = append(s.parts, c)
+		c.finalFence, c.pushed, c.mapped = a.FinalFence, d.t.cfg.Pushed, d.t.cfg.Mapped
+		if err = c.sameHost(ctx, d.t.cfg.SameHost, a); err != nil {
+			c.Close()
+			return nil, err
+		}
+		if c.lease != nil && a.Faults != nil {
+			// Each connection its own stream of fates: a failed transfer
+			// drops its connection, and a new one that replayed the seed's
+			// stream would fail the same transfer of every connection
+			// (every second one, at a 1 % drop rate over 32 writes).
+			f := *a.Faults
+			f.Seed += int(pushFaultConns.Add(1))
+			c.faults = fault.New(f, a.TailBytes, "same-host writes into "+addr)
+		}
+		return c, nil
 	}
-	if n == 1 {
-		return s.parts[0], nil // one connection: no striping layer
+	first, err := open(ctx, 0)
+	if err != nil {
+		return nil, err
 	}
-	return s, nil
+	n := min(max(d.t.cfg.Stripes, 1), MaxStripes)
+	if n == 1 || first.lease != nil {
+		return first, nil // one connection, or one that writes into the receiver itself: no striping layer
+	}
+	return newStriped(first, n, open), nil
 }
 
 var (
