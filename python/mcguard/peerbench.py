@@ -45,6 +45,7 @@ MOONCAKE_ENV = {"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "16384", "MC_LOG_LEVEL":
 # the receiver's sync_transfers after every transfer (its request and answer
 # cross a pipe to the receiving process), comparing the digests its target
 # took as the bytes landed, or reading its memory again (digest_at "sync").
+# An mcguard kind ending in "@N" opens its sessions with tcp_stripes N.
 TAIL = 64
 
 
@@ -53,7 +54,16 @@ def receiver_syncs(kind):
 
 
 def new_engine(kind):
-    """A new engine of kind, not yet initialized."""
+    """A new engine of kind, not yet initialized. An mcguard kind may end
+    in "@N": its sessions over N TCP connections (tcp_stripes)."""
+    kind, _, stripes = kind.partition("@")
+    if stripes:
+        from .mooncake import GuardedTransferEngine
+        engine = new_engine(kind)
+        if not isinstance(engine, GuardedTransferEngine):
+            raise SystemExit("@N (tcp_stripes) is for mcguard kinds, not %r" % kind)
+        engine._config["tcp_stripes"] = int(stripes)
+        return engine
     if receiver_syncs(kind):
         from .mooncake import GuardedTransferEngine
         at = "sync" if kind.endswith("-read") else "landing"
