@@ -1,10 +1,11 @@
 package core
 
 import (
-	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
@@ -36,9 +37,8 @@ type noticeStore struct {
 	order   []uint64 // arrival order, for eviction
 	evicted map[uint64]bool
 	descs   int
-	changed chan struct{} // closed by add where waiters > 0
-	waiters int
-	free    []*notice // synced notices, reused: a steady stream allocates none
+	waiters []chan struct{} // of the syncs waiting in take: add wakes each
+	free    []*notice       // synced notices, reused: a steady stream allocates none
 }
 
 // Reuse bounds: a few free entries, each keeping at most this many
@@ -49,7 +49,7 @@ const (
 )
 
 func newNoticeStore() *noticeStore {
-	return &noticeStore{entries: map[uint64]*notice{}, evicted: map[uint64]bool{}, changed: make(chan struct{})}
+	return &noticeStore{entries: map[uint64]*notice{}, evicted: map[uint64]bool{}}
 }
 
 var errNotice = errors.New("bad notice")
@@ -81,9 +81,11 @@ func (s *noticeStore) add(n wire.Notice, landed transport.Landed) error {
 	for (len(s.entries) > maxNoticeEntries || s.descs > maxNoticeDescs) && len(s.order) > 1 {
 		s.evictOldestLocked()
 	}
-	if s.waiters > 0 {
-		close(s.changed)
-		s.changed = make(chan struct{})
+	for _, w := range s.waiters {
+		select {
+		case w <- struct{}{}:
+		default: // already woken
+		}
 	}
 	return nil
 }
@@ -126,9 +128,24 @@ func (s *noticeStore) evictOldestLocked() {
 	}
 }
 
+// noticeWaiter is what a sync waits for notices with, made once per
+// pooled syncCall: waiting then allocates nothing, where a same-host
+// sender's notice is still on its way (it does not wait for its answer).
+type noticeWaiter struct {
+	wake  chan struct{} // buffered: add never blocks on it
+	timer *time.Timer
+}
+
+func newNoticeWaiter() noticeWaiter {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return noticeWaiter{wake: make(chan struct{}, 1), timer: t}
+}
+
 // take waits until the notice for id is complete and removes it; the
-// caller gives it back with release.
-func (s *noticeStore) take(ctx context.Context, id uint64) (*notice, error) {
+// caller gives it back with release. It gives up at deadline, or when
+// closing is closed (the guard closes).
+func (s *noticeStore) take(id uint64, w *noticeWaiter, deadline time.Time, closing <-chan struct{}) (*notice, error) {
 	for {
 		s.mu.Lock()
 		if e, ok := s.entries[id]; ok && e.complete() {
@@ -147,19 +164,28 @@ func (s *noticeStore) take(ctx context.Context, id uint64) (*notice, error) {
 			s.mu.Unlock()
 			return nil, fmt.Errorf("%w: the notice of transfer %#x was dropped: too many unsynced notices", ErrSession, id)
 		}
-		ch := s.changed
-		s.waiters++
+		s.waiters = append(s.waiters, w.wake)
 		s.mu.Unlock()
-		var timedOut bool
+		w.timer.Reset(time.Until(deadline))
+		var gaveUp bool
 		select {
-		case <-ch:
-		case <-ctx.Done():
-			timedOut = true
+		case <-w.wake:
+		case <-w.timer.C:
+			gaveUp = true
+		case <-closing:
+			gaveUp = true
 		}
+		w.timer.Stop()
 		s.mu.Lock()
-		s.waiters--
+		if i := slices.Index(s.waiters, w.wake); i >= 0 {
+			s.waiters = slices.Delete(s.waiters, i, i+1)
+		}
 		s.mu.Unlock()
-		if timedOut {
+		select {
+		case <-w.wake: // a wake after the select: the loop looks again anyway
+		default:
+		}
+		if gaveUp {
 			return nil, fmt.Errorf("%w: no complete notice for transfer %#x arrived", ErrTimeout, id)
 		}
 	}

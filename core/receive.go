@@ -21,7 +21,7 @@ import (
 // register is refused whole.
 func (g *Guard) receiveNotice(body []byte) []byte {
 	rep := controlReply{Proto: ProtocolVersion}
-	if err := g.takeNotice(body, nil); err != nil {
+	if err := g.takeNotice(body, nil, nil); err != nil {
 		rep.Error = err.Error()
 		if errors.Is(err, errUnknownNoticeToken) {
 			rep.Code = codeUnknownToken
@@ -32,9 +32,9 @@ func (g *Guard) receiveNotice(body []byte) []byte {
 }
 
 // takeNotice records a notice, from the control channel or a data
-// connection: it must decode, prove its handshake (token, sequence, MAC)
-// and name only memory registered here.
-func (g *Guard) takeNotice(body []byte, landed transport.Landed) error {
+// connection (conn: the handshake it proved): it must decode, prove its
+// handshake (token, sequence, MAC) and name only memory registered here.
+func (g *Guard) takeNotice(body []byte, landed transport.Landed, conn *transport.ConnAuth) error {
 	buf := noticeDescBufs.Get().(*[]wire.NoticeDesc)
 	defer noticeDescBufs.Put(buf)
 	n, err := wire.DecodeNotice(body, len(verify.Modes), *buf)
@@ -42,7 +42,7 @@ func (g *Guard) takeNotice(body []byte, landed transport.Landed) error {
 		*buf = n.Descs[:0] // keeps its room for the next notice
 	}
 	if err == nil {
-		_, err = g.auth.tokens.notice(n.Token, n.Seq, func(key []byte) bool { m := noticeMAC(key, body); return hmac.Equal(n.MAC, m[:]) })
+		err = g.proveNotice(n, body, conn)
 	}
 	if err == nil {
 		for i, d := range n.Descs {
@@ -60,6 +60,33 @@ func (g *Guard) takeNotice(body []byte, landed transport.Landed) error {
 		g.metrics.noticesReceived.Add(1)
 	}
 	return err
+}
+
+// proveNotice checks a notice's handshake: in the guard's table; or, for
+// a notice on a data connection under the handshake that connection
+// proved, the connection's, which outlives the table's entry. So a
+// session crowded out of the table (or idle past tokenIdle) goes on over
+// its connection, and a same-host sender, which does not wait for its
+// notice's answer, never has one refused as stale.
+func (g *Guard) proveNotice(n wire.Notice, body []byte, conn *transport.ConnAuth) error {
+	macOK := func(key []byte) bool { m := noticeMAC(key, body); return hmac.Equal(n.MAC, m[:]) }
+	_, err := g.auth.tokens.notice(n.Token, n.Seq, macOK)
+	onConn := conn != nil && len(conn.Token) > 0 && hmac.Equal(n.Token, conn.Token)
+	switch {
+	case err == nil:
+		if onConn {
+			conn.LastSeq = max(conn.LastSeq, n.Seq)
+		}
+		return nil
+	case !onConn || !errors.Is(err, errUnknownNoticeToken):
+		return err
+	case !macOK(conn.Key):
+		return fmt.Errorf("the MAC is wrong: not from the sender that shook hands")
+	case n.Seq <= conn.LastSeq:
+		return fmt.Errorf("the sequence number %d is not above %d: a replay", n.Seq, conn.LastSeq)
+	}
+	conn.LastSeq = n.Seq
+	return nil
 }
 
 // noticeDescBufs are decode buffers: the store copies a notice's
@@ -112,7 +139,7 @@ func (g *Guard) SyncTransfers(ids []uint64, stream uint64) (err error) {
 	c := g.beginSync()
 	defer endSync(c)
 	for _, id := range ids {
-		n, err := g.notices.take(&c.ctx, id)
+		n, err := g.notices.take(id, &c.waiter, c.ctx.deadline, g.ctx.Done())
 		if err != nil {
 			g.stats.syncFailures.Add(1)
 			return err
@@ -132,6 +159,7 @@ func (g *Guard) SyncTransfers(ids []uint64, stream uint64) (err error) {
 type syncCall struct {
 	g       *Guard
 	ctx     deadlineContext // sync_timeout from the call's start
+	waiter  noticeWaiter    // for notices still on their way
 	ranges  []SyncRange
 	regions []memory.Region
 	vr      []verify.Range
@@ -141,7 +169,7 @@ type syncCall struct {
 }
 
 var syncCalls = sync.Pool{New: func() any {
-	c := &syncCall{}
+	c := &syncCall{waiter: newNoticeWaiter()}
 	c.digest = c.digestRange
 	return c
 }}

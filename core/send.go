@@ -8,7 +8,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
 )
 
@@ -149,6 +148,10 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 	notify := !opts.NoNotice && vcfg.Notifies()
 	for base := 0; base < len(descs); base += g.cfg.MaxBatch {
 		chunk := descs[base:min(base+g.cfg.MaxBatch, len(descs))]
+		if err = g.settleNotices(ctx, s); err != nil {
+			s.disconnect()
+			return res, fmt.Errorf("session %s: %w", name, callErr(ctx, err))
+		}
 		var digests []uint64
 		var digestErr error
 		var digesting <-chan error // the sources' digests still being taken
@@ -260,56 +263,6 @@ func chunkBytes(chunk []verify.Desc) uint64 {
 		n += d.Len
 	}
 	return n
-}
-
-// notify sends one chunk's completion notice to the session's guard and
-// waits for it to be recorded there; with fenceFollows the caller fences
-// the data connection next, which carries a notice posted on it.
-func (g *Guard) notify(ctx context.Context, s *session, id uint64, mode verify.Mode, total, base int, chunk []verify.Desc, digests []uint64, fenceFollows bool) error {
-	if err := s.greet(ctx, g); err != nil {
-		return err
-	}
-	for off := 0; off < len(chunk); off += wire.MaxNoticeDescs {
-		part := chunk[off:min(off+wire.MaxNoticeDescs, len(chunk))]
-		n := wire.Notice{ID: id, Mode: modeIndex(mode), Total: total, Base: base + off, Descs: keep(s.noticeDescs)}
-		for i, d := range part {
-			nd := wire.NoticeDesc{Dst: d.Dst, Len: d.Len}
-			if digests != nil {
-				nd.Digest = digests[off+i]
-			}
-			n.Descs = append(n.Descs, nd)
-		}
-		s.noticeDescs = n.Descs
-		if err := g.sendNotice(ctx, s, n, fenceFollows); err != nil {
-			return err
-		}
-		g.stats.noticesSent.Add(1)
-		g.metrics.noticesSent.Add(1)
-	}
-	return nil
-}
-
-// sendNotice signs n and sends it: on the data connection, in order after
-// the chunk's writes (the fence that follows reads its reply in the same
-// flight), or over the control channel, shaking hands again once where
-// the receiver forgot this session's handshake (idle, or crowded out).
-func (g *Guard) sendNotice(ctx context.Context, s *session, n wire.Notice, fenceFollows bool) error {
-	if p, ok := s.conn.(noticePoster); ok {
-		return p.PostNotice(ctx, s.signNotice(n), fenceFollows)
-	}
-	err := s.notify(ctx, g.zctx, &g.cfg, s.signNotice(n))
-	if errors.Is(err, errUnknownToken) {
-		if err = s.refresh(ctx, g); err == nil {
-			err = s.notify(ctx, g.zctx, &g.cfg, s.signNotice(n))
-		}
-	}
-	return err
-}
-
-// noticePoster is a data connection that carries completion notices
-// itself (TCP), in order after the writes.
-type noticePoster interface {
-	PostNotice(ctx context.Context, body []byte, fenceFollows bool) error
 }
 
 func modeIndex(m verify.Mode) uint8 {

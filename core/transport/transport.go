@@ -20,6 +20,17 @@ import (
 // crowded out): the sender shakes hands again and announces once more.
 var ErrStaleToken = errors.New("the receiver no longer knows this session's handshake")
 
+// ConnAuth is the handshake a data connection proved at its hello (its
+// token and key), for the notices that come on it: a notice under that
+// handshake is the connection's sender's even where the guard has since
+// forgotten the handshake (crowded out, idle), as the connection's writes
+// are. LastSeq is the last such notice's sequence number (replays are
+// refused); only the connection's serve loop touches it.
+type ConnAuth struct {
+	Token, Key []byte
+	LastSeq    uint64
+}
+
 // Peer is what the control plane settled in a handshake that a data plane
 // needs to bind its connections to it.
 type Peer struct {

@@ -47,7 +47,7 @@ func (t *target) takeNotice(l *link, r io.Reader, n uint64) (wire.Status, error)
 	if t.landed != nil {
 		landed = l.land.take(t.landed)
 	}
-	if err := t.notice(body, landed); err != nil {
+	if err := t.notice(body, landed, &l.auth); err != nil {
 		if errors.Is(err, transport.ErrStaleToken) {
 			return wire.StatusStaleToken, nil
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
 )
 
@@ -33,17 +34,18 @@ const maxQuiesceRecords = 4096
 type link struct {
 	c       net.Conn
 	sender  string
-	wmu     sync.Mutex    // orders the serve loop's replies and pushed marks on c
-	ack     atomic.Uint64 // the generation its sender has caught up with
-	aborted atomic.Bool   // its sender gave up on it: nothing it brought may land
-	bound   atomic.Bool   // its hello was taken: it may be sent marks
-	applyMu sync.Mutex    // held while one of its writes is applied
-	pid     int           // a same-host sender that proved it is this pid (serve loop only)
-	slot    int           // its lease slot (lease.go), -1: none (serve loop only)
-	stream  streamSource  // the write frame being applied (serve loop only)
-	rd      readReply     // the read frame being answered (serve loop only)
-	land    landing       // digests taken as its marked writes land (serve loop only)
-	notice  []byte        // its notices' bodies, one at a time (noticeBody; serve loop only)
+	wmu     sync.Mutex         // orders the serve loop's replies and pushed marks on c
+	ack     atomic.Uint64      // the generation its sender has caught up with
+	aborted atomic.Bool        // its sender gave up on it: nothing it brought may land
+	bound   atomic.Bool        // its hello was taken: it may be sent marks
+	applyMu sync.Mutex         // held while one of its writes is applied
+	pid     int                // a same-host sender that proved it is this pid (serve loop only)
+	slot    int                // its lease slot (lease.go), -1: none (serve loop only)
+	stream  streamSource       // the write frame being applied (serve loop only)
+	rd      readReply          // the read frame being answered (serve loop only)
+	land    landing            // digests taken as its marked writes land (serve loop only)
+	notice  []byte             // its notices' bodies, one at a time (noticeBody; serve loop only)
+	auth    transport.ConnAuth // the handshake its hello proved (serve loop only)
 }
 
 type quiesceRecord struct {

@@ -41,10 +41,13 @@ func (t *conn) fencedRequest(ctx context.Context, fenceID uint64, payload []byte
 func (t *conn) Fence(ctx context.Context) error {
 	if !t.unfenced && !slices.ContainsFunc(t.owed, func(o owedAck) bool { return o.op != wire.OpNotice }) {
 		// No write went through the socket: pushed writes are in place.
-		// A notice posted after them is answered here, in this call, so
-		// that a receiver that forgot the handshake is seen while the
-		// sender can still shake hands again and announce once more.
-		return t.readOwed(ctx)
+		// A notice posted after them is sent, and its answer left owed
+		// for the session's next call to read first (SettleNotices): the
+		// transfer costs no round trip.
+		if err := t.w.Flush(); err != nil {
+			return ioErr("send", err)
+		}
+		return nil
 	}
 	defer t.abortOn(ctx)()
 	h, err := t.request(ctx, wire.OpFence, nil)

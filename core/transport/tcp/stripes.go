@@ -226,6 +226,9 @@ func (s *striped) PostNotice(ctx context.Context, body []byte, fenceFollows bool
 	return s.parts[0].PostNotice(ctx, body, fenceFollows)
 }
 
+// SettleNotices: notices go on the first part.
+func (s *striped) SettleNotices(ctx context.Context) error { return s.parts[0].SettleNotices(ctx) }
+
 func (s *striped) Refresh([]byte, []memory.Region) error { return nil }
 
 func (s *striped) Close() {

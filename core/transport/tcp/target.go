@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/hmac"
 	"crypto/rand"
 	"errors"
@@ -43,7 +44,7 @@ type target struct {
 	// either not at all or whole.
 	faults  *fault.Injector
 	refused func(reason string) // counts refusals, if set
-	notice  func(body []byte, landed transport.Landed) error
+	notice  func(body []byte, landed transport.Landed, conn *transport.ConnAuth) error
 	landed  *landedIndex // digests taken as bytes land; nil: off (or faults on)
 	applyMu sync.Mutex
 	closed  bool // under applyMu: held writes stop touching memory
@@ -241,7 +242,7 @@ func (t *target) serve(l *link) {
 		switch {
 		case h.Op == wire.OpHello:
 			var sender string
-			st, sender = t.hello(r, h.Len, challenge)
+			st, sender = t.hello(l, r, h.Len, challenge)
 			if st == wire.StatusOK && (h.Status < 0 || h.Status >= MaxStripes) {
 				st = wire.StatusBadRequest // no such stripe
 			}
@@ -299,8 +300,9 @@ func (t *target) serve(l *link) {
 }
 
 // hello checks a Hello: a token the guard issued, and the proof of its
-// key over this connection's challenge.
-func (t *target) hello(r io.Reader, n uint64, challenge []byte) (wire.Status, string) {
+// key over this connection's challenge. The link keeps the handshake, for
+// the notices that come on it.
+func (t *target) hello(l *link, r io.Reader, n uint64, challenge []byte) (wire.Status, string) {
 	if n != wire.HelloSize {
 		io.CopyN(io.Discard, r, int64(n))
 		return wire.StatusUnauthorized, ""
@@ -312,6 +314,9 @@ func (t *target) hello(r io.Reader, n uint64, challenge []byte) (wire.Status, st
 	sender, key, ok := t.tokens(got[:wire.TokenSize])
 	if !ok || !hmac.Equal(got[wire.TokenSize:], transport.ConnectionProof(key, challenge)) {
 		return wire.StatusUnauthorized, ""
+	}
+	if tok := got[:wire.TokenSize:wire.TokenSize]; !bytes.Equal(tok, l.auth.Token) {
+		l.auth = transport.ConnAuth{Token: tok, Key: key} // a hello again under the same handshake keeps its sequence
 	}
 	return wire.StatusOK, sender
 }

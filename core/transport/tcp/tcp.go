@@ -42,7 +42,7 @@ type Config struct {
 	// Notice, if set, takes a completion notice that came on a data
 	// connection (the guard checks it as one from the control channel),
 	// with the digests taken as its descriptors landed (nil: none).
-	Notice func(body []byte, landed transport.Landed) error
+	Notice func(body []byte, landed transport.Landed, conn *transport.ConnAuth) error
 	// DigestAtLanding: digest marked writes as they land (landed.go).
 	DigestAtLanding bool
 	// Stripes is the data connections per session (1 to MaxStripes; 0

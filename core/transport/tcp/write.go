@@ -235,6 +235,11 @@ func (t *conn) PostNotice(ctx context.Context, body []byte, fenceFollows bool) e
 	return nil
 }
 
+// SettleNotices reads the answers to notices an earlier call left owed
+// (a same-host fence does not wait for them), before new writes: a
+// refusal is the earlier notice's.
+func (t *conn) SettleNotices(ctx context.Context) error { return t.readOwed(ctx) }
+
 // begin reads what earlier posts left owed and takes pushed quiesce marks
 // before new writes.
 func (t *conn) begin(ctx context.Context) error {

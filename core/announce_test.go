@@ -1,0 +1,84 @@
+package core
+
+import (
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/wire"
+)
+
+// On one host a digest transfer returns without waiting for its notice's
+// answer; a refusal surfaces at the session's next call, which fails
+// naming the earlier transfer, counts it, and sends nothing. The calls
+// after it go on.
+func TestRefusedNoticeSurfacesAtTheNextCall(t *testing.T) {
+	for _, plane := range []string{"required", "off"} {
+		t.Run("same_host "+plane, func(t *testing.T) {
+			p := newPair(t, `{"verify": "digest", "same_host": "`+plane+`"}`, "", 4*4096)
+			fill(p.src.b)
+			first, err := p.send.Transfer(p.session, p.blocks(1, 4096), TransferOptions{})
+			require.NoError(t, err)
+			// The next transfer reuses the first's id: the receiver, which
+			// holds the first's notice unsynced, refuses the second's.
+			p.send.nextTransfer.Store(first.ID - 1)
+			second, err := p.send.Transfer(p.session, p.blocks(1, 4096), TransferOptions{})
+			if plane == "off" {
+				// Over the socket the fence reads the notice's answer in the call.
+				require.ErrorIs(t, err, ErrSession)
+				require.Contains(t, err.Error(), "refused the completion notice")
+				return
+			}
+			require.NoError(t, err, "the same-host call returns before the answer")
+			require.Equal(t, first.ID, second.ID)
+			_, err = p.send.Transfer(p.session, p.blocks(1, 4096), TransferOptions{})
+			require.Error(t, err)
+			require.Contains(t, err.Error(), "completion notice of an earlier transfer")
+			require.Contains(t, err.Error(), "refused the completion notice")
+			require.EqualValues(t, 1, stats(t, p.send)["notices_undelivered"])
+			third, err := p.send.Transfer(p.session, p.blocks(1, 4096), TransferOptions{})
+			require.NoError(t, err, "the session goes on")
+			require.NoError(t, p.recv.SyncTransfers([]uint64{first.ID, third.ID}, 0))
+		})
+	}
+}
+
+// A notice on a data connection, under the handshake that connection
+// proved, is taken after the guard's table forgot the handshake; a replay
+// of it is not, nor the same notice from the control channel or another
+// connection.
+func TestNoticeOnItsConnectionOutlivesTheTable(t *testing.T) {
+	old := maxSenders
+	maxSenders = 2
+	t.Cleanup(func() { maxSenders = old })
+	g := openGuard(t, "")
+	dst := newMem(t, 4096)
+	require.NoError(t, g.Register(dst.addr(0), 4096))
+	zctx, err := zmq.NewContext()
+	require.NoError(t, err)
+	defer zctx.Term()
+	rep, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, helloRequest{Sender: randomBytes(nonceSize), Transport: "tcp"})
+	require.NoError(t, err)
+	s := &session{hello: rep}
+	sign := func() []byte {
+		n := wire.Notice{ID: uint64(time.Now().UnixNano()), Total: 1, Descs: []wire.NoticeDesc{{Dst: dst.addr(0), Len: 4096}}}
+		return append([]byte(nil), s.signNotice(n)...)
+	}
+	conn := &transport.ConnAuth{Token: rep.Token, Key: rep.key}
+	require.NoError(t, g.takeNotice(sign(), nil, conn), "known to the table")
+
+	othersShakeHands(t, g, 4) // crowds this sender out
+	body := sign()
+	require.ErrorIs(t, g.takeNotice(body, nil, nil), errUnknownNoticeToken, "the control channel has only the table")
+	other := &transport.ConnAuth{Token: randomBytes(wire.TokenSize), Key: rep.key}
+	require.ErrorIs(t, g.takeNotice(body, nil, other), errUnknownNoticeToken, "another connection's handshake")
+	require.NoError(t, g.takeNotice(body, nil, conn), "its own connection's")
+	require.ErrorContains(t, g.takeNotice(body, nil, conn), "replay")
+	forged := sign()
+	forged[len(forged)-1] ^= 1 // a descriptor's digest: the MAC no longer holds
+	require.ErrorContains(t, g.takeNotice(forged, nil, conn), "MAC")
+	require.NoError(t, g.takeNotice(sign(), nil, conn))
+}
