@@ -15,26 +15,21 @@ import (
 // On the data connection its answer is read by the fence that follows,
 // in the same flight, except where that fence has nothing else to wait
 // for (same host: the sender wrote the bytes itself). There the answer is
-// left owed and read at the session's next chunk (settleNotices), so the
-// transfer costs no round trip; a refusal surfaces there: under a stale
-// handshake the notice is announced again, any other is counted
-// (notices_undelivered) and fails that call, naming the transfer. The
-// receiver's sync of a notice that never arrived fails at sync_timeout,
-// saying so.
+// left owed and read by a later call as it arrives (settleNotices), so
+// the transfer costs no round trip; a refusal fails that call before it
+// sends anything, naming the transfer, and is counted
+// (notices_undelivered). The receiver's sync of a notice it refused fails
+// at sync_timeout, saying no notice arrived. A handshake the receiver's
+// table forgot does not refuse a notice on the connection that proved it.
 
-// sentNotice is the last chunk's notice, kept (its descriptors in the
-// session's buffer) until its answer is read: to announce it again.
-type sentNotice struct {
-	id          uint64
-	mode        verify.Mode
-	total, base int
-	descs       []wire.NoticeDesc
-}
-
-// notify sends one chunk's completion notice to the session's guard; with
-// fenceFollows the caller fences the data connection next, which carries
-// a notice posted on it.
+// notify sends one chunk's completion notice to the session's guard, in
+// parts of at most wire.MaxNoticeDescs descriptors; with fenceFollows the
+// caller fences the data connection next, which carries a notice posted
+// on it.
 func (g *Guard) notify(ctx context.Context, s *session, id uint64, mode verify.Mode, total, base int, chunk []verify.Desc, digests []uint64, fenceFollows bool) error {
+	if err := s.greet(ctx, g); err != nil {
+		return err
+	}
 	descs := keep(s.noticeDescs)
 	for i, d := range chunk {
 		nd := wire.NoticeDesc{Dst: d.Dst, Len: d.Len}
@@ -44,18 +39,9 @@ func (g *Guard) notify(ctx context.Context, s *session, id uint64, mode verify.M
 		descs = append(descs, nd)
 	}
 	s.noticeDescs = descs
-	s.lastNotice = sentNotice{id: id, mode: mode, total: total, base: base, descs: descs}
-	return g.announce(ctx, s, &s.lastNotice, fenceFollows)
-}
-
-// announce sends n in parts of at most wire.MaxNoticeDescs descriptors.
-func (g *Guard) announce(ctx context.Context, s *session, n *sentNotice, fenceFollows bool) error {
-	if err := s.greet(ctx, g); err != nil {
-		return err
-	}
-	for off := 0; off < len(n.descs); off += wire.MaxNoticeDescs {
-		part := wire.Notice{ID: n.id, Mode: modeIndex(n.mode), Total: n.total, Base: n.base + off,
-			Descs: n.descs[off:min(off+wire.MaxNoticeDescs, len(n.descs))]}
+	for off := 0; off < len(descs); off += wire.MaxNoticeDescs {
+		part := wire.Notice{ID: id, Mode: modeIndex(mode), Total: total, Base: base + off,
+			Descs: descs[off:min(off+wire.MaxNoticeDescs, len(descs))]}
 		if err := g.sendNotice(ctx, s, part, fenceFollows); err != nil {
 			return err
 		}
@@ -89,35 +75,24 @@ type noticePoster interface {
 }
 
 // noticeSettler is a noticePoster that may leave a notice's answer owed
-// past the call that sent it; SettleNotices reads it.
+// past the call that sent it; SettleNotices reads those that arrived and
+// returns the first refusal among them.
 type noticeSettler interface {
 	SettleNotices(ctx context.Context) error
 }
 
-// settleNotices reads the answers an earlier call left owed, before this
-// chunk's writes: a stale handshake's refusal announces the last notice
-// again under a new one; any other failure is the notice's, reported by
-// this call (nothing of it is sent yet).
+// settleNotices reads the answers earlier calls left owed, before this
+// chunk's writes: a failure is an earlier notice's, reported by this call
+// (nothing of it is sent yet).
 func (g *Guard) settleNotices(ctx context.Context, s *session) error {
 	ns, ok := s.conn.(noticeSettler)
 	if !ok {
 		return nil
 	}
-	err := ns.SettleNotices(ctx)
-	if err == nil {
-		return nil
+	if err := ns.SettleNotices(ctx); err != nil {
+		g.stats.noticesUndelivered.Add(1)
+		g.metrics.noticesUndelivered.Add(1)
+		return fmt.Errorf("an earlier transfer's completion notice did not reach the receiver (its sync of that transfer fails): %w", err)
 	}
-	if errors.Is(err, errUnknownToken) && s.lastNotice.id != 0 {
-		if err = s.refresh(ctx, g); err == nil {
-			if err = g.announce(ctx, s, &s.lastNotice, false); err == nil {
-				err = ns.SettleNotices(ctx)
-			}
-		}
-		if err == nil {
-			return nil
-		}
-	}
-	g.stats.noticesUndelivered.Add(1)
-	g.metrics.noticesUndelivered.Add(1)
-	return fmt.Errorf("the completion notice of an earlier transfer, %#x, may not have reached the receiver (its sync of that transfer will fail): %w", s.lastNotice.id, err)
+	return nil
 }

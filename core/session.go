@@ -36,7 +36,6 @@ type session struct {
 	notices *zmq.Socket    // REQ to the peer's control endpoint, for notices
 	scratch verify.Scratch
 	sendBufs
-	lastNotice sentNotice // until its answer is read (announce.go)
 }
 
 // sendBufs are a session's buffers for digest mode's digests and notices,

@@ -71,6 +71,14 @@ func EncodeNotice(b []byte, n Notice) []byte {
 	return b
 }
 
+// NoticeID is the transfer id of an encoded notice (0 if b is too short).
+func NoticeID(b []byte) uint64 {
+	if len(b) < 16 {
+		return 0
+	}
+	return binary.LittleEndian.Uint64(b[8:])
+}
+
 // DecodeNotice parses a notice, checking every length before using it.
 // Its Token and MAC are slices of b; its Descs are appended to descs[:0]
 // (a buffer the caller reuses, or nil).

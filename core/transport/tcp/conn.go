@@ -34,14 +34,16 @@ type conn struct {
 	// mark is the newest quiesce generation the target pushed; echoed, the
 	// newest one echoed back (writes after the echo are taken).
 	mark, echoed uint64
-	r            *bufio.Reader
-	w            *bufio.Writer
-	timeout      time.Duration
-	until        time.Time // the deadline set last, for the poll reader
-	nextID       uint64
-	hdr          [wire.HeaderSize]byte // a frame being sent
-	rhdr         [wire.HeaderSize]byte // a reply being read (a field: a local would escape)
-	readReq      []byte                // a Read frame's ranges, reused
+	// refused: a notice's refusal read ahead of SettleNotices (takeArrived).
+	refused error
+	r       *bufio.Reader
+	w       *bufio.Writer
+	timeout time.Duration
+	until   time.Time // the deadline set last, for the poll reader
+	nextID  uint64
+	hdr     [wire.HeaderSize]byte // a frame being sent
+	rhdr    [wire.HeaderSize]byte // a reply being read (a field: a local would escape)
+	readReq []byte                // a Read frame's ranges, reused
 	// owed are the posted writes whose acknowledgements are not read yet:
 	// the next request reads them first, in the same flight.
 	owed []owedAck
@@ -289,18 +291,8 @@ func (t *conn) hello(ctx context.Context, peer transport.Peer, stripe int) error
 // was idle, and echoes the newest before any new write: from the echo on,
 // the target knows this sender's writes were sent after those quiesces.
 func (t *conn) catchUp(ctx context.Context) error {
-	for t.unread() {
-		t.deadline(ctx)
-		b, err := t.r.Peek(wire.HeaderSize)
-		if err != nil {
-			return ioErr("receive", err)
-		}
-		h, err := wire.Decode(b)
-		if err != nil || h.Op != wire.OpMark {
-			return fmt.Errorf("%w: the target sent an unasked frame (%v)", errs.Peer, err)
-		}
-		t.r.Discard(wire.HeaderSize)
-		t.mark = max(t.mark, h.Addr)
+	if err := t.takeArrived(ctx); err != nil {
+		return err
 	}
 	if t.mark <= t.echoed {
 		return nil

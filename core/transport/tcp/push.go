@@ -353,7 +353,7 @@ const peekEvery = time.Millisecond
 // tries a push. done false (and no error): send descs through the socket.
 func (t *conn) pushFirst(ctx context.Context, descs []verify.Desc) (done bool, err error) {
 	if len(t.owed) > 0 || time.Since(t.peekedAt) >= peekEvery {
-		if err := t.begin(ctx); err != nil {
+		if err := t.begin(ctx, false); err != nil {
 			return false, err
 		}
 	}

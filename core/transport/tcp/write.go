@@ -25,7 +25,8 @@ type owedAck struct {
 	// release lets go of a pulled write's source once the target
 	// answered: until then it must stay registered.
 	release func()
-	ipc     bool // a CUDA IPC write
+	ipc     bool   // a CUDA IPC write
+	notice  uint64 // a notice's transfer id (for messages)
 }
 
 // maxOwed bounds the acknowledgements left unread while more frames go
@@ -67,9 +68,9 @@ func (t *conn) judge(o owedAck, h wire.Header) error {
 		t.ipc = false
 		return fmt.Errorf("%w: target refused descriptor %d at %#x: it could not open this process's CUDA IPC handle (the receiver's log says why); later transfers on this connection stage GPU bytes through the socket", errs.Device, o.desc, h.Addr)
 	case h.Status == wire.StatusStaleToken:
-		return fmt.Errorf("%w: %w", errs.Session, transport.ErrStaleToken)
+		return fmt.Errorf("%w: the completion notice of transfer %#x: %w", errs.Session, o.notice, transport.ErrStaleToken)
 	case o.op == wire.OpNotice:
-		return fmt.Errorf("%w: the receiver refused the completion notice (%v); its log says why", errs.Session, h.Status)
+		return fmt.Errorf("%w: the receiver refused the completion notice of transfer %#x (%v); its log says why", errs.Session, o.notice, h.Status)
 	}
 	return fmt.Errorf("%w: target refused descriptor %d at %#x: %v", statusErr(h.Status), o.desc, h.Addr, h.Status)
 }
@@ -108,7 +109,7 @@ func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
 		}
 	}
 	if countSlices(descs) > maxOwed {
-		if err := t.begin(ctx); err != nil {
+		if err := t.begin(ctx, true); err != nil {
 			return err
 		}
 		return t.writeLong(ctx, descs, base, false)
@@ -195,10 +196,11 @@ func (t *conn) post(ctx context.Context, descs []verify.Desc, base int, marked b
 			return err
 		}
 	}
-	if err := t.begin(ctx); err != nil { // nothing is owed past here
+	long := countSlices(descs) > maxOwed
+	if err := t.begin(ctx, long); err != nil { // nothing is owed past here, but answers to notices still on their way
 		return err
 	}
-	if countSlices(descs) > maxOwed {
+	if long {
 		return t.writeLong(ctx, descs, base, marked)
 	}
 	defer t.abortOn(ctx)()
@@ -225,7 +227,7 @@ func (t *conn) PostNotice(ctx context.Context, body []byte, fenceFollows bool) e
 	if err := t.send(wire.Header{Op: wire.OpNotice, Len: uint64(len(body))}, body); err != nil {
 		return err
 	}
-	t.owed = append(t.owed, owedAck{id: t.nextID, op: wire.OpNotice})
+	t.owed = append(t.owed, owedAck{id: t.nextID, op: wire.OpNotice, notice: wire.NoticeID(body)})
 	if fenceFollows {
 		return nil
 	}
@@ -235,18 +237,72 @@ func (t *conn) PostNotice(ctx context.Context, body []byte, fenceFollows bool) e
 	return nil
 }
 
-// SettleNotices reads the answers to notices an earlier call left owed
-// (a same-host fence does not wait for them), before new writes: a
-// refusal is the earlier notice's.
-func (t *conn) SettleNotices(ctx context.Context) error { return t.readOwed(ctx) }
+// maxUnansweredNotices bounds the notices whose answers a sender leaves
+// unread (a same-host fence does not wait for them): past it, the next
+// call waits for them.
+const maxUnansweredNotices = 64
 
-// begin reads what earlier posts left owed and takes pushed quiesce marks
-// before new writes.
-func (t *conn) begin(ctx context.Context) error {
-	if err := t.readOwed(ctx); err != nil {
+// SettleNotices reads the answers to notices earlier calls left owed, as
+// far as they arrived (all of them past maxUnansweredNotices), and
+// returns the first refusal among those read since it was last called.
+func (t *conn) SettleNotices(ctx context.Context) error {
+	if len(t.owed) >= maxUnansweredNotices {
+		if err := t.readOwed(ctx); err != nil && t.refused == nil {
+			t.refused = err
+		}
+	} else if err := t.takeArrived(ctx); err != nil {
 		return err
 	}
+	err := t.refused
+	t.refused = nil
+	return err
+}
+
+// begin reads what earlier posts left owed (answers to notices only as
+// far as they arrived, unless whole) and takes pushed quiesce marks
+// before new writes.
+func (t *conn) begin(ctx context.Context, whole bool) error {
+	if whole || slices.ContainsFunc(t.owed, func(o owedAck) bool { return o.op != wire.OpNotice }) {
+		if err := t.readOwed(ctx); err != nil {
+			return err
+		}
+	}
 	return t.catchUp(ctx)
+}
+
+// takeArrived reads, without waiting for more, the frames the target has
+// sent between requests: pushed quiesce marks, and answers to notices
+// left owed. A refusal among them is kept for SettleNotices.
+func (t *conn) takeArrived(ctx context.Context) error {
+	for t.unread() {
+		t.deadline(ctx)
+		b, err := t.r.Peek(wire.HeaderSize)
+		if err != nil {
+			return ioErr("receive", err)
+		}
+		h, err := wire.Decode(b)
+		if err != nil {
+			return fmt.Errorf("%w: bad frame from target: %v", errs.Peer, err)
+		}
+		if h.Op == wire.OpMark {
+			t.r.Discard(wire.HeaderSize)
+			t.mark = max(t.mark, h.Addr)
+			continue
+		}
+		if len(t.owed) == 0 || t.owed[0].op != wire.OpNotice {
+			return fmt.Errorf("%w: the target sent an unasked frame (op %#x)", errs.Peer, byte(h.Op))
+		}
+		o := t.owed[0]
+		rep, err := t.recv(o.op, o.id)
+		if err != nil {
+			return err
+		}
+		t.owed = append(t.owed[:0], t.owed[1:]...)
+		if r := t.judge(o, rep); r != nil && t.refused == nil {
+			t.refused = r
+		}
+	}
+	return nil
 }
 
 // readOwed sends what is buffered (a notice posted last may not be sent
