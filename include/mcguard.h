@@ -280,7 +280,10 @@ mc_status mc_guard_free(mc_guard_t g, void *addr);
  * read back and compare (re-sending up to max_resends times if
  * on_mismatch is "resend"); digest mode fences and sends the receiver a
  * completion notice with the digests (notify "auto"), so the bytes are
- * checked by the receiver's mc_guard_sync_transfers. n may be anything from 1 to
+ * checked by the receiver's mc_guard_sync_transfers (on one host, where
+ * the sender wrote the bytes itself, it returns once the notice is sent;
+ * a refused notice fails a later call to the session with MC_ERR_SESSION,
+ * naming that transfer). n may be anything from 1 to
  * MC_GUARD_MAX_DESCRIPTORS; every len[i] must be > 0. The arrays are read
  * during the call only. opts may be NULL.
  * Errors: MC_ERR_INVALID_ARG, MC_ERR_NOT_REGISTERED (names the descriptor),
