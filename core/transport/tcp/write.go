@@ -246,6 +246,11 @@ const maxUnansweredNotices = 64
 // far as they arrived (all of them past maxUnansweredNotices), and
 // returns the first refusal among those read since it was last called.
 func (t *conn) SettleNotices(ctx context.Context) error {
+	if len(t.owed) == 0 { // the common case over the socket: the fence read them
+		err := t.refused
+		t.refused = nil
+		return err
+	}
 	if len(t.owed) >= maxUnansweredNotices {
 		if err := t.readOwed(ctx); err != nil && t.refused == nil {
 			t.refused = err
