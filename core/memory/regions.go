@@ -237,16 +237,22 @@ type Held struct {
 func (t *Regions) Hold(addr, n uint64) (Held, cuda.Memory, error) { return t.hold(addr, n, nil) }
 
 func (t *Regions) hold(addr, n uint64, abort func()) (Held, cuda.Memory, error) {
+	h, _, mem, err := t.holdRegion(addr, n, abort)
+	return h, mem, err
+}
+
+// holdRegion is hold that also says which region it holds.
+func (t *Regions) holdRegion(addr, n uint64, abort func()) (Held, Region, cuda.Memory, error) {
 	t.mu.RLock()
 	r := t.findLocked(addr, n)
 	if r == nil {
 		t.mu.RUnlock()
-		return Held{}, cuda.Memory{}, fmt.Errorf("%w: [%#x, +%d)", errs.NotRegistered, addr, n)
+		return Held{}, Region{}, cuda.Memory{}, fmt.Errorf("%w: [%#x, +%d)", errs.NotRegistered, addr, n)
 	}
-	p, mem := r.pins, r.mem
+	p, reg, mem := r.pins, r.Region, r.mem
 	id := p.enter(abort)
 	t.mu.RUnlock()
-	return Held{p: p, id: id}, mem, nil
+	return Held{p: p, id: id}, reg, mem, nil
 }
 
 // Release lets go of a Held region.
@@ -261,16 +267,40 @@ func (t *Regions) Load(addr, n uint64, fn func(b []byte) error) error {
 // LoadAbortable is Load for an fn that waits on a peer: unregistering the
 // region calls abort, which must make fn return.
 func (t *Regions) LoadAbortable(addr, n uint64, abort func(), fn func(b []byte) error) error {
-	return t.within(addr, n, abort, func(mem cuda.Memory) error {
-		if !mem.Device {
-			return fn(BytesAt(addr, n))
+	return t.within(addr, n, abort, func(mem cuda.Memory) error { return t.load(mem, addr, n, fn) })
+}
+
+// LoadRanges is LoadAbortable for each range in turn, holding a region
+// once for the run of ranges inside it: a read-back of thousands of small
+// tails pins each region once, not each tail.
+func (t *Regions) LoadRanges(addrs, lens []uint64, abort func(), fn func(b []byte) error) error {
+	for i := 0; i < len(addrs); {
+		h, r, mem, err := t.holdRegion(addrs[i], lens[i], abort)
+		if err != nil {
+			return err
 		}
-		buf := make([]byte, n)
-		if err := t.gpu.CopyToHost(buf, addr, mem); err != nil {
-			return fmt.Errorf("%w: staging [%#x, +%d) from the GPU: %v", errs.Device, addr, n, err)
+		for ; i < len(addrs) && r.Contains(addrs[i], lens[i]) && err == nil; i++ {
+			err = t.load(mem, addrs[i], lens[i], fn)
 		}
-		return fn(buf)
-	})
+		h.Release()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// load runs fn on [addr, addr+n) of a held region: host memory as it is,
+// device memory as a staged copy.
+func (t *Regions) load(mem cuda.Memory, addr, n uint64, fn func(b []byte) error) error {
+	if !mem.Device {
+		return fn(BytesAt(addr, n))
+	}
+	buf := make([]byte, n)
+	if err := t.gpu.CopyToHost(buf, addr, mem); err != nil {
+		return fmt.Errorf("%w: staging [%#x, +%d) from the GPU: %v", errs.Device, addr, n, err)
+	}
+	return fn(buf)
 }
 
 // Store lets fill write all n bytes of [addr, addr+n). Device memory gets

@@ -132,15 +132,10 @@ func (rd *readReply) write(w io.Writer) error {
 	if rd.writeToReply == nil {
 		rd.writeToReply = rd.to
 	}
-	for i := range rd.addrs {
-		// A region unregistered after the reply header went out leaves a
-		// promised length unfillable: drop the connection so the reader
-		// fails rather than compares invented bytes.
-		if err := t.regions.LoadAbortable(rd.addrs[i], rd.lens[i], rd.cut, rd.writeToReply); err != nil {
-			return err
-		}
-	}
-	return nil
+	// A region unregistered after the reply header went out leaves a
+	// promised length unfillable: drop the connection so the reader fails
+	// rather than compares invented bytes.
+	return t.regions.LoadRanges(rd.addrs, rd.lens, rd.cut, rd.writeToReply)
 }
 
 func (rd *readReply) to(m []byte) error {
