@@ -202,6 +202,23 @@ func (t *Regions) Check(addr, n uint64) error {
 	return err
 }
 
+// CheckRanges is Check for each range, under one read lock, looking a
+// region up again only where a range leaves the previous one's: it
+// returns the index of the first range outside registered memory, or -1.
+func (t *Regions) CheckRanges(addrs, lens []uint64) int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	var r *region
+	for i := range addrs {
+		if r == nil || !r.Contains(addrs[i], lens[i]) {
+			if r = t.findLocked(addrs[i], lens[i]); r == nil {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
 // within runs fn on the region holding [addr, addr+n) with the region
 // pinned, so that it cannot be unregistered meanwhile; abort, if not nil,
 // cuts fn short when it is (it closes the connection fn waits on).

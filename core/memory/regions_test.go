@@ -10,7 +10,8 @@ import (
 )
 
 // LoadRanges gives fn each range's bytes in order, across regions, and
-// stops at a range outside them; no region stays held.
+// stops at a range outside them; no region stays held. CheckRanges finds
+// the first range outside them.
 func TestLoadRanges(t *testing.T) {
 	m, err := unix.Mmap(-1, 0, 3*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	require.NoError(t, err)
@@ -33,6 +34,9 @@ func TestLoadRanges(t *testing.T) {
 	err = r.LoadRanges([]uint64{base, base + 2*4096}, []uint64{8, 8}, nil, collect)
 	require.ErrorIs(t, err, errs.NotRegistered)
 	require.Equal(t, []byte{0, 8}, got, "the ranges before the bad one were given")
+	require.Equal(t, -1, r.CheckRanges(addrs, lens))
+	require.Equal(t, 2, r.CheckRanges([]uint64{base, base + 4096, base + 2*4096}, []uint64{8, 8, 8}), "the third page")
+	require.Equal(t, 0, r.CheckRanges([]uint64{base + 4000}, []uint64{200}), "across two regions is not inside one")
 	require.NoError(t, r.Remove(base), "nothing held: unregistering does not wait")
 	require.NoError(t, r.Remove(base+4096))
 }

@@ -97,10 +97,8 @@ func (t *target) read(l *link, r io.Reader, n uint64, cut func()) (wire.Status, 
 	if err != nil {
 		return wire.StatusBadRequest, 0, nil, nil
 	}
-	for i := range l.rd.addrs {
-		if t.regions.Check(l.rd.addrs[i], l.rd.lens[i]) != nil {
-			return wire.StatusNotRegistered, 0, nil, nil
-		}
+	if t.regions.CheckRanges(l.rd.addrs, l.rd.lens) >= 0 {
+		return wire.StatusNotRegistered, 0, nil, nil
 	}
 	l.rd.t, l.rd.cut = t, cut
 	if l.rd.send == nil {

@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"bytes"
 	"io"
 	"net"
 	"sync/atomic"
@@ -12,7 +13,9 @@ import (
 
 	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
+	"golang.org/x/sys/unix"
 )
 
 // exhausted is a listener whose first fails Accepts fail as a process out
@@ -63,4 +66,67 @@ func TestProveRefusalsSayWhy(t *testing.T) {
 	require.Contains(t, errnoText(0), "did not match")
 	require.Contains(t, errnoText(wire.ProveNoGrant), "no same-host grant")
 	require.Contains(t, errnoText(uint64(syscall.EPERM)), "operation not permitted")
+}
+
+// A read-back frame is answered with each range's bytes in order, across
+// regions; one range outside registered memory refuses the whole frame
+// before any byte goes out (checked once per frame, region by region).
+func TestReadFramesAcrossRegions(t *testing.T) {
+	m, err := unix.Mmap(-1, 0, 3*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	require.NoError(t, err)
+	t.Cleanup(func() { unix.Munmap(m) })
+	for i := range m {
+		m[i] = byte(i / 4096)
+	}
+	base := memory.AddrOf(m)
+	regions := memory.New(nil)
+	require.NoError(t, regions.Add(base, 4096))
+	require.NoError(t, regions.Add(base+4096, 4096)) // the third page is not registered
+	token, key := make([]byte, wire.TokenSize), []byte("key")
+	tg := serveOn(mustListen(t), Config{Timeout: time.Second, Regions: regions, Faults: fault.Config{Mode: fault.None},
+		Tokens: func(tok []byte) (string, []byte, bool) { return "sender", key, bytes.Equal(tok, token) }})
+	defer tg.close()
+	c, err := net.DialTimeout("tcp", tg.addr(), time.Second)
+	require.NoError(t, err)
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	hdr := make([]byte, wire.HeaderSize)
+	challenge := make([]byte, wire.ChallengeSize)
+	_, err = io.ReadFull(c, hdr)
+	require.NoError(t, err)
+	_, err = io.ReadFull(c, challenge)
+	require.NoError(t, err)
+	request := func(op wire.Op, id uint64, payload []byte) wire.Header {
+		wire.Header{Op: op, ID: id, Len: uint64(len(payload))}.Encode(hdr)
+		_, err := c.Write(append(append([]byte(nil), hdr...), payload...))
+		require.NoError(t, err)
+		_, err = io.ReadFull(c, hdr)
+		require.NoError(t, err)
+		h, err := wire.Decode(hdr)
+		require.NoError(t, err)
+		return h
+	}
+	h := request(wire.OpHello, 1, append(append([]byte(nil), token...), transport.ConnectionProof(key, challenge)...))
+	require.Equal(t, wire.StatusOK, h.Status)
+
+	var ranges []byte
+	for _, r := range [][2]uint64{{base, 3}, {base + 4096 + 5, 2}, {base + 100, 1}} {
+		ranges = wire.AppendRange(ranges, r[0], r[1])
+	}
+	h = request(wire.OpRead, 2, ranges)
+	require.Equal(t, wire.StatusOK, h.Status)
+	got := make([]byte, h.Len)
+	_, err = io.ReadFull(c, got)
+	require.NoError(t, err)
+	require.Equal(t, []byte{0, 0, 0, 1, 1, 0}, got, "in order, across regions and back")
+
+	h = request(wire.OpRead, 3, wire.AppendRange(wire.AppendRange(nil, base, 8), base+2*4096, 8))
+	require.Equal(t, wire.StatusNotRegistered, h.Status)
+	require.Zero(t, h.Len, "no byte goes out")
+}
+
+func mustListen(t *testing.T) net.Listener {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	return ln
 }
