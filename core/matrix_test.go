@@ -23,8 +23,7 @@ import (
 // source.
 // The data plane is "socket" (TCP, bytes through the socket), "same-host"
 // (TCP, the target copying them out of the sender), "striped" (TCP over
-// three connections, batches large enough to be striped, each third
-// ending inside a descriptor), or "engine" (the
+// three connections, batches large enough to be striped), or "engine" (the
 // fault injected at the sender's engine callbacks instead of the target).
 func matrixCell(t *testing.T, injected string, mode verify.Mode, plane string) (ok, failed, mismatches int) {
 	const n, rounds = 16, 6

@@ -19,10 +19,12 @@ import (
 //     connection writes into the receiver itself (same host) none opens:
 //     that copy is split over threads instead.
 //   - A large batch is cut into one contiguous run per connection of about
-//     equal bytes, cutting inside a descriptor where a share ends there (a
-//     single 64 MiB descriptor goes over every connection), each sent by a
-//     goroutine of its own. Digest mode's marked writes, which the target
-//     digests per descriptor as they land, are cut between descriptors.
+//     equal bytes, each sent by a goroutine of its own. A cut inside a
+//     descriptor falls on its MaxSlice grid, where its frames are cut
+//     anyway (a single 64 MiB descriptor goes over every connection, in the
+//     frames it would take on one). Digest mode's marked writes, which the
+//     target digests per descriptor as they land, are cut between
+//     descriptors.
 //   - A smaller batch goes on the first connection alone, on the caller's
 //     goroutine, so the latency path is unchanged.
 //   - Each connection is fenced on its own; read-backs and completion
@@ -34,9 +36,6 @@ const MaxStripes = 8
 // stripeMin is the smallest batch that is striped.
 const stripeMin = 1 << 20
 
-// stripeAlign: cuts inside a descriptor fall on this many bytes.
-const stripeAlign = 4096
-
 type striped struct {
 	parts   []*conn // open, the first from the start
 	want    int     // tcp_stripes
@@ -46,6 +45,7 @@ type striped struct {
 	written []bool          // per part, since its last fence
 	runs    []stripeRun     // per part, the batch being sent
 	cut     [][]verify.Desc // per part, its run's descriptors where a descriptor was cut (reused)
+	bounds  []uint64        // the batch offsets the parts' runs start at, and its end (reused)
 }
 
 // stripeRun is one part's share of a batch: its descriptors and the
@@ -118,31 +118,57 @@ func (s *striped) shareWhole(descs []verify.Desc, base int, total uint64, k int)
 	return p
 }
 
-// shareBytes gives part p the batch's bytes [p*share, (p+1)*share): the
-// descriptors there, the first and last trimmed to them.
+// shareBytes cuts the batch at about every total/k bytes. A cut inside a
+// descriptor falls on the descriptor's MaxSlice grid, where one
+// connection cuts its frames anyway: the frames, and the slice ends that
+// tail and sample read back, are those of an unstriped batch (a torn
+// frame ending anywhere else would escape tail); a descriptor of at most
+// MaxSlice is never cut.
 func (s *striped) shareBytes(descs []verify.Desc, base int, total uint64, k int) int {
 	share := (total + uint64(k) - 1) / uint64(k)
-	share = (share + stripeAlign - 1) / stripeAlign * stripeAlign
-	for p := range k {
+	bounds := append(s.bounds[:0], 0)
+	var at uint64 // the batch offset of descs[i]
+	i := 0
+	for p := 1; p < k; p++ {
+		want := uint64(p) * share
+		for i < len(descs) && at+descs[i].Len <= want {
+			at += descs[i].Len
+			i++
+		}
+		if i == len(descs) {
+			break
+		}
+		g := min((want-at+transport.MaxSlice/2)/transport.MaxSlice*transport.MaxSlice, descs[i].Len)
+		if cut := at + g; cut > bounds[len(bounds)-1] {
+			bounds = append(bounds, cut)
+		}
+	}
+	if bounds[len(bounds)-1] < total {
+		bounds = append(bounds, total)
+	}
+	s.bounds = bounds
+	n := len(bounds) - 1
+	for p := range n {
 		s.cut[p] = s.cut[p][:0]
 	}
-	var at uint64 // the batch offset of descs[i]
+	p := 0
+	at = 0
 	for i, d := range descs {
-		for p := at / share; p < uint64(k) && p*share < at+d.Len; p++ {
-			lo, hi := max(at, p*share), min(at+d.Len, (p+1)*share)
+		for lo := at; lo < at+d.Len; {
+			for bounds[p+1] <= lo {
+				p++
+			}
+			hi := min(at+d.Len, bounds[p+1])
 			if len(s.cut[p]) == 0 {
 				s.runs[p].base = base + i
 			}
 			s.cut[p] = append(s.cut[p], verify.Desc{Src: d.Src + (lo - at), Dst: d.Dst + (lo - at), Len: hi - lo})
+			lo = hi
 		}
 		at += d.Len
 	}
-	n := 0
-	for p := range k {
-		if len(s.cut[p]) > 0 {
-			s.runs[p].descs = s.cut[p]
-			n = p + 1
-		}
+	for p := range n {
+		s.runs[p].descs = s.cut[p]
 		if cap(s.cut[p]) > maxKeptCut {
 			s.cut[p] = nil // do not keep a huge batch's room
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/verify"
 )
 
@@ -29,6 +30,12 @@ func shares(t *testing.T, descs []verify.Desc, whole bool) (runs [][3]uint64) {
 			orig := descs[r.base-10+i]
 			require.True(t, d.Src >= orig.Src && d.Src+d.Len <= orig.Src+orig.Len, "part %d descriptor %d inside its original", p, i)
 			require.Equal(t, d.Src-orig.Src, d.Dst-orig.Dst, "source and destination move together")
+			// A piece starts and ends on its descriptor's MaxSlice grid (or
+			// at its ends): the frames are those of one connection.
+			require.Zero(t, (d.Src-orig.Src)%transport.MaxSlice, "part %d descriptor %d starts on the grid", p, i)
+			if end := d.Src + d.Len - orig.Src; end != orig.Len {
+				require.Zero(t, end%transport.MaxSlice, "part %d descriptor %d ends on the grid", p, i)
+			}
 		}
 	}
 	return runs
@@ -61,6 +68,12 @@ func TestStripeShares(t *testing.T) {
 	require.Equal(t, [][3]uint64{{0, 16 << 20, 10}, {16 << 20, 32 << 20, 10}, {32 << 20, 48 << 20, 10}, {48 << 20, 64 << 20, 10}},
 		shares(t, batch(64<<20), false), "one descriptor over every part")
 
+	// shares of 6 MiB + 1 KiB: cuts at 6, 12 and 18 MiB (and a little) move to 8, 12 and 20
+	require.Equal(t, [][3]uint64{{0, 8 << 20, 10}, {8 << 20, 12 << 20, 10}, {12 << 20, 20 << 20, 10}, {20 << 20, 24<<20 + 4096, 10}},
+		shares(t, batch(24<<20+4096), false), "cuts move to the nearest 4 MiB of the descriptor")
+	require.Equal(t, [][3]uint64{{0, 8 << 20, 10}, {8 << 20, 12 << 20, 10}, {12 << 20, 20 << 20, 11}, {20 << 20, 24 << 20, 11}},
+		shares(t, batch(12<<20, 12<<20), false), "across descriptors: each cut on its own descriptor's grid")
+
 	uneven := batch(5<<20, 1<<20, 4096, 2<<20, 123, 1<<20+77)
 	var total uint64
 	for _, d := range uneven {
@@ -76,10 +89,6 @@ func TestStripeShares(t *testing.T) {
 			}
 		}
 		require.Equal(t, total, covered, "whole %v", whole)
-		if !whole {
-			for _, r := range runs[:3] {
-				require.Zero(t, (r[1]-r[0])%stripeAlign, "cuts on %d bytes", stripeAlign)
-			}
-		}
+
 	}
 }
