@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -351,8 +352,10 @@ const peekEvery = time.Millisecond
 // pushFirst reads what earlier calls left owed and the target's quiesce
 // marks (begin, whose peek also sets closedByPeer) where needed, then
 // tries a push. done false (and no error): send descs through the socket.
+// Answers to notices alone do not need it: they are read as they arrive
+// (SettleNotices, which peeked just before).
 func (t *conn) pushFirst(ctx context.Context, descs []verify.Desc) (done bool, err error) {
-	if len(t.owed) > 0 || time.Since(t.peekedAt) >= peekEvery {
+	if slices.ContainsFunc(t.owed, notNotice) || time.Since(t.peekedAt) >= peekEvery {
 		if err := t.begin(ctx, false); err != nil {
 			return false, err
 		}

@@ -267,7 +267,7 @@ func (t *conn) SettleNotices(ctx context.Context) error {
 // far as they arrived, unless whole) and takes pushed quiesce marks
 // before new writes.
 func (t *conn) begin(ctx context.Context, whole bool) error {
-	if whole || slices.ContainsFunc(t.owed, func(o owedAck) bool { return o.op != wire.OpNotice }) {
+	if whole || slices.ContainsFunc(t.owed, notNotice) {
 		if err := t.readOwed(ctx); err != nil {
 			return err
 		}
@@ -275,11 +275,19 @@ func (t *conn) begin(ctx context.Context, whole bool) error {
 	return t.catchUp(ctx)
 }
 
+// notNotice: an owed frame that is not a notice.
+func notNotice(o owedAck) bool { return o.op != wire.OpNotice }
+
 // takeArrived reads, without waiting for more, the frames the target has
 // sent between requests: pushed quiesce marks, and answers to notices
-// left owed. A refusal among them is kept for SettleNotices.
+// left owed. A refusal among them is kept for SettleNotices. It looks at
+// the socket once (a peek, then one read takes all that arrived), not
+// again after each frame.
 func (t *conn) takeArrived(ctx context.Context) error {
-	for t.unread() {
+	if !t.unread() {
+		return nil
+	}
+	for {
 		t.deadline(ctx)
 		b, err := t.r.Peek(wire.HeaderSize)
 		if err != nil {
@@ -289,25 +297,27 @@ func (t *conn) takeArrived(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("%w: bad frame from target: %v", errs.Peer, err)
 		}
-		if h.Op == wire.OpMark {
+		switch {
+		case h.Op == wire.OpMark:
 			t.r.Discard(wire.HeaderSize)
 			t.mark = max(t.mark, h.Addr)
-			continue
-		}
-		if len(t.owed) == 0 || t.owed[0].op != wire.OpNotice {
+		case len(t.owed) == 0 || t.owed[0].op != wire.OpNotice:
 			return fmt.Errorf("%w: the target sent an unasked frame (op %#x)", errs.Peer, byte(h.Op))
+		default:
+			o := t.owed[0]
+			rep, err := t.recv(o.op, o.id)
+			if err != nil {
+				return err
+			}
+			t.owed = append(t.owed[:0], t.owed[1:]...)
+			if r := t.judge(o, rep); r != nil && t.refused == nil {
+				t.refused = r
+			}
 		}
-		o := t.owed[0]
-		rep, err := t.recv(o.op, o.id)
-		if err != nil {
-			return err
-		}
-		t.owed = append(t.owed[:0], t.owed[1:]...)
-		if r := t.judge(o, rep); r != nil && t.refused == nil {
-			t.refused = r
+		if t.r.Buffered() == 0 {
+			return nil
 		}
 	}
-	return nil
 }
 
 // readOwed sends what is buffered (a notice posted last may not be sent
