@@ -10,10 +10,11 @@ import (
 	"net"
 	"runtime"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/mcguard/mcguard/core/internal/testmem"
 
 	"github.com/stretchr/testify/require"
 
@@ -29,10 +30,7 @@ type mem struct {
 
 func newMem(t testing.TB, n int) *mem {
 	t.Helper()
-	b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
-	require.NoError(t, err)
-	t.Cleanup(func() { syscall.Munmap(b) })
-	return &mem{b: b}
+	return &mem{b: testmem.Map(t, n)}
 }
 
 func (m *mem) addr(off int) uint64 { return uint64(uintptr(unsafe.Pointer(&m.b[off]))) }

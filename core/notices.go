@@ -41,12 +41,9 @@ type noticeStore struct {
 	free    []*notice       // synced notices, reused: a steady stream allocates none
 }
 
-// Reuse bounds: a few free entries, each keeping at most this many
-// descriptors' room, so one huge transfer does not pin its buffer.
-const (
-	maxFreeNotices     = 64
-	maxReusedNoticeCap = 4096
-)
+// maxFreeNotices bounds the synced entries kept for reuse (each keeps
+// its buffers' room within maxKeptBuf).
+const maxFreeNotices = 64
 
 func newNoticeStore() *noticeStore {
 	return &noticeStore{entries: map[uint64]*notice{}, evicted: map[uint64]bool{}}
@@ -103,11 +100,8 @@ func (s *noticeStore) newLocked() *notice {
 // release gives back an entry that take returned, once its caller is done
 // with it (its landed digests released).
 func (s *noticeStore) release(e *notice) {
-	if cap(e.descs) > maxReusedNoticeCap || cap(e.landed) > maxReusedNoticeCap {
-		return
-	}
 	clear(e.landed) // drop references
-	*e = notice{descs: e.descs[:0], landed: e.landed[:0]}
+	*e = notice{descs: keep(e.descs), landed: keep(e.landed)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.free) < maxFreeNotices {

@@ -38,9 +38,7 @@ func (g *Guard) takeNotice(body []byte, landed transport.Landed, conn *transport
 	buf := noticeDescBufs.Get().(*[]wire.NoticeDesc)
 	defer noticeDescBufs.Put(buf)
 	n, err := wire.DecodeNotice(body, len(verify.Modes), *buf)
-	if cap(n.Descs) <= maxReusedNoticeCap {
-		*buf = n.Descs[:0] // keeps its room for the next notice
-	}
+	*buf = keep(n.Descs) // its room, for the next notice
 	if err == nil {
 		err = g.proveNotice(n, body, conn)
 	}
@@ -186,9 +184,7 @@ func (g *Guard) beginSync() *syncCall {
 func endSync(c *syncCall) {
 	c.ctx.stop()
 	c.g, c.landed = nil, nil
-	if max(cap(c.ranges), cap(c.regions), cap(c.vr), cap(c.digests)) > maxReusedNoticeCap {
-		c.ranges, c.regions, c.vr, c.digests = nil, nil, nil, nil
-	}
+	c.ranges, c.regions, c.vr, c.digests = keep(c.ranges), keep(c.regions), keep(c.vr), keep(c.digests)
 	syncCalls.Put(c)
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"unsafe"
 
 	zmq "github.com/pebbe/zmq4"
 
@@ -45,19 +44,6 @@ type sendBufs struct {
 	digests     []uint64
 	noticeDescs []wire.NoticeDesc
 	noticeBody  []byte
-}
-
-// maxKeptSendBuf bounds the bytes a buffer keeps between transfers.
-const maxKeptSendBuf = 64 << 10
-
-// keep returns b emptied, or nil where a huge transfer grew it past
-// maxKeptSendBuf.
-func keep[T any](b []T) []T {
-	var elem T
-	if uintptr(cap(b))*unsafe.Sizeof(elem) > maxKeptSendBuf {
-		return nil
-	}
-	return b[:0]
 }
 
 // connect makes sure the session has a handshake and a data connection

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/mcguard/mcguard/core/internal/testmem"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/cuda"
@@ -76,9 +78,7 @@ func TestClassify(t *testing.T) {
 	got, err := d.Classify(dev + 100)
 	require.NoError(t, err)
 	require.Equal(t, cuda.Memory{Device: true, Ordinal: 0}, got)
-	host, err := syscall.Mmap(-1, 0, 4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
-	require.NoError(t, err)
-	defer syscall.Munmap(host)
+	host := testmem.Map(t, 4096)
 	got, err = d.Classify(uint64(uintptr(unsafe.Pointer(&host[0]))))
 	require.NoError(t, err)
 	require.False(t, got.Device)

@@ -3,8 +3,8 @@ package memory
 import (
 	"testing"
 
+	"github.com/mcguard/mcguard/core/internal/testmem"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/mcguard/mcguard/core/errs"
 )
@@ -13,13 +13,7 @@ import (
 // stops at a range outside them; no region stays held. CheckRanges finds
 // the first range outside them.
 func TestLoadRanges(t *testing.T) {
-	m, err := unix.Mmap(-1, 0, 3*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-	require.NoError(t, err)
-	t.Cleanup(func() { unix.Munmap(m) })
-	for i := range m {
-		m[i] = byte(i / 4096)
-	}
-	base := AddrOf(m)
+	base := AddrOf(testmem.Pages(t, 3))
 	r := New(nil)
 	require.NoError(t, r.Add(base, 4096))
 	require.NoError(t, r.Add(base+4096, 4096)) // the third page is not registered
@@ -31,7 +25,7 @@ func TestLoadRanges(t *testing.T) {
 	require.Equal(t, []byte{0, 10, 0, 20, 1, 30, 1, 40, 0, 50}, got, "in order, across regions and back")
 
 	got = nil
-	err = r.LoadRanges([]uint64{base, base + 2*4096}, []uint64{8, 8}, nil, collect)
+	err := r.LoadRanges([]uint64{base, base + 2*4096}, []uint64{8, 8}, nil, collect)
 	require.ErrorIs(t, err, errs.NotRegistered)
 	require.Equal(t, []byte{0, 8}, got, "the ranges before the bad one were given")
 	require.Equal(t, -1, r.CheckRanges(addrs, lens))

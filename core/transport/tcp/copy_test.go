@@ -10,6 +10,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/mcguard/mcguard/core/internal/testmem"
+
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/sharedmem"
 	"github.com/mcguard/mcguard/verify"
@@ -50,9 +52,7 @@ func TestMappedCopiesFailOnceTheReceiverIsGone(t *testing.T) {
 	require.NoError(t, err)
 	defer f.Free()
 	l.add(f.Addr, f.Len, *f)
-	src, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE) // as the library's callers' memory: not Go's heap
-	require.NoError(t, err)
-	defer unix.Munmap(src)
+	src := testmem.Map(t, 4096) // as the library's callers' memory: not Go's heap
 	rand.Read(src)
 	local := memory.New(nil)
 	require.NoError(t, local.Add(uint64(uintptr(unsafe.Pointer(&src[0]))), 4096))

@@ -2,8 +2,8 @@ package tcp
 
 import (
 	"context"
-	"log/slog"
 
+	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/verify"
@@ -70,7 +70,7 @@ func (s *striped) open(ctx context.Context) {
 		c, err := s.dial(ctx, i)
 		if err != nil {
 			s.dialErr = err
-			slog.Warn("mcguard: could not open another data connection; striping over fewer", "open", len(s.parts), "tcp_stripes", s.want, "err", err)
+			logs.Printf(logs.Warn, "could not open data connection %d of tcp_stripes %d; striping over %d: %v", i+1, s.want, len(s.parts), err)
 			return
 		}
 		s.parts = append(s.parts, c)

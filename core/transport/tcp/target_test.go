@@ -12,10 +12,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/fault"
+	"github.com/mcguard/mcguard/core/internal/testmem"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
-	"golang.org/x/sys/unix"
 )
 
 // exhausted is a listener whose first fails Accepts fail as a process out
@@ -42,22 +42,10 @@ func TestAcceptSurvivesDescriptorExhaustion(t *testing.T) {
 	tg := serveOn(flaky, Config{Timeout: time.Second, Regions: memory.New(nil), Faults: fault.Config{Mode: fault.None},
 		Tokens: func([]byte) (string, []byte, bool) { return "", nil, false }})
 	defer tg.close()
-	c, err := net.DialTimeout("tcp", tg.addr(), time.Second)
-	require.NoError(t, err)
-	defer c.Close()
 	// The challenge, then a hello with a bad token: answers prove the
 	// connection is served.
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	hdr := make([]byte, wire.HeaderSize)
-	_, err = io.ReadFull(c, append(hdr, make([]byte, wire.ChallengeSize)...))
-	require.NoError(t, err, "the target accepted after the errors")
-	wire.Header{Op: wire.OpHello, ID: 1, Len: wire.HelloSize}.Encode(hdr)
-	_, err = c.Write(append(hdr, make([]byte, wire.HelloSize)...))
-	require.NoError(t, err)
-	_, err = io.ReadFull(c, hdr)
-	require.NoError(t, err)
-	h, err := wire.Decode(hdr)
-	require.NoError(t, err)
+	c, _ := dialRaw(t, tg.addr())
+	h := c.request(wire.OpHello, 1, make([]byte, wire.HelloSize))
 	require.Equal(t, wire.StatusUnauthorized, h.Status)
 	require.Less(t, flaky.fails.Load(), int32(0), "every injected error was met")
 }
@@ -72,13 +60,7 @@ func TestProveRefusalsSayWhy(t *testing.T) {
 // regions; one range outside registered memory refuses the whole frame
 // before any byte goes out (checked once per frame, region by region).
 func TestReadFramesAcrossRegions(t *testing.T) {
-	m, err := unix.Mmap(-1, 0, 3*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
-	require.NoError(t, err)
-	t.Cleanup(func() { unix.Munmap(m) })
-	for i := range m {
-		m[i] = byte(i / 4096)
-	}
-	base := memory.AddrOf(m)
+	base := memory.AddrOf(testmem.Pages(t, 3))
 	regions := memory.New(nil)
 	require.NoError(t, regions.Add(base, 4096))
 	require.NoError(t, regions.Add(base+4096, 4096)) // the third page is not registered
@@ -86,43 +68,55 @@ func TestReadFramesAcrossRegions(t *testing.T) {
 	tg := serveOn(mustListen(t), Config{Timeout: time.Second, Regions: regions, Faults: fault.Config{Mode: fault.None},
 		Tokens: func(tok []byte) (string, []byte, bool) { return "sender", key, bytes.Equal(tok, token) }})
 	defer tg.close()
-	c, err := net.DialTimeout("tcp", tg.addr(), time.Second)
-	require.NoError(t, err)
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	hdr := make([]byte, wire.HeaderSize)
-	challenge := make([]byte, wire.ChallengeSize)
-	_, err = io.ReadFull(c, hdr)
-	require.NoError(t, err)
-	_, err = io.ReadFull(c, challenge)
-	require.NoError(t, err)
-	request := func(op wire.Op, id uint64, payload []byte) wire.Header {
-		wire.Header{Op: op, ID: id, Len: uint64(len(payload))}.Encode(hdr)
-		_, err := c.Write(append(append([]byte(nil), hdr...), payload...))
-		require.NoError(t, err)
-		_, err = io.ReadFull(c, hdr)
-		require.NoError(t, err)
-		h, err := wire.Decode(hdr)
-		require.NoError(t, err)
-		return h
-	}
-	h := request(wire.OpHello, 1, append(append([]byte(nil), token...), transport.ConnectionProof(key, challenge)...))
+	c, challenge := dialRaw(t, tg.addr())
+	h := c.request(wire.OpHello, 1, append(append([]byte(nil), token...), transport.ConnectionProof(key, challenge)...))
 	require.Equal(t, wire.StatusOK, h.Status)
 
 	var ranges []byte
 	for _, r := range [][2]uint64{{base, 3}, {base + 4096 + 5, 2}, {base + 100, 1}} {
 		ranges = wire.AppendRange(ranges, r[0], r[1])
 	}
-	h = request(wire.OpRead, 2, ranges)
+	h = c.request(wire.OpRead, 2, ranges)
 	require.Equal(t, wire.StatusOK, h.Status)
 	got := make([]byte, h.Len)
-	_, err = io.ReadFull(c, got)
+	_, err := io.ReadFull(c, got)
 	require.NoError(t, err)
 	require.Equal(t, []byte{0, 0, 0, 1, 1, 0}, got, "in order, across regions and back")
 
-	h = request(wire.OpRead, 3, wire.AppendRange(wire.AppendRange(nil, base, 8), base+2*4096, 8))
+	h = c.request(wire.OpRead, 3, wire.AppendRange(wire.AppendRange(nil, base, 8), base+2*4096, 8))
 	require.Equal(t, wire.StatusNotRegistered, h.Status)
 	require.Zero(t, h.Len, "no byte goes out")
+}
+
+// rawConn is a data connection driven frame by frame.
+type rawConn struct {
+	net.Conn
+	t *testing.T
+}
+
+// dialRaw connects to a target and reads its challenge.
+func dialRaw(t *testing.T, addr string) (rawConn, []byte) {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	hello := make([]byte, wire.HeaderSize+wire.ChallengeSize)
+	_, err = io.ReadFull(c, hello)
+	require.NoError(t, err, "the target's challenge")
+	return rawConn{c, t}, hello[wire.HeaderSize:]
+}
+
+// request sends one frame and reads its reply's header.
+func (c rawConn) request(op wire.Op, id uint64, payload []byte) wire.Header {
+	hdr := make([]byte, wire.HeaderSize)
+	wire.Header{Op: op, ID: id, Len: uint64(len(payload))}.Encode(hdr)
+	_, err := c.Write(append(hdr, payload...))
+	require.NoError(c.t, err)
+	_, err = io.ReadFull(c, hdr)
+	require.NoError(c.t, err)
+	h, err := wire.Decode(hdr)
+	require.NoError(c.t, err)
+	return h
 }
 
 func mustListen(t *testing.T) net.Listener {

@@ -3,10 +3,11 @@ package verbs
 import (
 	"bytes"
 	"crypto/rand"
-	"syscall"
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/mcguard/mcguard/core/internal/testmem"
 
 	"github.com/stretchr/testify/require"
 
@@ -16,10 +17,7 @@ import (
 type mmapMem []byte
 
 func alloc(t *testing.T, n int) mmapMem {
-	b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
-	require.NoError(t, err)
-	t.Cleanup(func() { syscall.Munmap(b) })
-	return b
+	return testmem.Map(t, n)
 }
 
 func (m mmapMem) addr(off int) uint64 { return uint64(uintptr(unsafe.Pointer(&m[off]))) }
