@@ -234,11 +234,13 @@ func TestEngineHungCallEndsAtTheDeadline(t *testing.T) {
 	require.ErrorIs(t, err, ErrTimeout)
 	require.Contains(t, err.Error(), "may still land")
 	require.Less(t, time.Since(start), 2*time.Second)
+	require.EqualValues(t, 1, stats(t, g)["engine_calls_in_flight"], "the abandoned call: its blocks are not safe to reuse yet")
 	start = time.Now()
 	require.NoError(t, g.Close(), "close waits for the engine call at most its linger time")
 	require.Less(t, time.Since(start), 2*time.Second)
 	close(release)
 	<-finished // the abandoned call still writes: the memory must outlive it
+	require.Eventually(t, func() bool { return g.engine.InFlight() == 0 }, 2*time.Second, time.Millisecond)
 }
 
 func TestOpenWithEngineRefusesBadSettings(t *testing.T) {

@@ -73,6 +73,9 @@ func (g *Guard) Stats() ([]byte, error) {
 		spins, paid, spent := p.BusyPolls()
 		out["busy_poll_spins"], out["busy_poll_paid"], out["busy_poll_spent_us"] = spins, paid, spent.Microseconds()
 	}
+	if g.engine != nil {
+		out["engine_calls_in_flight"] = g.engine.InFlight()
+	}
 	out["same_host_pushed_bytes"] = g.stats.pushed.Load()
 	out["same_host_mapped_bytes"] = g.stats.mapped.Load()
 	out["same_host"] = g.cfg.SameHost

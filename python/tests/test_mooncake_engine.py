@@ -24,7 +24,7 @@ def run_with_mooncake(*args, timeout=300, check=True):
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     out = subprocess.run([MOONCAKE_PYTHON, *args], env=env, capture_output=True, text=True, timeout=timeout)
     if check:
-        assert out.returncode == 0, out.stderr[-6000:]
+        assert out.returncode == 0, "stdout:\n%s\nstderr:\n%s" % (out.stdout[-4000:], out.stderr[-3000:])
     return out
 
 

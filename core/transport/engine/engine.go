@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mcguard/mcguard/core/cuda"
@@ -68,6 +69,8 @@ type Plane struct {
 	mu     sync.Mutex
 	closed bool
 	calls  sync.WaitGroup // engine calls running, held writes included
+	// running counts calls as well, for InFlight: a WaitGroup cannot be read
+	running atomic.Int64
 }
 
 // Open checks ops and returns the data plane.
@@ -175,8 +178,20 @@ func (p *Plane) begin() error {
 		return fmt.Errorf("%w: the engine data plane is closed", errs.Closed)
 	}
 	p.calls.Add(1)
+	p.running.Add(1)
 	return nil
 }
+
+// end is begin's other half, once the engine call has returned.
+func (p *Plane) end() {
+	p.running.Add(-1)
+	p.calls.Done()
+}
+
+// InFlight is how many engine calls are running now, held writes
+// included: until it is 0, a failed or cancelled transfer's writes may
+// still land, so an application that reuses their ranges waits for it.
+func (p *Plane) InFlight() int64 { return p.running.Load() }
 
 // call runs one engine call and returns its error. Under a deadline it
 // runs apart and call returns ctx's error once ctx ends: the call itself
@@ -190,7 +205,7 @@ func (p *Plane) call(ctx context.Context, fn func() error, done func()) error {
 		return err
 	}
 	if _, bounded := ctx.Deadline(); !bounded {
-		defer p.calls.Done()
+		defer p.end()
 		err := fn()
 		if done != nil {
 			done()
@@ -202,7 +217,7 @@ func (p *Plane) call(ctx context.Context, fn func() error, done func()) error {
 	}
 	res := make(chan error, 1)
 	go func() {
-		defer p.calls.Done()
+		defer p.end()
 		err := fn()
 		if done != nil {
 			done()
@@ -224,7 +239,7 @@ func (p *Plane) hold(session string, local, remote, n uint64) {
 		return
 	}
 	time.AfterFunc(p.faults.Delay(), func() {
-		defer p.calls.Done()
+		defer p.end()
 		p.mu.Lock()
 		closed := p.closed
 		p.mu.Unlock()
