@@ -63,6 +63,12 @@ func newGuardMetrics(g *Guard) *guardMetrics {
 		}
 		return int64(n)
 	})
+	r.Gauge("mcguard_engine_calls_in_flight", "Engine calls not yet returned (over an engine data plane; held writes included): a failed transfer's blocks are reused once it is 0.", func() int64 {
+		if g.engine == nil {
+			return 0
+		}
+		return g.engine.InFlight()
+	})
 	return m
 }
 

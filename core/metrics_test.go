@@ -34,6 +34,7 @@ func TestMetrics(t *testing.T) {
 		`mcguard_transfer_seconds_bucket{mode="tail",le="+Inf"} 4`,
 		`mcguard_verification_seconds_count{mode="tail"} 3`,
 		`mcguard_sessions 1`,
+		`mcguard_engine_calls_in_flight 0`,
 		"# TYPE mcguard_transfer_seconds histogram",
 	} {
 		require.Contains(t, string(send), line+"\n")
