@@ -254,12 +254,13 @@ type Held struct {
 func (t *Regions) Hold(addr, n uint64) (Held, cuda.Memory, error) { return t.hold(addr, n, nil) }
 
 func (t *Regions) hold(addr, n uint64, abort func()) (Held, cuda.Memory, error) {
-	h, _, mem, err := t.holdRegion(addr, n, abort)
+	h, _, mem, err := t.HoldRegion(addr, n, abort)
 	return h, mem, err
 }
 
-// holdRegion is hold that also says which region it holds.
-func (t *Regions) holdRegion(addr, n uint64, abort func()) (Held, Region, cuda.Memory, error) {
+// HoldRegion is Hold (abortable) that also says which region it holds,
+// so that a run of ranges inside it needs one hold.
+func (t *Regions) HoldRegion(addr, n uint64, abort func()) (Held, Region, cuda.Memory, error) {
 	t.mu.RLock()
 	r := t.findLocked(addr, n)
 	if r == nil {
@@ -292,7 +293,7 @@ func (t *Regions) LoadAbortable(addr, n uint64, abort func(), fn func(b []byte) 
 // tails pins each region once, not each tail.
 func (t *Regions) LoadRanges(addrs, lens []uint64, abort func(), fn func(b []byte) error) error {
 	for i := 0; i < len(addrs); {
-		h, r, mem, err := t.holdRegion(addrs[i], lens[i], abort)
+		h, r, mem, err := t.HoldRegion(addrs[i], lens[i], abort)
 		if err != nil {
 			return err
 		}

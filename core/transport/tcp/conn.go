@@ -85,6 +85,8 @@ type conn struct {
 	// gatherBufs.
 	gather     net.Buffers
 	gatherBufs [2][]byte
+	// batch is a large batch's write frames queued for one writev.
+	batch batched
 }
 
 func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, cfg *Config, stripe int) (*conn, error) {
@@ -178,6 +180,9 @@ func (t *conn) deadline(ctx context.Context) {
 const gatherMin = 64 << 10
 
 func (t *conn) send(h wire.Header, payload []byte) error {
+	if err := t.writeBatch(); err != nil { // the frames queued before it, in order
+		return err
+	}
 	t.nextID++
 	h.ID = t.nextID
 	h.Encode(t.hdr[:])

@@ -340,10 +340,25 @@ func (t *conn) readOwed(ctx context.Context) error {
 // reference (OpWriteFromDevice), pinned until its acknowledgement is read.
 func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owedAck, base int, marked bool) error {
 	t.unfenced = true
+	batched := t.batches(descs)
+	if batched {
+		defer t.dropBatch()
+	}
 	for sl := range transport.Slices(descs) {
 		var m wire.Status
 		if marked {
 			m = mark(descs[sl.Desc].Len, sl.Dst == descs[sl.Desc].Dst)
+		}
+		if batched {
+			queued, err := t.queueWrite(sl, m)
+			if err != nil {
+				return err
+			}
+			if queued {
+				*owed = append(*owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc})
+				t.deadline(ctx)
+				continue
+			}
 		}
 		release, ipc, err := t.sendSlice(sl, m)
 		if err != nil {
@@ -351,6 +366,9 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owed
 		}
 		*owed = append(*owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc, release: release, ipc: ipc})
 		t.deadline(ctx)
+	}
+	if batched {
+		return t.flushBatch()
 	}
 	return nil
 }
