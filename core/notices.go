@@ -100,15 +100,24 @@ func (s *noticeStore) newLocked() *notice {
 // release gives back an entry that take returned, once its caller is done
 // with it (its landed digests released).
 func (s *noticeStore) release(e *notice) {
-	clear(e.landed) // drop references
-	*e = notice{descs: keep(e.descs), landed: keep(e.landed)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.freeLocked(e)
+}
+
+// freeLocked clears e and keeps it for reuse, within maxFreeNotices.
+func (s *noticeStore) freeLocked(e *notice) {
+	clear(e.landed) // drop references
+	*e = notice{descs: keep(e.descs), landed: keep(e.landed)}
 	if len(s.free) < maxFreeNotices {
 		s.free = append(s.free, e)
 	}
 }
 
+// evictOldestLocked drops the oldest notice, releasing its landed
+// digests (the landed index's lock nests inside the store's, never the
+// other way) and keeping the entry for reuse: a receiver whose
+// application never syncs allocates no more than one that does.
 func (s *noticeStore) evictOldestLocked() {
 	id := s.order[0]
 	s.order = s.order[1:]
@@ -119,6 +128,10 @@ func (s *noticeStore) evictOldestLocked() {
 			clear(s.evicted)
 		}
 		s.evicted[id] = true
+		for _, l := range e.landed {
+			l.Release()
+		}
+		s.freeLocked(e)
 	}
 }
 
