@@ -41,15 +41,37 @@ const (
 // sha256.Sum256 over buffers on the stack instead of hmac.New's hash
 // objects: every notice is signed by its sender and checked by its
 // receiver, and hmac.New allocates a dozen times. Longer messages than
-// the stack buffer holds (large notices) take one heap buffer.
+// the stack buffer holds (large notices) take a pooled buffer.
 // TestMACIsHMAC holds it to crypto/hmac.
 func mac(secret []byte, label string, a, b []byte) []byte {
 	sum := macSum(secret, label, a, b)
 	return sum[:]
 }
 
-// macSum is mac on the stack: a notice's MAC allocates nothing.
+// macBufs hold the inner hash's input where it outgrows macSum's stack
+// (a notice of more than about 60 descriptors), reused.
+var macBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+// macStack is the inner hash's input that macSum keeps on its stack.
+const macStack = 1024
+
+// macSum is mac without allocating: a notice's MAC allocates nothing.
 func macSum(secret []byte, label string, a, b []byte) [sha256.Size]byte {
+	if sha256.BlockSize+len(label)+len(a)+len(b) > macStack {
+		p := macBufs.Get().(*[]byte)
+		sum, buf := macSumIn((*p)[:0], secret, label, a, b)
+		*p = keep(buf)
+		macBufs.Put(p)
+		return sum
+	}
+	var stack [macStack]byte
+	sum, _ := macSumIn(stack[:0], secret, label, a, b)
+	return sum
+}
+
+// macSumIn is HMAC-SHA256 over label | a | b, building the inner hash's
+// input in buf (grown if need be, and returned).
+func macSumIn(buf, secret []byte, label string, a, b []byte) ([sha256.Size]byte, []byte) {
 	const block = sha256.BlockSize
 	var key [block]byte
 	if len(secret) > block {
@@ -57,12 +79,6 @@ func macSum(secret []byte, label string, a, b []byte) [sha256.Size]byte {
 		copy(key[:], sum[:])
 	} else {
 		copy(key[:], secret)
-	}
-	var stack [1024]byte
-	n := block + len(label) + len(a) + len(b)
-	buf := stack[:0]
-	if n > len(stack) {
-		buf = make([]byte, 0, n)
 	}
 	for _, k := range key {
 		buf = append(buf, k^0x36)
@@ -74,7 +90,7 @@ func macSum(secret []byte, label string, a, b []byte) [sha256.Size]byte {
 		outer[i] = k ^ 0x5c
 	}
 	copy(outer[block:], inner[:])
-	return sha256.Sum256(outer[:])
+	return sha256.Sum256(outer[:]), buf
 }
 
 func deriveToken(secret, challenge, nonce []byte) []byte {
