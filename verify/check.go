@@ -21,8 +21,10 @@ type Range struct {
 }
 
 // ReadFunc reads the remote ranges, concatenated in order, into out in one
-// round trip; len(out) is the sum of the ranges' lengths.
-type ReadFunc func(ctx context.Context, ranges []Range, out []byte) error
+// round trip; len(out) is the sum of the ranges' lengths. It may call
+// arrived as the bytes come in, with how many of out's leading bytes are
+// in place, so that Check compares those while the rest are on their way.
+type ReadFunc func(ctx context.Context, ranges []Range, out []byte, arrived func(n uint64)) error
 
 // LocalFunc returns the local source bytes [addr, addr+n), already checked
 // to lie in registered memory (a copy, for device memory).
@@ -35,6 +37,41 @@ type Scratch struct {
 	probes []probe // Check's plan, and the lists it builds it with
 	spans  []span
 	ranges []Range
+	cmp    comparer
+	// arrived is cmp.arrived, bound once (a method value made per read
+	// would allocate)
+	arrived func(n uint64)
+}
+
+// comparer compares a window's probes with their sources as the window's
+// bytes arrive (ReadFunc's arrived), in order.
+type comparer struct {
+	window []probe
+	buf    []byte
+	local  LocalFunc
+	next   int     // window[next] is the first probe not compared yet
+	off    uint64  // where its bytes start in buf
+	still  []probe // the probes that differed, appended
+	err    error   // local's: comparing stops
+}
+
+func (c *comparer) arrived(n uint64) {
+	for c.err == nil && c.next < len(c.window) {
+		p := c.window[c.next]
+		if c.off+p.n > n {
+			return
+		}
+		want, err := c.local(p.src, p.n)
+		if err != nil {
+			c.err = err
+			return
+		}
+		if !bytes.Equal(c.buf[c.off:c.off+p.n], want) {
+			c.still = append(c.still, p)
+		}
+		c.off += p.n
+		c.next++
+	}
 }
 
 // Bytes returns n bytes of scratch, growing it when needed.
@@ -198,21 +235,24 @@ func Check(ctx context.Context, cfg Config, seed uint64, descs []Desc, local Loc
 				ranges = append(ranges, Range{Addr: p.dst, Len: p.n})
 			}
 			buf := scratch.Bytes(total)
-			if err := remote(ctx, ranges, buf); err != nil {
+			// still shares pending's array: the comparer appends at most
+			// one probe per probe it has read, so it never overtakes them.
+			c := &scratch.cmp
+			*c = comparer{window: pending[start:end], buf: buf, local: local, still: still}
+			if scratch.arrived == nil {
+				scratch.arrived = c.arrived
+			}
+			err := remote(ctx, ranges, buf, scratch.arrived)
+			if err == nil {
+				c.arrived(total) // what the read did not report
+				err = c.err
+			}
+			still = c.still
+			*c = comparer{} // keep no reference to the caller's memory
+			if err != nil {
 				return res, err
 			}
 			res.Probed += int64(total)
-			var off uint64
-			for _, p := range pending[start:end] {
-				want, err := local(p.src, p.n)
-				if err != nil {
-					return res, err
-				}
-				if !bytes.Equal(buf[off:off+p.n], want) {
-					still = append(still, p)
-				}
-				off += p.n
-			}
 			start = end
 		}
 		pending = still

@@ -26,6 +26,14 @@ type Conn interface {
 	FenceIsFinal() bool
 }
 
+// StreamReader is a Conn whose reads can report their bytes as they
+// arrive (Read's, with arrived called as ReadFunc's is): a read-back of
+// thousands of probes is compared while its later bytes are still on the
+// wire, instead of after the last.
+type StreamReader interface {
+	ReadArriving(ctx context.Context, ranges []Range, out []byte, fenced bool, arrived func(n uint64)) error
+}
+
 // Poster is a Conn that can send writes without waiting for their
 // completions: its next Fence or Read reads them first, in the same flight,
 // so a chunk's writes, fence and read-backs cost one round trip. A
@@ -115,9 +123,12 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 	todo, index := chunk, []int(nil)
 	for attempt := 0; ; attempt++ {
 		fenced := false
-		read := func(ctx context.Context, ranges []Range, out []byte) error {
+		read := func(ctx context.Context, ranges []Range, out []byte, arrived func(uint64)) error {
 			first := !fenced
 			fenced = true
+			if sr, ok := conn.(StreamReader); ok {
+				return sr.ReadArriving(ctx, ranges, out, first, arrived)
+			}
 			return conn.Read(ctx, ranges, out, first)
 		}
 		r, err := Check(ctx, cfg, seed, todo, local, read, scratch)

@@ -112,7 +112,7 @@ type fakeTarget struct {
 	after int // reads before late writes land; <0: never
 }
 
-func (f *fakeTarget) read(_ context.Context, ranges []Range, out []byte) error {
+func (f *fakeTarget) read(_ context.Context, ranges []Range, out []byte, _ func(uint64)) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reads++
@@ -279,4 +279,75 @@ func TestSliceBytesCatchesAMissingMiddleSlice(t *testing.T) {
 	cfg.SliceBytes = 64 << 10
 	_, err = Check(context.Background(), cfg, 0, d, localOf(src), f.read, &Scratch{})
 	require.ErrorIs(t, err, ErrMismatch, "the second slice's tail did not")
+}
+
+// A read that reports its bytes as they arrive has its probes compared
+// meanwhile, in pieces that split probes anywhere, with the same verdict
+// as a read that reports nothing; and a local failure met on the way
+// fails the check.
+func TestCheckComparesAsBytesArrive(t *testing.T) {
+	const n, size = 64, 256
+	src := make([]byte, n*size)
+	for i := range src {
+		src[i] = byte(i*7 + 3)
+	}
+	target := append([]byte(nil), src...)
+	for _, bad := range []int{3, 17, 40} { // a byte in each of these descriptors' tails differs
+		target[bad*size+size-1] ^= 0xff
+	}
+	descs := make([]Desc, n)
+	for i := range descs {
+		descs[i] = Desc{Src: uint64(i * size), Dst: uint64(i * size), Len: size}
+	}
+	cfg := Config{Mode: Sample, TailBytes: 16, SampleBytes: 16, SampleStripes: 4}
+	var during int // probes compared while the read still ran
+	reading := false
+	compared := 0
+	local := func(addr, k uint64) ([]byte, error) {
+		compared++
+		if reading {
+			during++
+		}
+		return src[addr : addr+k], nil
+	}
+	read := func(piece uint64) ReadFunc {
+		return func(_ context.Context, ranges []Range, out []byte, arrived func(uint64)) error {
+			reading = true
+			defer func() { reading = false }()
+			var off uint64
+			for _, r := range ranges {
+				copy(out[off:], target[r.Addr:r.Addr+r.Len])
+				off += r.Len
+			}
+			for got := uint64(0); piece > 0 && got < off; {
+				got = min(got+piece, off)
+				arrived(got)
+			}
+			return nil
+		}
+	}
+	var verdicts []string
+	for _, piece := range []uint64{0, 1, 7, 100, 1 << 20} {
+		during, compared = 0, 0
+		_, err := Check(context.Background(), cfg, 42, descs, local, read(piece), &Scratch{})
+		var me *MismatchError
+		require.ErrorAs(t, err, &me, "piece %d", piece)
+		require.Equal(t, []int{3, 17, 40}, me.Descs, "piece %d", piece)
+		verdicts = append(verdicts, err.Error())
+		if piece > 0 && piece < 1<<20 {
+			require.Positive(t, during, "piece %d: probes compared as their bytes came", piece)
+		}
+	}
+	for _, v := range verdicts[1:] {
+		require.Equal(t, verdicts[0], v)
+	}
+
+	failing := func(addr, k uint64) ([]byte, error) {
+		if addr >= 20*size {
+			return nil, errors.New("source unregistered")
+		}
+		return src[addr : addr+k], nil
+	}
+	_, err := Check(context.Background(), cfg, 42, descs, failing, read(7), &Scratch{})
+	require.ErrorContains(t, err, "source unregistered")
 }

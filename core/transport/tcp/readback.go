@@ -65,6 +65,13 @@ func (t *conn) Fence(ctx context.Context) error {
 // wire.MaxPayload bytes. With fenced, a Fence frame precedes the first
 // request and both replies are read after one flush: one round trip.
 func (t *conn) Read(ctx context.Context, ranges []verify.Range, out []byte, fenced bool) error {
+	return t.ReadArriving(ctx, ranges, out, fenced, nil)
+}
+
+// ReadArriving is Read calling arrived (if not nil) as the bytes come in,
+// with how many of out's leading bytes are in place
+// (verify.StreamReader).
+func (t *conn) ReadArriving(ctx context.Context, ranges []verify.Range, out []byte, fenced bool, arrived func(uint64)) error {
 	if t.lease != nil && !t.unfenced {
 		if done, err := t.pullRanges(ranges, out); done || err != nil {
 			return err
@@ -79,7 +86,7 @@ func (t *conn) Read(ctx context.Context, ranges []verify.Range, out []byte, fenc
 		}
 		fenceID = t.nextID
 	}
-	if err := t.readRanges(ctx, ranges, out, fenceID); err != nil {
+	if err := t.readRanges(ctx, ranges, out, fenceID, arrived); err != nil {
 		return err
 	}
 	if fenced {
@@ -90,8 +97,9 @@ func (t *conn) Read(ctx context.Context, ranges []verify.Range, out []byte, fenc
 
 // readRanges does Read's requests; a fenceID other than 0 is a Fence sent
 // but not yet answered, whose reply comes before the first read's.
-func (t *conn) readRanges(ctx context.Context, ranges []verify.Range, out []byte, fenceID uint64) error {
+func (t *conn) readRanges(ctx context.Context, ranges []verify.Range, out []byte, fenceID uint64, arrived func(uint64)) error {
 	payload := t.readReq[:0] // the connection's: no allocation per read-back
+	var before uint64        // out's bytes read by earlier requests
 	size := func(i int) uint64 { return ranges[i].Len }
 	for start, end := range transport.Groups(len(ranges), size, wire.MaxRanges, wire.MaxPayload) {
 		payload = payload[:0]
@@ -118,10 +126,33 @@ func (t *conn) readRanges(ctx context.Context, ranges []verify.Range, out []byte
 		if h.Len != total {
 			return fmt.Errorf("%w: read-back of %d bytes answered with %d", errs.Peer, total, h.Len)
 		}
-		if _, err := io.ReadFull(t.r, out[:total]); err != nil {
+		if err := t.readReply(out[:total], before, arrived); err != nil {
+			return err
+		}
+		out, before = out[total:], before+total
+	}
+	return nil
+}
+
+// readReply reads a read-back reply's bytes into b, telling arrived (if
+// not nil) after each piece how many of the read's bytes are in: before
+// came in earlier requests.
+func (t *conn) readReply(b []byte, before uint64, arrived func(uint64)) error {
+	if arrived == nil {
+		if _, err := io.ReadFull(t.r, b); err != nil {
 			return ioErr("receive", err)
 		}
-		out = out[total:]
+		return nil
+	}
+	for got := 0; got < len(b); {
+		k, err := t.r.Read(b[got:])
+		got += k
+		if k > 0 {
+			arrived(before + uint64(got))
+		}
+		if err != nil && got < len(b) {
+			return ioErr("receive", err)
+		}
 	}
 	return nil
 }
