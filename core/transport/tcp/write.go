@@ -356,7 +356,9 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owed
 			}
 			if queued {
 				*owed = append(*owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc})
-				t.deadline(ctx)
+				if len(t.batch.bufs) == 0 { // a writev went out: the next gets the full time (not reset per frame: each change costs)
+					t.deadline(ctx)
+				}
 				continue
 			}
 		}
