@@ -137,6 +137,11 @@ def concurrent(seconds):
 
     ticks = [0]
     signal.signal(signal.SIGPROF, lambda *_: ticks.__setitem__(0, ticks[0] + 1))
+    # Ctrl-C as an interactive Python has it: a process started in the
+    # background by a shell without job control inherits SIGINT ignored,
+    # and Python then leaves it ignored (a CI run launched so saw no
+    # KeyboardInterrupt at all).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.setitimer(signal.ITIMER_PROF, 0.002, 0.002)  # what a sampling profiler does
     threads = [threading.Thread(target=worker, args=(w,)) for w in workers]
     for t in threads:
