@@ -16,13 +16,13 @@ import (
 // smaller one stays buffered, so that its writes and the fence after them
 // leave in one system call.
 const (
-	batchMin    = 64 << 10
+	batchMin    = gatherMin
 	batchFrames = 512     // frames per writev: two iovecs each, IOV_MAX is 1024
 	batchBytes  = 4 << 20 // payload per writev
 )
 
-// batched is the write frames queued for one writev, and the hold that
-// keeps their source region registered until they are sent.
+// batched is the frames queued for one writev, and the hold that keeps
+// a batch's source region registered until its frames are sent.
 type batched struct {
 	hdrs    []byte   // the frames' headers: an arena never grown (bufs point into it)
 	bufs    [][]byte // header, payload, header, payload ...
@@ -66,24 +66,35 @@ func (t *conn) queueWrite(sl transport.Slice, m wire.Status) (bool, error) {
 		}
 		b.held, b.region, b.holding = h, region, true
 	}
-	if t.w.Buffered() > 0 { // frames buffered before these go first
-		if err := t.w.Flush(); err != nil {
-			return false, ioErr("send", err)
-		}
+	if err := t.queue(wire.Header{Op: wire.OpWrite, Status: m, Addr: sl.Dst, Len: sl.Len}, memory.BytesAt(sl.Src, sl.Len)); err != nil {
+		return false, err
 	}
-	if b.hdrs == nil {
-		b.hdrs = make([]byte, 0, batchFrames*wire.HeaderSize)
-	}
-	t.nextID++
-	at := len(b.hdrs)
-	b.hdrs = b.hdrs[:at+wire.HeaderSize]
-	wire.Header{Op: wire.OpWrite, Status: m, ID: t.nextID, Addr: sl.Dst, Len: sl.Len}.Encode(b.hdrs[at:])
-	b.bufs = append(b.bufs, b.hdrs[at:at+wire.HeaderSize:at+wire.HeaderSize], memory.BytesAt(sl.Src, sl.Len))
-	b.bytes += sl.Len
 	if len(b.hdrs) == cap(b.hdrs) || b.bytes >= batchBytes {
 		return true, t.writeBatch()
 	}
 	return true, nil
+}
+
+// queue numbers frame h and queues it, with its payload where it lies,
+// for the next writev. payload must stay as it is until that is sent.
+func (t *conn) queue(h wire.Header, payload []byte) error {
+	if t.w.Buffered() > 0 { // frames buffered before this go first
+		if err := t.w.Flush(); err != nil {
+			return ioErr("send", err)
+		}
+	}
+	b := &t.batch
+	if b.hdrs == nil {
+		b.hdrs = make([]byte, 0, batchFrames*wire.HeaderSize)
+	}
+	t.nextID++
+	h.ID = t.nextID
+	at := len(b.hdrs)
+	b.hdrs = b.hdrs[:at+wire.HeaderSize]
+	h.Encode(b.hdrs[at:])
+	b.bufs = append(b.bufs, b.hdrs[at:at+wire.HeaderSize:at+wire.HeaderSize], payload)
+	b.bytes += uint64(len(payload))
+	return nil
 }
 
 // writeBatch sends the queued frames, keeping the hold for more.
@@ -94,8 +105,7 @@ func (t *conn) writeBatch() error {
 	}
 	b.out = b.bufs // WriteTo consumes out; bufs keeps the array for reuse
 	_, err := b.out.WriteTo(t.c)
-	clear(b.bufs) // keep no reference to the caller's memory
-	b.bufs, b.hdrs, b.bytes, b.out = b.bufs[:0], b.hdrs[:0], 0, nil
+	b.reset()
 	if err != nil {
 		return ioErr("send", err)
 	}
@@ -113,10 +123,15 @@ func (t *conn) flushBatch() error {
 // after an error the connection is closed anyway.
 func (t *conn) dropBatch() {
 	b := &t.batch
-	clear(b.bufs)
-	b.bufs, b.hdrs, b.bytes = b.bufs[:0], b.hdrs[:0], 0
+	b.reset()
 	if b.holding {
 		b.held.Release()
 		b.held, b.holding = memory.Held{}, false
 	}
+}
+
+// reset empties the queue, keeping no reference to the caller's memory.
+func (b *batched) reset() {
+	clear(b.bufs)
+	b.bufs, b.hdrs, b.bytes, b.out = b.bufs[:0], b.hdrs[:0], 0, nil
 }

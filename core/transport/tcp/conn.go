@@ -81,11 +81,8 @@ type conn struct {
 	watched  context.Context
 	unwatch  func() bool
 	peekedAt time.Time // when (pushFirst peeks at most every peekEvery)
-	// gather is a large frame's header and payload for writev, over
-	// gatherBufs.
-	gather     net.Buffers
-	gatherBufs [2][]byte
-	// batch is a large batch's write frames queued for one writev.
+	// batch is the frames queued for one writev: a large batch's
+	// writes, or one large payload (send).
 	batch batched
 }
 
@@ -183,24 +180,15 @@ func (t *conn) send(h wire.Header, payload []byte) error {
 	if err := t.writeBatch(); err != nil { // the frames queued before it, in order
 		return err
 	}
+	if len(payload) >= gatherMin { // by itself, through the batch's writev
+		if err := t.queue(h, payload); err != nil {
+			return err
+		}
+		return t.writeBatch()
+	}
 	t.nextID++
 	h.ID = t.nextID
 	h.Encode(t.hdr[:])
-	if len(payload) >= gatherMin {
-		if err := t.w.Flush(); err != nil { // the frames before it, in order
-			return ioErr("send", err)
-		}
-		// WriteTo consumes the slice it is given: it is made again each
-		// time over the same two-element array, so nothing is allocated.
-		t.gatherBufs = [2][]byte{t.hdr[:], payload}
-		t.gather = t.gatherBufs[:]
-		_, err := t.gather.WriteTo(t.c)
-		t.gatherBufs[1] = nil // keep no reference to the caller's memory
-		if err != nil {
-			return ioErr("send", err)
-		}
-		return nil
-	}
 	if _, err := t.w.Write(t.hdr[:]); err != nil {
 		return ioErr("send", err)
 	}
