@@ -139,6 +139,9 @@ def serve(kind):
         elif cmd[0] == "sync":
             engine.guard.sync_transfers([int(cmd[1])])  # raises on a mismatch: the run stops
             print("ok", flush=True)
+        elif cmd[0] == "stats":  # the receiving guard's stats, one JSON line ({} for other engines)
+            guard = getattr(engine, "guard", None)
+            print(json.dumps(guard.stats() if hasattr(guard, "stats") else {}), flush=True)
         elif cmd[0] == "quit":
             break
 
@@ -215,6 +218,12 @@ class Receiver:
         self.proc.stdin.flush()
         if self.proc.stdout.readline().strip() != "ok":
             raise RuntimeError("the receiver's sync_transfers failed (its stderr says why)")
+
+    def stats(self):
+        """The receiving guard's stats ({} for an engine that has none)."""
+        self.proc.stdin.write("stats\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
 
     def pause(self, paused):
         """Stop (or continue) the receiving process while another engine is
@@ -377,6 +386,30 @@ def measure(sender, name, count, size, iters, seconds):
             return moved / elapsed / 1e9
 
 
+def busy_polls(sender, recv):
+    """(spins, paid) of the sending and the receiving guard's busy polling
+    so far; None for engines that are not mcguard's own over TCP."""
+    guard = getattr(getattr(sender, "engine", None), "guard", None)
+    if not hasattr(guard, "stats") or not isinstance(recv, Receiver):
+        return None
+    s, r = guard.stats(), recv.stats()
+    return [(d.get("busy_poll_spins", 0), d.get("busy_poll_paid", 0)) for d in (s, r)]
+
+
+def spin_note(before, after):
+    """How the measurement's busy polling went, sender and receiver: a
+    small-transfer figure depends on whether both ends kept spinning
+    (most waits spin, nearly all pay) or backed off (few spin), and a run
+    settles in one or the other (BENCHMARKS.md)."""
+    if not before or not after:
+        return ""
+    parts = []
+    for who, (s0, p0), (s1, p1) in zip(("sender", "receiver"), before, after):
+        spins, paid = s1 - s0, p1 - p0
+        parts.append("%s %d spins %d%% paid" % (who, spins, 100 * paid // spins if spins else 0))
+    return "   busy poll: " + ", ".join(parts)
+
+
 def main(argv=None):
     rc = run_bench(argv)
     if "nixl_cu12" in sys.modules or "nixl" in sys.modules:
@@ -446,6 +479,7 @@ def run_bench(argv=None):
                     others = [r for k, (_, r) in pairs.items() if k != kind and isinstance(r, Receiver)]
                     for other in others:
                         other.pause(True)
+                    spins = busy_polls(sender, recv)
                     try:
                         fig = measure(sender, name, count, size, a.latency_iters, a.seconds)
                     finally:
@@ -455,8 +489,9 @@ def run_bench(argv=None):
                     if recv.hash(0, n) != sender.source_hash(n):
                         bad.append((r, name, kind))
                     results.setdefault((kind, name), []).append(fig)
-                    print("round %d/%d  %-10s %-15s %10.2f %s" % (r + 1, a.rounds, name, kind, fig,
-                                                                 "µs" if name == "1x4KiB" else "GB/s"),
+                    print("round %d/%d  %-10s %-26s %10.2f %s%s" % (r + 1, a.rounds, name, kind, fig,
+                                                                   "µs" if name == "1x4KiB" else "GB/s",
+                                                                   spin_note(spins, busy_polls(sender, recv))),
                           file=sys.stderr, flush=True)
     finally:
         for sender, recv in pairs.values():

@@ -25,3 +25,8 @@ def test_peerbench_runs_and_checks_every_destination():
     assert set(rows) == {"mooncake", "mcguard-off", "mcguard-tail", "mcguard-digest", "socket"}
     assert "(x" in rows["mcguard-tail"], "ratios to Mooncake in the same run"
     assert out.stderr.count("round 1/1") == 10, "a progress line per measurement"
+    progress = [line for line in out.stderr.splitlines() if line.startswith("round 1/1")]
+    for line in progress:
+        ours = line.split()[3].startswith("mcguard-")
+        assert ("busy poll: sender" in line and "receiver" in line) == ours, \
+            "mcguard's progress lines say how its busy polling went, and only theirs: " + line
