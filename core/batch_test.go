@@ -2,6 +2,7 @@ package core
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
 
@@ -88,28 +89,77 @@ func TestBatchedTransferAllocatesNothing(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates for its own bookkeeping; make test also runs this without it")
 	}
-	const n, size = 64, 4096 // 256 KiB: batched, and fewer frames than are left owed (no reply goroutine)
-	for _, mode := range []string{"off", "tail", "sample", "digest"} {
-		t.Run(mode, func(t *testing.T) {
-			p := newPair(t, `{"verify": "`+mode+`", "same_host": "off"}`, "", n*size)
-			descs := p.blocks(n, size)
-			ids := make([]uint64, 1)
-			transfer := func() {
-				res, err := p.send.Transfer(p.session, descs, TransferOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if mode == "digest" {
-					ids[0] = res.ID
-					if err := p.recv.SyncTransfers(ids, 0); err != nil {
+	// 64 frames: fewer than are left owed. 2048 in one chunk: more, so
+	// the older acknowledgements are read while later frames go out. 2048
+	// in chunks of 512: each chunk's sources digested beside its writes.
+	for _, shape := range []struct{ n, maxBatch, runs int }{{64, 512, 200}, {2048, 4096, 30}, {2048, 512, 30}} {
+		for _, mode := range []string{"off", "tail", "sample", "digest"} {
+			t.Run(fmt.Sprintf("%dx4KiB/max_batch=%d/%s", shape.n, shape.maxBatch, mode), func(t *testing.T) {
+				const size = 4096
+				n := shape.n
+				p := newPair(t, fmt.Sprintf(`{"verify": %q, "same_host": "off", "max_batch": %d}`, mode, shape.maxBatch), "", n*size)
+				descs := p.blocks(n, size)
+				ids := make([]uint64, 1)
+				transfer := func() {
+					res, err := p.send.Transfer(p.session, descs, TransferOptions{})
+					if err != nil {
 						t.Fatal(err)
 					}
+					if mode == "digest" {
+						ids[0] = res.ID
+						if err := p.recv.SyncTransfers(ids, 0); err != nil {
+							t.Fatal(err)
+						}
+					}
 				}
-			}
-			for i := 0; i < 50; i++ {
-				transfer()
-			}
-			require.LessOrEqual(t, testing.AllocsPerRun(200, transfer), 1.0, "allocations per transfer")
+				for i := 0; i < 20; i++ {
+					transfer()
+				}
+				require.LessOrEqual(t, testing.AllocsPerRun(shape.runs, transfer), 1.0, "allocations per transfer")
+			})
+		}
+	}
+}
+
+// A chunk of more frames than are left owed (maxOwed) reads the older
+// answers while its later frames go out: by writev (3 MiB) and through
+// the buffered writer (48 KiB), in every mode.
+func TestLongChunkReadsAnswersAsItGoes(t *testing.T) {
+	for _, size := range []int{1024, 16} {
+		for _, mode := range []string{"off", "tail", "sample", "digest"} {
+			t.Run(fmt.Sprintf("3000x%dB/%s", size, mode), func(t *testing.T) {
+				const n = 3000
+				p := newPair(t, `{"verify": "`+mode+`", "same_host": "off", "max_batch": 4096}`, "", n*size)
+				for range 3 {
+					fill(p.src.b)
+					res, err := p.send.Transfer(p.session, p.blocks(n, size), TransferOptions{})
+					require.NoError(t, err)
+					if mode == "digest" {
+						require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0))
+					}
+					require.True(t, bytes.Equal(p.src.b, p.dst.b), "destination equals source")
+				}
+			})
+		}
+	}
+}
+
+// A refusal in the middle of a long chunk fails the transfer, naming the
+// descriptor, and leaves the connection in step for the next one.
+func TestLongChunkRefusedMidway(t *testing.T) {
+	const n, size = 3000, 1024
+	for _, mode := range []string{"off", "tail"} {
+		t.Run(mode, func(t *testing.T) {
+			p := newPair(t, `{"verify": "`+mode+`", "same_host": "off", "max_batch": 4096}`, "", n*size)
+			descs := p.blocks(n, size)
+			descs[2000].Dst = p.dst.addr(0) + n*size // past the receiver's region
+			_, err := p.send.Transfer(p.session, descs, TransferOptions{})
+			require.ErrorIs(t, err, ErrNotRegistered)
+			require.Contains(t, err.Error(), "descriptor 2000 ")
+			fill(p.src.b)
+			_, err = p.send.Transfer(p.session, p.blocks(n, size), TransferOptions{})
+			require.NoError(t, err, "the connection is in step after the refusal")
+			require.True(t, bytes.Equal(p.src.b, p.dst.b), "destination equals source")
 		})
 	}
 }

@@ -27,6 +27,7 @@ const MaxDescriptors = 1 << 24
 type Guard struct {
 	cfg     Config
 	regions *memory.Regions
+	view    verify.LocalFunc // regions.View: where verification reads local bytes
 	zctx    *zmq.Context
 	control *controlServer
 
@@ -57,6 +58,7 @@ type Guard struct {
 	nextTransfer atomic.Uint64 // starts at a random value: ids differ across senders
 	stats        counters
 	metrics      *guardMetrics
+	digesters    digesters
 }
 
 // Open starts a guard: its data planes and its control endpoint.
@@ -76,6 +78,7 @@ func open(cfg Config, ops *engine.Ops) (*Guard, error) {
 	g := &Guard{cfg: cfg, sessions: map[string]*session{}, allocs: map[uint64]*sharedmem.File{}, notices: newNoticeStore(), auth: newAuthority(cfg.Secret),
 		planeState: map[string]string{}, engineOps: ops}
 	g.nextTransfer.Store(mrand.Uint64() >> 1)
+	g.digesters.jobs = make(chan *digestJob)
 	g.metrics = newGuardMetrics(g)
 	if err := g.loadCUDA(); err != nil {
 		return nil, err

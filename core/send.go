@@ -164,7 +164,7 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 			} else {
 				// Digest the sources while the writes go out: the source
 				// must not change during a transfer, so both see the same bytes.
-				digesting = g.digestInBackground(chunk, digests)
+				digesting = g.digestInBackground(&s.digestJob, chunk, digests)
 			}
 		}
 		wait := func() error {
@@ -185,7 +185,7 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 		}
 		sent = true
 		var d verify.Delivery
-		d, err = verify.Deliver(ctx, vcfg, seed, s.conn, chunk, base, g.regions.View, &s.scratch, announce)
+		d, err = verify.Deliver(ctx, vcfg, seed, s.conn, chunk, base, g.view, &s.scratch, announce)
 		if errors.Is(err, errUnknownToken) && vcfg.Mode == verify.Digest && announce != nil {
 			// The receiver forgot this session's handshake while the data
 			// connection lived on: the chunk is fenced; shake hands again
@@ -243,14 +243,6 @@ func (g *Guard) digestSources(chunk []verify.Desc, digests []uint64) (err error)
 		}
 	}
 	return nil
-}
-
-// digestInBackground runs digestSources on a goroutine of its own; its
-// result comes on the channel.
-func (g *Guard) digestInBackground(chunk []verify.Desc, digests []uint64) <-chan error {
-	done := make(chan error, 1)
-	go func() { done <- g.digestSources(chunk, digests) }()
-	return done
 }
 
 // inlineDigestBytes: a chunk this small is digested before its writes go

@@ -44,6 +44,7 @@ type sendBufs struct {
 	digests     []uint64
 	noticeDescs []wire.NoticeDesc
 	noticeBody  []byte
+	digestJob   digestJob // a chunk's digests taken beside its writes
 }
 
 // connect makes sure the session has a handshake and a data connection

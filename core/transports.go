@@ -102,10 +102,16 @@ func (g *Guard) handshakeTransport() string {
 	return g.data.Name()
 }
 
+// setRegions makes r this guard's region table.
+func (g *Guard) setRegions(r *memory.Regions) {
+	g.regions = r
+	g.view = r.View // a method value, made once: each use would allocate it again
+}
+
 // loadCUDA finds the driver as cfg.CUDA says; the region table reaches
 // device memory through it.
 func (g *Guard) loadCUDA() error {
-	g.regions = memory.New(nil)
+	g.setRegions(memory.New(nil))
 	if g.cfg.CUDA == "off" {
 		g.cudaState = "off"
 		return nil
@@ -118,7 +124,7 @@ func (g *Guard) loadCUDA() error {
 		g.cudaState = "unavailable: " + err.Error()
 		return nil
 	}
-	g.regions = memory.New(d)
+	g.setRegions(memory.New(d))
 	g.cudaState = fmt.Sprintf("driver %d", d.Version)
 	return nil
 }

@@ -37,17 +37,27 @@ const maxOwed = 1024
 // collectOwed reads the replies of posted frames, which come before any
 // later reply. It returns an I/O error (the stream is lost), or the first
 // refusal among them (the stream is in step: the caller reads on).
-func (t *conn) collectOwed() (refused, ioErr error) {
-	owed := t.owed
-	t.owed = t.owed[:0]
-	defer func() { // a source the target has answered for (or never will) is free
-		for _, o := range owed {
+func (t *conn) collectOwed() (refused, ioErr error) { return t.collectFirst(len(t.owed)) }
+
+// collectFirst is collectOwed for the oldest n owed replies only; the
+// rest stay owed. A source the target has answered for (or, the stream
+// lost, never will) is let go.
+func (t *conn) collectFirst(n int) (refused, ioErr error) {
+	defer func() {
+		done := n
+		if ioErr != nil {
+			done = len(t.owed)
+		}
+		for _, o := range t.owed[:done] {
 			if o.release != nil {
 				o.release()
 			}
 		}
+		left := copy(t.owed, t.owed[done:])
+		clear(t.owed[left:])
+		t.owed = t.owed[:left]
 	}()
-	for _, o := range owed {
+	for _, o := range t.owed[:n] {
 		h, err := t.recv(o.op, o.id)
 		if err != nil {
 			return nil, err
@@ -98,21 +108,12 @@ func (t *conn) owedThen(op wire.Op, id uint64) (wire.Header, error) {
 }
 
 // Write sends every descriptor, sliced, pipelined, and collects one
-// acknowledgement per slice. A batch of at most maxOwed slices is sent
-// whole and then acknowledged, on this goroutine; a longer one has its
-// replies read while the writes go out, so it cannot fill both socket
-// buffers and stall.
+// acknowledgement per slice.
 func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
 	if t.lease != nil {
 		if done, err := t.pushFirst(ctx, descs); done || err != nil {
 			return err
 		}
-	}
-	if countSlices(descs) > maxOwed {
-		if err := t.begin(ctx, true); err != nil {
-			return err
-		}
-		return t.writeLong(ctx, descs, base, false)
 	}
 	if err := t.Post(ctx, descs, base); err != nil {
 		return err
@@ -120,65 +121,11 @@ func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
 	return t.readOwed(ctx)
 }
 
-// writeLong sends a batch of more than maxOwed slices while another
-// goroutine reads their acknowledgements.
-func (t *conn) writeLong(ctx context.Context, descs []verify.Desc, base int, marked bool) error {
-	var slices []int // the descriptor of each slice, for messages
-	for sl := range transport.Slices(descs) {
-		slices = append(slices, base+sl.Desc)
-	}
-	defer t.abortOn(ctx)()
-	t.deadline(ctx)
-	firstID := t.nextID + 1
-	acks := make(chan error, 1)
-	var noAccess bool // read after acks: a same-host copy was refused
-	go func() {
-		var refused error
-		for k := range slices {
-			h, err := t.recv(wire.OpWrite, firstID+uint64(k))
-			if err != nil {
-				t.c.Close() // unblocks the sender too
-				acks <- err
-				return
-			}
-			if h.Status != wire.StatusOK && refused == nil {
-				refused = fmt.Errorf("%w: target refused descriptor %d at %#x: %v", statusErr(h.Status), slices[k], h.Addr, h.Status)
-			}
-			noAccess = noAccess || h.Status == wire.StatusNoAccess
-		}
-		acks <- refused
-	}()
-	var pinned []owedAck // the slices sent, pulled sources held until their acknowledgements came
-	defer func() {
-		for _, o := range pinned {
-			if o.release != nil {
-				o.release()
-			}
-		}
-	}()
-	sendErr := t.sendWrites(ctx, descs, &pinned, 0, marked)
-	if sendErr == nil {
-		if err := t.w.Flush(); err != nil {
-			sendErr = ioErr("send", err)
-		}
-	}
-	if sendErr != nil {
-		t.c.Close() // unblocks the reply reader
-		<-acks
-		return sendErr
-	}
-	err := <-acks
-	if noAccess && anyIPC(pinned) {
-		t.ipc = false // as collectOwed: later transfers stage GPU bytes
-		err = fmt.Errorf("%w (a CUDA IPC copy may have been refused: the receiver's log says why; later transfers on this connection stage GPU bytes through the socket)", err)
-	}
-	return err
-}
-
 // Post sends a batch of writes and returns without reading their
 // acknowledgements (verify.Poster): the next Fence or Read reads them
 // first, so writes, fence and read-backs make one flight. A batch of more
-// than maxOwed slices is written as Write does.
+// than maxOwed slices reads the older acknowledgements while its later
+// frames go out (sendWrites).
 func (t *conn) Post(ctx context.Context, descs []verify.Desc, base int) error {
 	return t.post(ctx, descs, base, false)
 }
@@ -196,16 +143,14 @@ func (t *conn) post(ctx context.Context, descs []verify.Desc, base int, marked b
 			return err
 		}
 	}
-	long := countSlices(descs) > maxOwed
-	if err := t.begin(ctx, long); err != nil { // nothing is owed past here, but answers to notices still on their way
+	// Nothing is owed past here, but answers to notices still on their
+	// way; a long batch starts with none, so that its window is its own.
+	if err := t.begin(ctx, countSlices(descs) > maxOwed); err != nil {
 		return err
-	}
-	if long {
-		return t.writeLong(ctx, descs, base, marked)
 	}
 	defer t.abortOn(ctx)()
 	t.deadline(ctx)
-	return t.sendWrites(ctx, descs, &t.owed, base, marked)
+	return t.sendWrites(ctx, descs, base, marked)
 }
 
 // CarriesNotices: completion notices go on this connection (PostNotice).
@@ -335,10 +280,13 @@ func (t *conn) readOwed(ctx context.Context) error {
 }
 
 // sendWrites sends descs' slices, recording each slice's
-// acknowledgement in owed. On the same host a host-memory source goes as
+// acknowledgement in t.owed. On the same host a host-memory source goes as
 // its address (OpWriteFrom) and a device-memory one as its CUDA IPC
 // reference (OpWriteFromDevice), pinned until its acknowledgement is read.
-func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owedAck, base int, marked bool) error {
+// Once maxOwed are owed, it reads the older half before sending more
+// (settleWindow): a long batch cannot fill both socket buffers and stall,
+// and needs no second goroutine to read its answers.
+func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, base int, marked bool) error {
 	t.unfenced = true
 	batched := t.batches(descs)
 	if batched {
@@ -355,9 +303,12 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owed
 				return err
 			}
 			if queued {
-				*owed = append(*owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc})
+				t.owed = append(t.owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc})
 				if len(t.batch.bufs) == 0 { // a writev went out: the next gets the full time (not reset per frame: each change costs)
 					t.deadline(ctx)
+				}
+				if err := t.settleWindow(ctx); err != nil {
+					return err
 				}
 				continue
 			}
@@ -366,11 +317,40 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, owed *[]owed
 		if err != nil {
 			return err
 		}
-		*owed = append(*owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc, release: release, ipc: ipc})
+		t.owed = append(t.owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc, release: release, ipc: ipc})
 		t.deadline(ctx)
+		if err := t.settleWindow(ctx); err != nil {
+			return err
+		}
 	}
 	if batched {
 		return t.flushBatch()
+	}
+	return nil
+}
+
+// settleWindow, once maxOwed acknowledgements are owed, sends what is
+// queued and reads the older half of them. On a refusal it reads the rest
+// too, so that the stream is in step and nothing of this batch is left
+// owed, and returns it: the batch has failed, sending on would be waste.
+func (t *conn) settleWindow(ctx context.Context) error {
+	if len(t.owed) < maxOwed {
+		return nil
+	}
+	if err := t.writeBatch(); err != nil {
+		return err
+	}
+	if err := t.w.Flush(); err != nil {
+		return ioErr("send", err)
+	}
+	t.deadline(ctx)
+	refused, err := t.collectFirst(maxOwed / 2)
+	if err != nil {
+		return err
+	}
+	if refused != nil {
+		_, err = t.collectOwed()
+		return firstErr(refused, err)
 	}
 	return nil
 }
@@ -406,11 +386,6 @@ func (t *conn) sendSlice(sl transport.Slice, m wire.Status) (release func(), ipc
 	return nil, false, t.local.LoadAbortable(sl.Src, sl.Len, t.cut, func(src []byte) error {
 		return t.send(wire.Header{Op: wire.OpWrite, Status: m, Addr: sl.Dst, Len: sl.Len}, src)
 	})
-}
-
-// anyIPC says whether any of owed is a CUDA IPC write.
-func anyIPC(owed []owedAck) bool {
-	return slices.ContainsFunc(owed, func(o owedAck) bool { return o.ipc })
 }
 
 // countSlices is how many frames descs take.
