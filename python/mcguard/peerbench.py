@@ -43,7 +43,8 @@ MOONCAKE_ENV = {"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "16384", "MC_LOG_LEVEL":
 # tail of each descriptor read back through Mooncake and polled), "socket",
 # and "mcguard[-socket]-digest+sync[-read]": digest mode with
 # the receiver's sync_transfers after every transfer (its request and answer
-# cross a pipe to the receiving process), comparing the digests its target
+# cross a pipe to the receiving process; the pipe's time is left out of the
+# figures, the call's is in), comparing the digests its target
 # took as the bytes landed, or reading its memory again (digest_at "sync").
 # An mcguard kind ending in "@N" opens its sessions with tcp_stripes N.
 TAIL = 64
@@ -136,9 +137,10 @@ def serve(kind):
         if cmd[0] == "hash":
             off, n = int(cmd[1]), int(cmd[2])
             print(hashlib.sha1(ctypes.string_at(addr + off, n)).hexdigest(), flush=True)
-        elif cmd[0] == "sync":
+        elif cmd[0] == "sync":  # answered with how long the call took here, in seconds
+            start = time.perf_counter()
             engine.guard.sync_transfers([int(cmd[1])])  # raises on a mismatch: the run stops
-            print("ok", flush=True)
+            print("ok %.9f" % (time.perf_counter() - start), flush=True)
         elif cmd[0] == "stats":  # the receiving guard's stats, one JSON line ({} for other engines)
             guard = getattr(engine, "guard", None)
             print(json.dumps(guard.stats() if hasattr(guard, "stats") else {}), flush=True)
@@ -206,6 +208,7 @@ class Receiver:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         hello = json.loads(self.proc.stdout.readline())
         self.session, self.addr, self.guard = hello["session"], hello["addr"], hello.get("guard", "")
+        self.synced = []  # seconds each sync_transfers call took in the receiving process
 
     def hash(self, off, n):
         self.proc.stdin.write("hash %d %d\n" % (off, n))
@@ -213,11 +216,17 @@ class Receiver:
         return self.proc.stdout.readline().strip()
 
     def sync(self, transfer_id):
-        """The receiver's sync_transfers for one transfer."""
+        """The receiver's sync_transfers for one transfer; returns the
+        seconds the pipe to the receiving process and back took beyond
+        the call itself."""
+        start = time.perf_counter()
         self.proc.stdin.write("sync %d\n" % transfer_id)
         self.proc.stdin.flush()
-        if self.proc.stdout.readline().strip() != "ok":
+        answer = self.proc.stdout.readline().split()
+        if len(answer) != 2 or answer[0] != "ok":
             raise RuntimeError("the receiver's sync_transfers failed (its stderr says why)")
+        self.synced.append(float(answer[1]))
+        return max(time.perf_counter() - start - self.synced[-1], 0.0)
 
     def stats(self):
         """The receiving guard's stats ({} for an engine that has none)."""
@@ -290,7 +299,9 @@ class Sender:
         return hashlib.sha1(ctypes.string_at(self.src, n)).hexdigest()
 
     def transfer(self, count, size):
-        """One batch of count descriptors of size bytes, src block i to dst block i."""
+        """One batch of count descriptors of size bytes, src block i to dst
+        block i; for the "+sync" kinds, returns the seconds the pipe to the
+        receiver took (Receiver.sync)."""
         if self.kind == "nixl":
             return self.nixl_transfer(count, size)
         if self.kind == "socket":
@@ -306,7 +317,7 @@ class Sender:
         if ret != 0:
             raise RuntimeError("%s: batch_transfer_sync_write returned %d" % (self.kind, ret))
         if receiver_syncs(self.kind):
-            self.recv.sync(self.engine.last_transfer_id)
+            return self.recv.sync(self.engine.last_transfer_id)
         if self.kind == "vllm-fix":
             self.poll_tails(src, dst, size)
 
@@ -368,22 +379,36 @@ class LocalCopy:
 
 
 def measure(sender, name, count, size, iters, seconds):
-    """Latency samples (µs) for 1 x 4 KiB, else GB/s of repeated batches."""
+    """Latency (median µs) for 1 x 4 KiB, else GB/s of repeated batches;
+    and a note for the progress line. A transfer that returns a time (the
+    "+sync" kinds: the pipe to the receiving process and back, beyond its
+    sync_transfers call) has that time left out: an application's receiver
+    syncs in its own process, and the pipe is this benchmark's."""
     sender.transfer(count, size)  # warm: connect, handshake
+    piped = []
+    if isinstance(getattr(sender, "recv", None), Receiver):
+        sender.recv.synced = []
     if name == "1x4KiB":
         samples = []
         for _ in range(iters):
             t = time.perf_counter()
-            sender.transfer(count, size)
-            samples.append((time.perf_counter() - t) * 1e6)
-        return statistics.median(samples)
-    moved, start = 0, time.perf_counter()
-    while True:
-        sender.transfer(count, size)
-        moved += count * size
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return moved / elapsed / 1e9
+            pipe = sender.transfer(count, size) or 0.0
+            samples.append((time.perf_counter() - t - pipe) * 1e6)
+            piped.append(pipe)
+        fig = statistics.median(samples)
+    else:
+        moved, start = 0, time.perf_counter()
+        while True:
+            piped.append(sender.transfer(count, size) or 0.0)
+            moved += count * size
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                fig = moved / (elapsed - sum(piped)) / 1e9
+                break
+    if not any(piped):
+        return fig, ""
+    return fig, "   (the receiver's sync_transfers: median %.1f µs; the pipe to it, left out: %.1f µs)" % (
+        statistics.median(sender.recv.synced) * 1e6, statistics.median(piped) * 1e6)
 
 
 def busy_polls(sender, recv):
@@ -481,7 +506,7 @@ def run_bench(argv=None):
                         other.pause(True)
                     spins = busy_polls(sender, recv)
                     try:
-                        fig = measure(sender, name, count, size, a.latency_iters, a.seconds)
+                        fig, note = measure(sender, name, count, size, a.latency_iters, a.seconds)
                     finally:
                         for other in others:
                             other.pause(False)
@@ -489,9 +514,9 @@ def run_bench(argv=None):
                     if recv.hash(0, n) != sender.source_hash(n):
                         bad.append((r, name, kind))
                     results.setdefault((kind, name), []).append(fig)
-                    print("round %d/%d  %-10s %-26s %10.2f %s%s" % (r + 1, a.rounds, name, kind, fig,
-                                                                   "µs" if name == "1x4KiB" else "GB/s",
-                                                                   spin_note(spins, busy_polls(sender, recv))),
+                    print("round %d/%d  %-10s %-26s %10.2f %s%s%s" % (r + 1, a.rounds, name, kind, fig,
+                                                                     "µs" if name == "1x4KiB" else "GB/s",
+                                                                     spin_note(spins, busy_polls(sender, recv)), note),
                           file=sys.stderr, flush=True)
     finally:
         for sender, recv in pairs.values():
