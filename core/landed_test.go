@@ -28,6 +28,9 @@ func TestDigestsTakenAsTheBytesLand(t *testing.T) {
 		{"socket", `{"verify": "digest", "same_host": "off"}`, landing, 64, 4096, true},
 		{"same host", `{"verify": "digest"}`, landing, 64, 4096, true},
 		{"sliced descriptors", `{"verify": "digest", "same_host": "off"}`, landing, 2, 9<<20 + 123, true},
+		// three chunks of max_batch, a notice and a landed set each, found
+		// in order; more 4 KiB descriptors than fit one index bucket
+		{"chunks", `{"verify": "digest", "same_host": "off"}`, landing, 1500, 4096, true},
 		{"digest_at sync (the default)", `{"verify": "digest"}`, ``, 64, 4096, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {

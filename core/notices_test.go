@@ -12,8 +12,10 @@ import (
 // countedLanded is a landed set that counts its releases.
 type countedLanded struct{ released *int }
 
-func (c countedLanded) Digest(uint64, uint64) (uint64, bool) { return 0, false }
-func (c countedLanded) Release()                             { *c.released++ }
+func (c countedLanded) Digest(uint64, uint64) (uint64, int, bool)         { return 0, -1, false }
+func (c countedLanded) DigestAt(int, uint64, uint64) (uint64, bool, bool) { return 0, false, false }
+func (c countedLanded) Len() int                                          { return 0 }
+func (c countedLanded) Release()                                          { *c.released++ }
 
 // A receiver whose application never syncs keeps at most
 // maxNoticeEntries notices: the oldest go, their landed digests released,

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/mcguard/mcguard/core/memory"
@@ -163,12 +164,14 @@ type syncCall struct {
 	vr      []verify.Range
 	digests []uint64
 	landed  []transport.Landed                 // the notice's digests taken as the bytes landed
-	digest  func(verify.Range) (uint64, error) // c.digestRange, bound once: CompareDigests may hand it to goroutines
+	set, at int                                // where in landed the next range is looked for first
+	known   func(verify.Range) (uint64, bool)  // c.landedDigest, bound once
+	digest  func(verify.Range) (uint64, error) // c.readDigest, bound once: CompareDigests may hand it to goroutines
 }
 
 var syncCalls = sync.Pool{New: func() any {
 	c := &syncCall{waiter: newNoticeWaiter()}
-	c.digest = c.digestRange
+	c.known, c.digest = c.landedDigest, c.readDigest
 	return c
 }}
 
@@ -190,8 +193,10 @@ func endSync(c *syncCall) {
 
 // settleNotice settles the ranges notice n names.
 func (c *syncCall) settleNotice(n *notice, id uint64, stream uint64) error {
-	c.ranges = c.ranges[:0]
-	c.digests = c.digests[:0]
+	// Grown once to size: appending would regrow them step by step on
+	// every sync too large for the pool to keep them (keep).
+	c.ranges = slices.Grow(c.ranges[:0], len(n.descs))
+	c.digests = slices.Grow(c.digests[:0], len(n.descs))
 	for _, d := range n.descs {
 		c.ranges = append(c.ranges, SyncRange{Addr: d.Dst, Len: d.Len})
 		c.digests = append(c.digests, d.Digest)
@@ -212,7 +217,7 @@ func (c *syncCall) settleNotice(n *notice, id uint64, stream uint64) error {
 func (c *syncCall) settle(ranges []SyncRange, digests []uint64, landed []transport.Landed, what func() string, stream uint64) error {
 	g := c.g
 	g.stats.syncs.Add(1)
-	c.regions = c.regions[:0]
+	c.regions = slices.Grow(c.regions[:0], len(ranges))
 	for _, r := range ranges {
 		c.regions = append(c.regions, memory.Region(r))
 	}
@@ -239,27 +244,49 @@ func (c *syncCall) settle(ranges []SyncRange, digests []uint64, landed []transpo
 	if digests == nil {
 		return nil
 	}
-	c.vr = c.vr[:0]
+	c.vr = slices.Grow(c.vr[:0], len(ranges))
 	for _, r := range ranges {
 		c.vr = append(c.vr, verify.Range(r))
 	}
-	c.landed = landed
-	if err := verify.CompareDigests(c.vr, digests, c.digest, what); err != nil {
+	c.landed, c.set, c.at = landed, 0, 0
+	if err := verify.CompareDigests(c.vr, digests, c.known, c.digest, what); err != nil {
 		g.stats.syncFailures.Add(1)
 		return err
 	}
 	return nil
 }
 
-// digestRange is a synced range's digest: the one taken as it landed,
-// where there is one, else read from memory.
-func (c *syncCall) digestRange(r verify.Range) (uint64, error) {
-	for _, l := range c.landed {
-		if d, ok := l.Digest(r.Addr, r.Len); ok {
-			c.g.stats.digestsLanded.Add(1)
-			return d, nil
+// landedDigest is a synced range's digest taken as it landed, if the
+// target took one. CompareDigests asks for the ranges in order, and they
+// landed in that order: each is looked for first right after the last
+// one found.
+func (c *syncCall) landedDigest(r verify.Range) (uint64, bool) {
+	for c.set < len(c.landed) && c.at >= c.landed[c.set].Len() {
+		c.set, c.at = c.set+1, 0
+	}
+	if c.set < len(c.landed) {
+		if d, here, ok := c.landed[c.set].DigestAt(c.at, r.Addr, r.Len); here {
+			c.at++
+			if ok {
+				c.g.stats.digestsLanded.Add(1)
+			}
+			return d, ok
 		}
 	}
+	for k, l := range c.landed { // out of order: search, and go on from there
+		if d, at, ok := l.Digest(r.Addr, r.Len); at >= 0 {
+			c.set, c.at = k, at+1
+			if ok {
+				c.g.stats.digestsLanded.Add(1)
+				return d, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// readDigest is a synced range's digest read from memory.
+func (c *syncCall) readDigest(r verify.Range) (uint64, error) {
 	c.g.stats.digestsRead.Add(1)
 	return c.g.regions.Digest(r.Addr, r.Len)
 }

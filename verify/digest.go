@@ -23,39 +23,73 @@ type Digester = *xxh3.Hasher
 // written.
 func NewDigester() Digester { return xxh3.New() }
 
-// CompareDigests is the receiver's half of digest mode: it digests each
-// range with digest and compares it with want[i] (the sender's digest of
-// its source), and returns an ErrMismatch error naming the ranges that
-// differ, each called "what() i" (what is called only then). Large work
-// is spread over the CPUs: the bytes just arrived from the network and
+// CompareDigests is the receiver's half of digest mode: it compares each
+// range's digest with want[i] (the sender's digest of its source), and
+// returns an ErrMismatch error naming the ranges that differ, each called
+// "what() i" (what is called only then). A range's digest is known(r)
+// where that has it (taken as the bytes landed), else digest(r), which
+// reads the memory. known is asked once per range, in order, on this
+// goroutine: a lookup, cheaper one after another than spread over
+// goroutines that contend for the index's lock. Reads of 4 MiB or more
+// are spread over the CPUs: the bytes just arrived from the network and
 // are read from memory, not cache, so one core alone is bound by memory
-// latency. Small work allocates nothing; digest escapes (the workers
-// call it), so a caller that must not allocate binds it once.
-func CompareDigests(ranges []Range, want []uint64, digest func(Range) (uint64, error), what func() string) error {
+// latency. Small work allocates nothing; digest escapes (the workers call
+// it), so a caller that must not allocate binds it, and known, once.
+func CompareDigests(ranges []Range, want []uint64, known func(Range) (uint64, bool), digest func(Range) (uint64, error), what func() string) error {
+	if known == nil {
+		known = func(Range) (uint64, bool) { return 0, false }
+	}
+	var bad []string
+	differs := func(i int) {
+		if len(bad) < 16 {
+			bad = append(bad, fmt.Sprintf("%s %d [%#x, +%d)", what(), i, ranges[i].Addr, ranges[i].Len))
+		} else if len(bad) == 16 {
+			bad = append(bad, "...")
+		}
+	}
 	var total uint64
 	for _, r := range ranges {
 		total += r.Len
 	}
-	var ok []bool // per range, where workers digested them
-	if workers := min(runtime.GOMAXPROCS(0), len(ranges)); total >= 4<<20 && workers >= 2 {
-		ok = digestSpread(ranges, want, digest, workers)
-	}
-	var bad []string
-	for i, r := range ranges {
-		var good bool
-		if ok != nil {
-			good = ok[i]
+	workers := min(runtime.GOMAXPROCS(0), len(ranges))
+	if total < 4<<20 || workers < 2 {
+		for i, r := range ranges { // one pass: what is not known is read at once
+			d, ok := known(r)
+			if !ok {
+				var err error
+				if d, err = digest(r); err != nil {
+					differs(i)
+					continue
+				}
+			}
+			if d != want[i] {
+				differs(i)
+			}
+		}
+	} else {
+		read := make([]bool, len(ranges)) // the ranges whose digests are not known
+		var toRead uint64
+		for i, r := range ranges {
+			if d, ok := known(r); !ok {
+				read[i], toRead = true, toRead+r.Len
+			} else if d != want[i] {
+				differs(i)
+			}
+		}
+		if toRead >= 4<<20 {
+			digestSpread(ranges, want, read, digest, workers) // read[i] stays true where it differs
 		} else {
-			d, err := digest(r)
-			good = err == nil && d == want[i]
+			for i, r := range ranges {
+				if read[i] {
+					d, err := digest(r)
+					read[i] = err != nil || d != want[i]
+				}
+			}
 		}
-		if good {
-			continue
-		}
-		if len(bad) < 16 {
-			bad = append(bad, fmt.Sprintf("%s %d [%#x, +%d)", what(), i, r.Addr, r.Len))
-		} else if len(bad) == 16 {
-			bad = append(bad, "...")
+		for i, differ := range read {
+			if differ {
+				differs(i)
+			}
 		}
 	}
 	if bad != nil {
@@ -64,19 +98,20 @@ func CompareDigests(ranges []Range, want []uint64, digest func(Range) (uint64, e
 	return nil
 }
 
-// digestSpread compares every range's digest on workers goroutines.
-func digestSpread(ranges []Range, want []uint64, digest func(Range) (uint64, error), workers int) []bool {
-	ok := make([]bool, len(ranges))
+// digestSpread reads and compares, on workers goroutines, the ranges
+// marked in read, leaving read[i] true where range i differs.
+func digestSpread(ranges []Range, want []uint64, read []bool, digest func(Range) (uint64, error), workers int) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
 		wg.Go(func() {
 			for i := int(next.Add(1)) - 1; i < len(ranges); i = int(next.Add(1)) - 1 {
-				d, err := digest(ranges[i])
-				ok[i] = err == nil && d == want[i]
+				if read[i] {
+					d, err := digest(ranges[i])
+					read[i] = err != nil || d != want[i]
+				}
 			}
 		})
 	}
 	wg.Wait()
-	return ok
 }

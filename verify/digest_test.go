@@ -1,7 +1,12 @@
 package verify
 
 import (
+	"errors"
+	"fmt"
 	"hash/crc32"
+	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -50,4 +55,60 @@ func BenchmarkDigest(b *testing.B) {
 			crc32.Checksum(buf, castagnoli)
 		}
 	})
+}
+
+// CompareDigests takes a known digest where there is one and reads the
+// rest, small and large (spread over goroutines), names the ranges that
+// differ either way, and asks known once per range, in order: a caller
+// may look each up right after the last one found.
+func TestCompareDigestsKnownAndRead(t *testing.T) {
+	for _, size := range []int{4096, 256 << 10} { // 256 KiB in all, read one by one; 16 MiB, 5 MiB of it read spread
+		t.Run(fmt.Sprint(size), func(t *testing.T) {
+			const n = 64
+			mem := make([]byte, n*size)
+			for i := range mem {
+				mem[i] = byte(i * 7)
+			}
+			ranges, want := make([]Range, n), make([]uint64, n)
+			for i := range ranges {
+				ranges[i] = Range{Addr: uint64(i * size), Len: uint64(size)}
+				want[i] = DigestOf(mem[i*size : (i+1)*size])
+			}
+			var asked []uint64
+			known := func(r Range) (uint64, bool) {
+				asked = append(asked, r.Addr)
+				i := int(r.Addr) / size
+				switch {
+				case i%3 == 1:
+					return 0, false // not landed: read
+				case i == 9:
+					return want[i] ^ 1, true // landed, but other bytes
+				}
+				return want[i], true
+			}
+			var reads atomic.Int64
+			digest := func(r Range) (uint64, error) {
+				reads.Add(1)
+				if r.Addr == uint64(10*size) {
+					return 0, errors.New("unreadable")
+				}
+				return DigestOf(mem[r.Addr : r.Addr+r.Len]), nil
+			}
+			mem[4*size] ^= 1 // range 4 is read, and differs
+			err := CompareDigests(ranges, want, known, digest, func() string { return "descriptor" })
+			require.ErrorIs(t, err, ErrMismatch)
+			for _, i := range []string{"descriptor 4 ", "descriptor 9 ", "descriptor 10 "} {
+				require.ErrorContains(t, err, i)
+			}
+			require.Equal(t, 3, strings.Count(err.Error(), "descriptor "), "only those differ")
+			require.EqualValues(t, 21, reads.Load(), "the ranges not known, and only those, are read")
+			require.Len(t, asked, n, "known asked once per range")
+			require.True(t, slices.IsSorted(asked), "in order")
+
+			mem[4*size] ^= 1
+			want[9] ^= 1
+			require.NoError(t, CompareDigests(ranges[11:], want[11:], nil, digest, func() string { return "d" }),
+				"no known digests: every range read")
+		})
+	}
 }

@@ -101,7 +101,16 @@ type Dialer interface {
 // whole on the notice's connection before it and that no later write
 // through the target overlapped (tcp/landed.go says what that proves).
 type Landed interface {
-	Digest(addr, n uint64) (digest uint64, ok bool)
+	// Digest finds the descriptor [addr, addr+n) among them: at is its
+	// place in landing order, -1 if it is not there; ok says its digest
+	// is good to compare.
+	Digest(addr, n uint64) (digest uint64, at int, ok bool)
+	// DigestAt is Digest asking the descriptor at place k only: here
+	// says whether that is [addr, addr+n). A sync asks in the notice's
+	// order, which is landing order, so it finds each where the last
+	// one ended, without a search.
+	DigestAt(k int, addr, n uint64) (digest uint64, here, ok bool)
+	Len() int
 	Release() // the sync is done with them
 }
 

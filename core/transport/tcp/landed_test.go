@@ -43,13 +43,13 @@ func TestLandedIndex(t *testing.T) {
 	require.False(t, ok)
 	require.Nil(t, l.before(&x, 8192, 8192, false), "a continuation with nothing landing is not marked")
 
-	// The index is bounded, in all and per MiB: the oldest entries go first.
+	// The index is bounded, in all and per bucket: the oldest entries go first.
 	first := land(&x, &l, 0, b[:16])
 	for i := 1; i <= maxPerBucket; i++ {
 		land(&x, &l, uint64(i)*64, b[:16])
 	}
 	_, ok = x.digestOf(first)
-	require.False(t, ok, "crowded out of its MiB")
+	require.False(t, ok, "crowded out of its bucket")
 	require.Len(t, x.buckets[0], maxPerBucket)
 	first = land(&x, &l, 1<<40, b[:16])
 	for i := 1; i <= maxLanded; i++ {
@@ -63,9 +63,9 @@ func TestLandedIndex(t *testing.T) {
 	require.Empty(t, x.buckets)
 	require.Zero(t, x.slots)
 
-	// Long descriptors take a slot per MiB; the slots are bounded too.
+	// Long descriptors take a slot per bucket; the slots are bounded too.
 	for i := 0; i < 2*maxSlots/1024; i++ {
-		x.begin(uint64(i)<<30, 1<<30-1)
+		x.begin(uint64(i)<<40, 1024<<bucketShift-1)
 	}
 	require.LessOrEqual(t, x.slots, maxSlots)
 
