@@ -9,33 +9,56 @@ import (
 
 // Pending tracks the writes a target began or acknowledged but has not yet
 // applied, so that a fence or a sync can wait for those that concern it.
+// Every write the TCP target applies passes through it, so a write takes
+// a slot of a slice, freed slots reused, rather than a map entry: no
+// hashing, and no allocation once the slots in use have been reached.
 type Pending struct {
 	mu      sync.Mutex
-	next    uint64
-	writes  map[uint64]memory.Region
+	writes  []pendingWrite
+	free    []int         // slots of writes not in use
+	live    int           // slots in use
 	waiters int           // Waits in progress: only they need to be woken
 	changed chan struct{} // closed (and replaced) when a write lands and someone waits
 }
 
+type pendingWrite struct {
+	r    memory.Region
+	live bool
+}
+
 // NewPending returns an empty tracker.
 func NewPending() *Pending {
-	return &Pending{writes: map[uint64]memory.Region{}, changed: make(chan struct{})}
+	return &Pending{changed: make(chan struct{})}
 }
 
 // Add records a write into r and returns its id for Done.
 func (h *Pending) Add(r memory.Region) uint64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.next++
-	h.writes[h.next] = r
-	return h.next
+	var k int
+	if n := len(h.free); n > 0 {
+		k, h.free = h.free[n-1], h.free[:n-1]
+	} else {
+		k = len(h.writes)
+		h.writes = append(h.writes, pendingWrite{})
+	}
+	h.writes[k] = pendingWrite{r: r, live: true}
+	h.live++
+	return uint64(k) + 1 // never 0: callers keep 0 for "none"
 }
 
-// Done records that write id landed, or never will.
+// Done records that write id landed, or never will. Each id is done
+// once: its slot is then another write's.
 func (h *Pending) Done(id uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	delete(h.writes, id)
+	k := id - 1
+	if id == 0 || k >= uint64(len(h.writes)) || !h.writes[k].live {
+		return
+	}
+	h.writes[k].live = false
+	h.free = append(h.free, int(k))
+	h.live--
 	if h.waiters > 0 {
 		close(h.changed)
 		h.changed = make(chan struct{})
@@ -47,7 +70,7 @@ func (h *Pending) Done(id uint64) {
 func (h *Pending) Empty() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return len(h.writes) == 0
+	return h.live == 0
 }
 
 // Wait returns once no pending write overlaps any of ranges (any at all
@@ -63,7 +86,7 @@ func (h *Pending) Wait(ctx context.Context, ranges []memory.Region) error {
 	for {
 		busy := false
 		for _, w := range h.writes {
-			if ranges == nil || overlapsAny(w, ranges) {
+			if w.live && (ranges == nil || overlapsAny(w.r, ranges)) {
 				busy = true
 				break
 			}
