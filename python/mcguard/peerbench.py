@@ -46,8 +46,12 @@ MOONCAKE_ENV = {"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "16384", "MC_LOG_LEVEL":
 # cross a pipe to the receiving process; the pipe's time is left out of the
 # figures, the call's is in), comparing the digests its target
 # took as the bytes landed, or reading its memory again (digest_at "sync").
-# An mcguard kind ending in "@N" opens its sessions with tcp_stripes N.
+# An mcguard kind ending in "@N" opens its sessions with tcp_stripes N; one
+# ending in "+ping" makes the same round trip through the pipe after every
+# transfer as "+sync" does, calling nothing there: the same pause between
+# transfers without the sync, the baseline a "+sync" kind compares with.
 TAIL = 64
+PING = "+ping"
 
 
 def receiver_syncs(kind):
@@ -57,6 +61,10 @@ def receiver_syncs(kind):
 def new_engine(kind):
     """A new engine of kind, not yet initialized. An mcguard kind may end
     in "@N": its sessions over N TCP connections (tcp_stripes)."""
+    if kind.endswith(PING):
+        if not kind.startswith("mcguard-"):
+            raise SystemExit("%s is for mcguard kinds, not %r" % (PING, kind))
+        return new_engine(kind[:-len(PING)])
     kind, _, stripes = kind.partition("@")
     if stripes:
         from .mooncake import GuardedTransferEngine
@@ -141,6 +149,8 @@ def serve(kind):
             start = time.perf_counter()
             engine.guard.sync_transfers([int(cmd[1])])  # raises on a mismatch: the run stops
             print("ok %.9f" % (time.perf_counter() - start), flush=True)
+        elif cmd[0] == "ping":  # the same round trip, calling nothing
+            print("ok 0", flush=True)
         elif cmd[0] == "stats":  # the receiving guard's stats, one JSON line ({} for other engines)
             guard = getattr(engine, "guard", None)
             print(json.dumps(guard.stats() if hasattr(guard, "stats") else {}), flush=True)
@@ -216,11 +226,11 @@ class Receiver:
         return self.proc.stdout.readline().strip()
 
     def sync(self, transfer_id):
-        """The receiver's sync_transfers for one transfer; returns the
-        seconds the pipe to the receiving process and back took beyond
-        the call itself."""
+        """The receiver's sync_transfers for one transfer (None: a ping,
+        the round trip alone); returns the seconds the pipe to the
+        receiving process and back took beyond the call itself."""
         start = time.perf_counter()
-        self.proc.stdin.write("sync %d\n" % transfer_id)
+        self.proc.stdin.write("ping\n" if transfer_id is None else "sync %d\n" % transfer_id)
         self.proc.stdin.flush()
         answer = self.proc.stdout.readline().split()
         if len(answer) != 2 or answer[0] != "ok":
@@ -318,6 +328,8 @@ class Sender:
             raise RuntimeError("%s: batch_transfer_sync_write returned %d" % (self.kind, ret))
         if receiver_syncs(self.kind):
             return self.recv.sync(self.engine.last_transfer_id)
+        if self.kind.endswith(PING):
+            return self.recv.sync(None)
         if self.kind == "vllm-fix":
             self.poll_tails(src, dst, size)
 
@@ -407,7 +419,7 @@ def measure(sender, name, count, size, iters, seconds):
                 break
     if not any(piped):
         return fig, ""
-    return fig, "   (the receiver's sync_transfers: median %.1f µs; the pipe to it, left out: %.1f µs)" % (
+    return fig, "   (the receiver's call: median %.1f µs; the pipe to it, left out: %.1f µs)" % (
         statistics.median(sender.recv.synced) * 1e6, statistics.median(piped) * 1e6)
 
 

@@ -17,21 +17,22 @@ def test_peerbench_runs_and_checks_every_destination():
     out = subprocess.run([VENV_PYTHON, "-m", "mcguard.peerbench", "--rounds", "1", "--latency-iters", "5",
                           "--seconds", "0.05", "--sizes", "1x4KiB", "512x16KiB",
                           "--engines", "mooncake", "mcguard-off", "mcguard-tail", "mcguard-digest", "socket",
-                          "mcguard-socket-digest+sync"],
+                          "mcguard-socket-digest+sync", "mcguard-socket-off+ping"],
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "every destination matched its source" in out.stdout
     rows = {line.split()[0]: line for line in out.stdout.splitlines() if line and line.split()[0] in
-            ("mooncake", "mcguard-off", "mcguard-tail", "mcguard-digest", "socket", "mcguard-socket-digest+sync")}
+            ("mooncake", "mcguard-off", "mcguard-tail", "mcguard-digest", "socket", "mcguard-socket-digest+sync",
+             "mcguard-socket-off+ping")}
     assert set(rows) == {"mooncake", "mcguard-off", "mcguard-tail", "mcguard-digest", "socket",
-                         "mcguard-socket-digest+sync"}
+                         "mcguard-socket-digest+sync", "mcguard-socket-off+ping"}
     assert "(x" in rows["mcguard-tail"], "ratios to Mooncake in the same run"
-    assert out.stderr.count("round 1/1") == 12, "a progress line per measurement"
+    assert out.stderr.count("round 1/1") == 14, "a progress line per measurement"
     progress = [line for line in out.stderr.splitlines() if line.startswith("round 1/1")]
     for line in progress:
         ours = line.split()[3].startswith("mcguard-")
         assert ("busy poll: sender" in line and "receiver" in line) == ours, \
             "mcguard's progress lines say how its busy polling went, and only theirs: " + line
-    synced = [line for line in progress if "digest+sync" in line]
-    assert len(synced) == 2 and all("the receiver's sync_transfers: median" in line for line in synced), \
-        "the receiver's sync is timed where it runs, and the pipe to it is named as left out"
+    synced = [line for line in progress if "digest+sync" in line or "+ping" in line]
+    assert len(synced) == 4 and all("the receiver's call: median" in line for line in synced), \
+        "the receiver's sync (or nothing, for +ping) is timed where it runs, and the pipe to it is named as left out"
