@@ -51,6 +51,32 @@ type landedIndex struct {
 	fifo    []*landed // fifo[head:] in age order; the front is reused, not sliced away (a sliding slice reallocated on nearly every append)
 	head    int
 	slots   int // entries in buckets
+	// What would otherwise be allocated per descriptor landing: entries
+	// come from slabs, and a bucket's list, emptied, waits for the next
+	// bucket to begin (each transfer empties and refills its buckets).
+	slab  []landed
+	spare [][]*landed
+}
+
+// Entries are allocated landedSlab at a time: a slab lives while any of
+// its entries is referenced, at most landedSlab x 48 bytes for one that
+// outlives the others (maxLanded of them: 50 MiB at worst, where one
+// entry each did 3 MiB; in practice entries are released in the order
+// they landed).
+const (
+	landedSlab = 16
+	maxSpare   = 1024 // emptied bucket lists kept: up to 512 bytes each
+)
+
+// newLocked is a new entry for [addr, addr+n), digested by h.
+func (x *landedIndex) newLocked(addr, n uint64, h verify.Digester) *landed {
+	if len(x.slab) == 0 {
+		x.slab = make([]landed, landedSlab)
+	}
+	e := &x.slab[0]
+	x.slab = x.slab[1:]
+	*e = landed{addr: addr, len: n, next: addr, h: h, valid: true}
+	return e
 }
 
 func buckets(addr, n uint64) (lo, hi uint64) {
@@ -64,18 +90,23 @@ var hashers = sync.Pool{New: func() any { return verify.NewDigester() }}
 func (x *landedIndex) begin(addr, n uint64) *landed {
 	h := hashers.Get().(verify.Digester)
 	h.Reset()
-	e := &landed{addr: addr, len: n, next: addr, h: h, valid: true}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	e := x.newLocked(addr, n, h)
 	if x.buckets == nil {
 		x.buckets = map[uint64][]*landed{}
 	}
 	lo, hi := buckets(addr, n)
 	for b := lo; b <= hi; b++ {
-		if list := x.buckets[b]; len(list) >= maxPerBucket {
+		list := x.buckets[b]
+		if len(list) >= maxPerBucket {
 			x.removeLocked(list[0]) // the oldest there (removal keeps the rest roughly in age order)
+			list = x.buckets[b]
 		}
-		x.buckets[b] = append(x.buckets[b], e)
+		if list == nil && len(x.spare) > 0 {
+			list, x.spare = x.spare[len(x.spare)-1], x.spare[:len(x.spare)-1]
+		}
+		x.buckets[b] = append(list, e)
 		x.slots++
 	}
 	x.fifo = append(x.fifo, e)
@@ -111,6 +142,10 @@ func (x *landedIndex) removeLocked(e *landed) {
 		}
 		if len(list) == 0 {
 			delete(x.buckets, b)
+			if len(x.spare) < maxSpare && cap(list) > 0 && cap(list) <= maxPerBucket {
+				clear(list[:cap(list)]) // keeps no removed entry alive
+				x.spare = append(x.spare, list)
+			}
 		} else {
 			x.buckets[b] = list
 		}
@@ -167,14 +202,22 @@ func (x *landedIndex) digestOf(e *landed) (uint64, bool) {
 type landedSet struct {
 	x       *landedIndex
 	entries []*landed      // in landing order
-	byAddr  map[uint64]int // entries' places by address, where there are many; else entries are scanned (no allocation)
+	byAddr  map[uint64]int // entries' places by address, made at the first search of a large set; a small one is scanned
 }
 
 // setScanMax: a set of at most this many entries is scanned.
 const setScanMax = 32
 
-func (s landedSet) Digest(addr, n uint64) (uint64, int, bool) {
+func (s *landedSet) Digest(addr, n uint64) (uint64, int, bool) {
 	at := -1
+	if s.byAddr == nil && len(s.entries) > setScanMax {
+		// Asked out of order (DigestAt serves the sync's usual order): a
+		// map from here on. A set is settled by one sync, on one goroutine.
+		s.byAddr = make(map[uint64]int, len(s.entries))
+		for k, e := range s.entries {
+			s.byAddr[e.addr] = k // a later landing at the same address wins
+		}
+	}
 	if s.byAddr != nil {
 		if k, ok := s.byAddr[addr]; ok {
 			at = k
@@ -196,7 +239,7 @@ func (s landedSet) Digest(addr, n uint64) (uint64, int, bool) {
 
 // DigestAt answers for entry k. An entry at the same address that landed
 // later would have invalidated it (wrote), so a valid one is the latest.
-func (s landedSet) DigestAt(k int, addr, n uint64) (uint64, bool, bool) {
+func (s *landedSet) DigestAt(k int, addr, n uint64) (uint64, bool, bool) {
 	if k < 0 || k >= len(s.entries) || s.entries[k].addr != addr || s.entries[k].len != n {
 		return 0, false, false
 	}
@@ -204,12 +247,12 @@ func (s landedSet) DigestAt(k int, addr, n uint64) (uint64, bool, bool) {
 	return d, true, ok
 }
 
-func (s landedSet) Len() int { return len(s.entries) }
+func (s *landedSet) Len() int { return len(s.entries) }
 
 // Release takes the set's entries out of the index once their sync
 // compared them: the index then holds only what awaits a sync, and each
 // write scans little.
-func (s landedSet) Release() {
+func (s *landedSet) Release() {
 	s.x.mu.Lock()
 	defer s.x.mu.Unlock()
 	for _, e := range s.entries {
@@ -286,6 +329,7 @@ const maxLandedPerNotice = 2 * wire.MaxNoticeDescs
 type landing struct {
 	run  *landed   // the descriptor landing now
 	done []*landed // landed whole since the last notice
+	last int       // how many the last notice took: done's room, made once per notice
 }
 
 // before is called before a marked slice at addr of a descriptor of
@@ -323,6 +367,9 @@ func (l *landing) finish(x *landedIndex, e *landed) {
 	x.mu.Unlock()
 	hashers.Put(e.h)
 	e.h = nil
+	if l.done == nil {
+		l.done = make([]*landed, 0, max(l.last, 1))
+	}
 	l.done = append(l.done, e)
 	if len(l.done) > maxLandedPerNotice {
 		l.done = l.done[1:]
@@ -334,14 +381,8 @@ func (l *landing) finish(x *landedIndex, e *landed) {
 func (l *landing) abandon() { l.run = nil }
 
 // take hands what landed to a notice.
-func (l *landing) take(x *landedIndex) landedSet {
-	s := landedSet{x: x, entries: l.done}
-	if len(l.done) > setScanMax {
-		s.byAddr = make(map[uint64]int, len(l.done))
-		for k, e := range l.done {
-			s.byAddr[e.addr] = k // a later landing at the same address wins
-		}
-	}
-	l.done = nil
+func (l *landing) take(x *landedIndex) *landedSet {
+	s := &landedSet{x: x, entries: l.done}
+	l.done, l.last = nil, len(s.entries)
 	return s
 }
