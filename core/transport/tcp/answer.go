@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"sync"
 
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/transport"
@@ -20,18 +21,30 @@ const maxNoticeFrame = wire.NoticeHeaderSize + wire.MaxNoticeDescs*wire.NoticeDe
 // one-descriptor notice is 96 bytes, a 512-descriptor chunk 12 KiB.
 const noticeKept = 16 << 10
 
-// noticeBody is a buffer of n bytes for a notice's body, the link's own
-// where it is small enough to keep: the guard keeps nothing of a body it
-// was handed.
-func (l *link) noticeBody(n int) []byte {
+// noticeBody is a buffer of n bytes for a notice's body: the link's own
+// where it is small enough to keep, else one from largeNotices, which the
+// caller puts back (pooled) once the guard has taken the notice: the
+// guard keeps nothing of a body it was handed.
+func (l *link) noticeBody(n int) (body []byte, pooled *[]byte) {
 	if n > noticeKept {
-		return make([]byte, n)
+		p, _ := largeNotices.Get().(*[]byte)
+		if p == nil || cap(*p) < n {
+			b := make([]byte, n)
+			p = &b
+		}
+		return (*p)[:n], p
 	}
 	if cap(l.notice) < n {
 		l.notice = make([]byte, noticeKept)
 	}
-	return l.notice[:n]
+	return l.notice[:n], nil
 }
+
+// largeNotices are the buffers of notices above noticeKept (chunks of
+// more than about 600 descriptors), shared by the target's links: kept
+// per link they would hold up to maxNoticeFrame each; a pool lets the
+// garbage collector have them back when notices that large stop.
+var largeNotices sync.Pool
 
 // takeNotice hands a Notice frame's notice to the guard.
 func (t *target) takeNotice(l *link, r io.Reader, n uint64) (wire.Status, error) {
@@ -39,7 +52,10 @@ func (t *target) takeNotice(l *link, r io.Reader, n uint64) (wire.Status, error)
 		_, err := io.CopyN(io.Discard, r, int64(n))
 		return wire.StatusBadRequest, err
 	}
-	body := l.noticeBody(int(n))
+	body, pooled := l.noticeBody(int(n))
+	if pooled != nil {
+		defer largeNotices.Put(pooled)
+	}
 	if _, err := io.ReadFull(r, body); err != nil {
 		return 0, err
 	}
