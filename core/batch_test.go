@@ -100,20 +100,7 @@ func TestBatchedTransferAllocatesNothing(t *testing.T) {
 				const size = 4096
 				n := shape.n
 				p := newPair(t, fmt.Sprintf(`{"verify": %q, "same_host": "off", "max_batch": %d}`, mode, shape.maxBatch), "", n*size)
-				descs := p.blocks(n, size)
-				ids := make([]uint64, 1)
-				transfer := func() {
-					res, err := p.send.Transfer(p.session, descs, TransferOptions{})
-					if err != nil {
-						t.Fatal(err)
-					}
-					if mode == "digest" {
-						ids[0] = res.ID
-						if err := p.recv.SyncTransfers(ids, 0); err != nil {
-							t.Fatal(err)
-						}
-					}
-				}
+				transfer := p.transferer(t, p.blocks(n, size), mode == "digest")
 				for i := 0; i < 20; i++ {
 					transfer()
 				}

@@ -77,6 +77,25 @@ func (p *pair) blocks(n, size int) []verify.Desc {
 	return d
 }
 
+// transferer returns a transfer of descs to p's receiver, followed where
+// sync is set by the receiver's sync of it, that allocates nothing of its
+// own: for the allocation tests.
+func (p *pair) transferer(t testing.TB, descs []verify.Desc, sync bool) func() {
+	ids := make([]uint64, 1)
+	return func() {
+		res, err := p.send.Transfer(p.session, descs, TransferOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sync {
+			ids[0] = res.ID
+			if err := p.recv.SyncTransfers(ids, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
 func fill(b []byte) { rand.Read(b) }
 
 func TestTransferDeliversBytes(t *testing.T) {

@@ -121,18 +121,7 @@ func TestLandingAllocatesLittlePerDescriptor(t *testing.T) {
 	}
 	const n, size = 512, 4096
 	p := newPair(t, `{"verify": "digest", "same_host": "off"}`, landing, n*size)
-	descs := p.blocks(n, size)
-	ids := make([]uint64, 1)
-	transfer := func() {
-		res, err := p.send.Transfer(p.session, descs, TransferOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[0] = res.ID
-		if err := p.recv.SyncTransfers(ids, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
+	transfer := p.transferer(t, p.blocks(n, size), true)
 	for range 20 {
 		transfer()
 	}
