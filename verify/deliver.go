@@ -121,13 +121,14 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 	// index maps positions in the descriptors being checked to the batch
 	// (nil until a re-send: position i is base+i).
 	todo, index := chunk, []int(nil)
+	streams, _ := conn.(StreamReader)
 	for attempt := 0; ; attempt++ {
 		fenced := false
 		read := func(ctx context.Context, ranges []Range, out []byte, arrived func(uint64)) error {
 			first := !fenced
 			fenced = true
-			if sr, ok := conn.(StreamReader); ok {
-				return sr.ReadArriving(ctx, ranges, out, first, arrived)
+			if streams != nil {
+				return streams.ReadArriving(ctx, ranges, out, first, arrived)
 			}
 			return conn.Read(ctx, ranges, out, first)
 		}

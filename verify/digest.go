@@ -55,39 +55,39 @@ func CompareDigests(ranges []Range, want []uint64, known func(Range) (uint64, bo
 	if total < 4<<20 || workers < 2 {
 		for i, r := range ranges { // one pass: what is not known is read at once
 			d, ok := known(r)
+			var err error
 			if !ok {
-				var err error
-				if d, err = digest(r); err != nil {
-					differs(i)
-					continue
-				}
+				d, err = digest(r)
 			}
-			if d != want[i] {
+			if verdict(d, err, want[i]) == differing {
 				differs(i)
 			}
 		}
 	} else {
-		read := make([]bool, len(ranges)) // the ranges whose digests are not known
+		// Known digests first, one after another; then the rest read,
+		// spread where they are many bytes; then the verdicts in order.
+		state := make([]digestState, len(ranges))
 		var toRead uint64
 		for i, r := range ranges {
-			if d, ok := known(r); !ok {
-				read[i], toRead = true, toRead+r.Len
-			} else if d != want[i] {
-				differs(i)
+			switch d, ok := known(r); {
+			case !ok:
+				state[i], toRead = unread, toRead+r.Len
+			case d != want[i]:
+				state[i] = differing
 			}
 		}
 		if toRead >= 4<<20 {
-			digestSpread(ranges, want, read, digest, workers) // read[i] stays true where it differs
+			digestSpread(ranges, want, state, digest, workers)
 		} else {
 			for i, r := range ranges {
-				if read[i] {
+				if state[i] == unread {
 					d, err := digest(r)
-					read[i] = err != nil || d != want[i]
+					state[i] = verdict(d, err, want[i])
 				}
 			}
 		}
-		for i, differ := range read {
-			if differ {
+		for i, st := range state {
+			if st == differing {
 				differs(i)
 			}
 		}
@@ -98,17 +98,35 @@ func CompareDigests(ranges []Range, want []uint64, known func(Range) (uint64, bo
 	return nil
 }
 
+// digestState is a range's verdict in CompareDigests' large path.
+type digestState uint8
+
+const (
+	matching digestState = iota
+	unread               // its digest is not known: read it
+	differing
+)
+
+// verdict is the state of a range whose digest read gave d and err: a
+// failed read differs.
+func verdict(d uint64, err error, want uint64) digestState {
+	if err != nil || d != want {
+		return differing
+	}
+	return matching
+}
+
 // digestSpread reads and compares, on workers goroutines, the ranges
-// marked in read, leaving read[i] true where range i differs.
-func digestSpread(ranges []Range, want []uint64, read []bool, digest func(Range) (uint64, error), workers int) {
+// whose state is unread, leaving each its verdict.
+func digestSpread(ranges []Range, want []uint64, state []digestState, digest func(Range) (uint64, error), workers int) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
 		wg.Go(func() {
 			for i := int(next.Add(1)) - 1; i < len(ranges); i = int(next.Add(1)) - 1 {
-				if read[i] {
+				if state[i] == unread {
 					d, err := digest(ranges[i])
-					read[i] = err != nil || d != want[i]
+					state[i] = verdict(d, err, want[i])
 				}
 			}
 		})

@@ -101,6 +101,9 @@ func TestCompareDigestsKnownAndRead(t *testing.T) {
 				require.ErrorContains(t, err, i)
 			}
 			require.Equal(t, 3, strings.Count(err.Error(), "descriptor "), "only those differ")
+			msg := err.Error()
+			require.Less(t, strings.Index(msg, "descriptor 4 "), strings.Index(msg, "descriptor 9 "), "named in order")
+			require.Less(t, strings.Index(msg, "descriptor 9 "), strings.Index(msg, "descriptor 10 "), "named in order")
 			require.EqualValues(t, 21, reads.Load(), "the ranges not known, and only those, are read")
 			require.Len(t, asked, n, "known asked once per range")
 			require.True(t, slices.IsSorted(asked), "in order")
