@@ -1,10 +1,12 @@
 package core
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/mcguard/mcguard/core/transport/engine"
 	"github.com/mcguard/mcguard/verify"
@@ -92,6 +94,44 @@ func (g *Guard) SetPeerGuard(session, endpoint string) error {
 	if s.control != endpoint {
 		s.disconnect()
 		s.control, s.hello, s.seq = endpoint, helloReply{}, 0
+	}
+	return nil
+}
+
+// maxEngineWait bounds WaitEngineCalls' timeout.
+const maxEngineWait = 24 * time.Hour
+
+// WaitEngineCalls returns once no engine call this guard made for
+// transfer id (a failed one's, say) is still running, held writes
+// included, or fails with ErrTimeout after timeout (0: do not wait, only
+// say). It waits for that transfer's calls only: other transfers may keep
+// the engine busy meanwhile (stats' engine_calls_in_flight counts them
+// all). Over an engine nothing at the receiver can refuse a late write, so
+// before writing a failed transfer's blocks again an application waits for
+// this. It cannot see slices the engine runs after its call returned.
+// Over mcguard's own data planes a failed transfer's abort state says
+// whether more can land, and the receiver's Quiesce makes sure: there it
+// is ErrInvalidArg.
+func (g *Guard) WaitEngineCalls(id uint64, timeout time.Duration) error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	defer g.inflight.Done()
+	switch {
+	case g.engine == nil:
+		return fmt.Errorf("%w: this guard sends over mcguard's %s data plane, where a failed transfer's abort state says whether more of it can land and the receiver's quiesce makes sure; waiting for engine calls is for guards over an engine", ErrInvalidArg, g.data.Name())
+	case id <= g.firstTransfer || id > g.nextTransfer.Load():
+		return fmt.Errorf("%w: transfer id %#x was not given by this guard", ErrInvalidArg, id)
+	case timeout < 0 || timeout > maxEngineWait:
+		return fmt.Errorf("%w: timeout %v is outside [0, %v]", ErrInvalidArg, timeout, maxEngineWait)
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, timeout)
+	defer cancel()
+	if err := g.engine.WaitTransfer(ctx, id); err != nil {
+		if g.ctx.Err() != nil {
+			return fmt.Errorf("%w while waiting for the engine calls of transfer %#x", ErrClosed, id)
+		}
+		return err
 	}
 	return nil
 }

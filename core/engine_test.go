@@ -243,6 +243,90 @@ func TestEngineHungCallEndsAtTheDeadline(t *testing.T) {
 	require.Eventually(t, func() bool { return g.engine.InFlight() == 0 }, 2*time.Second, time.Millisecond)
 }
 
+func TestWaitEngineCallsWaitsForItsTransferOnly(t *testing.T) {
+	f := newFakeEngines()
+	held := map[string]chan struct{}{"decode:1": make(chan struct{}), "decode:2": make(chan struct{})}
+	entered := make(chan string, 2)
+	ops := f.ops("prefill", "fake")
+	write := ops.Write
+	ops.Write = func(session string, local, remote, n []uint64) error {
+		entered <- session
+		<-held[session]
+		return write(session, local, remote, n)
+	}
+	g, err := OpenWithEngine(testConfig(t, `{"verify": "tail"}`), ops)
+	require.NoError(t, err)
+	defer g.Close()
+	m := newMem(t, 8192)
+	require.NoError(t, g.Register(m.addr(0), 8192))
+	require.NoError(t, f.register("decode:1", m.addr(0), 4096))
+	require.NoError(t, f.register("decode:2", m.addr(4096), 4096))
+
+	// Transfer A gives up at its deadline with its write still in the
+	// engine; transfer B, to another session, is still in its write.
+	a, err := g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{Deadline: 100 * time.Millisecond})
+	require.ErrorIs(t, err, ErrTimeout)
+	require.NotZero(t, a.ID, "a failed transfer has an id to wait on")
+	require.Equal(t, "decode:1", <-entered)
+	bDone := make(chan error, 1)
+	go func() {
+		_, err := g.Transfer("decode:2", []verify.Desc{{Src: m.addr(4096), Dst: m.addr(4096), Len: 64}}, TransferOptions{})
+		bDone <- err
+	}()
+	require.Equal(t, "decode:2", <-entered)
+	require.EqualValues(t, 2, g.engine.InFlight())
+
+	err = g.WaitEngineCalls(a.ID, 0)
+	require.ErrorIs(t, err, ErrTimeout, "A's write is still in the engine")
+	require.Contains(t, err.Error(), "1 engine call(s)")
+	start := time.Now()
+	require.ErrorIs(t, g.WaitEngineCalls(a.ID, 50*time.Millisecond), ErrTimeout)
+	require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond)
+
+	close(held["decode:1"])
+	require.NoError(t, g.WaitEngineCalls(a.ID, 5*time.Second), "A's call returned; B's, still running, is not A's")
+	require.EqualValues(t, 1, g.engine.InFlight(), "B is still in the engine")
+	close(held["decode:2"])
+	require.NoError(t, <-bDone)
+	require.Eventually(t, func() bool { return g.engine.InFlight() == 0 }, 2*time.Second, time.Millisecond)
+	require.NoError(t, g.WaitEngineCalls(a.ID, 0), "nothing of A runs: at once")
+
+	for _, bad := range []struct {
+		id      uint64
+		timeout time.Duration
+		why     string
+	}{
+		{0, 0, "not given by this guard"},
+		{a.ID + 1000, 0, "not given by this guard"},
+		{g.firstTransfer, 0, "not given by this guard"},
+		{a.ID, -time.Second, "outside"},
+		{a.ID, 25 * time.Hour, "outside"},
+	} {
+		err := g.WaitEngineCalls(bad.id, bad.timeout)
+		require.ErrorIs(t, err, ErrInvalidArg, bad.why)
+		require.Contains(t, err.Error(), bad.why)
+	}
+	plain := openGuard(t, "")
+	err = plain.WaitEngineCalls(1, 0)
+	require.ErrorIs(t, err, ErrInvalidArg)
+	require.Contains(t, err.Error(), "abort state")
+}
+
+func TestEngineHeldWritesCountForTheirTransfer(t *testing.T) {
+	f := newFakeEngines()
+	g, err := OpenWithEngine(testConfig(t, `{"verify": "off", "inject": "hold", "inject_rate": 1, "inject_lag_max_ms": 300}`), f.ops("prefill", "fake"))
+	require.NoError(t, err)
+	defer g.Close()
+	m := newMem(t, 4096)
+	require.NoError(t, g.Register(m.addr(0), 4096))
+	require.NoError(t, f.register("decode:1", m.addr(0), 4096))
+	res, err := g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{})
+	require.NoError(t, err, "off trusts the engine: the held write is not seen")
+	require.ErrorIs(t, g.WaitEngineCalls(res.ID, 0), ErrTimeout, "its write is held")
+	require.NoError(t, g.WaitEngineCalls(res.ID, 5*time.Second))
+	require.EqualValues(t, 0, g.engine.InFlight())
+}
+
 func TestOpenWithEngineRefusesBadSettings(t *testing.T) {
 	f := newFakeEngines()
 	for js, want := range map[string]error{

@@ -56,9 +56,11 @@ type Guard struct {
 	auth         *authority
 	cudaState    string        // for stats: why device memory does or does not work
 	nextTransfer atomic.Uint64 // starts at a random value: ids differ across senders
-	stats        counters
-	metrics      *guardMetrics
-	digesters    digesters
+	// firstTransfer is where nextTransfer started: ids given are above it
+	firstTransfer uint64
+	stats         counters
+	metrics       *guardMetrics
+	digesters     digesters
 }
 
 // Open starts a guard: its data planes and its control endpoint.
@@ -77,7 +79,8 @@ func open(cfg Config, ops *engine.Ops) (*Guard, error) {
 	}
 	g := &Guard{cfg: cfg, sessions: map[string]*session{}, allocs: map[uint64]*sharedmem.File{}, notices: newNoticeStore(), auth: newAuthority(cfg.Secret),
 		planeState: map[string]string{}, engineOps: ops}
-	g.nextTransfer.Store(mrand.Uint64() >> 1)
+	g.firstTransfer = mrand.Uint64() >> 1
+	g.nextTransfer.Store(g.firstTransfer)
 	g.digesters.jobs = make(chan *digestJob)
 	g.metrics = newGuardMetrics(g)
 	if err := g.loadCUDA(); err != nil {

@@ -144,6 +144,12 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 		}
 	}()
 	res.ID = g.nextTransfer.Add(1)
+	if t, ok := s.conn.(transferTagger); ok {
+		// Over an engine, calls count for this transfer until they return
+		// (WaitEngineCalls); the session's later calls are not its.
+		t.SetTransfer(res.ID)
+		defer t.SetTransfer(0)
+	}
 	seed := mrand.Uint64()
 	notify := !opts.NoNotice && vcfg.Notifies()
 	for base := 0; base < len(descs); base += g.cfg.MaxBatch {
@@ -225,6 +231,10 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 	g.metrics.bytes.Add(int64(total), string(vcfg.Mode))
 	return res, nil
 }
+
+// transferTagger is a connection whose calls can be counted per transfer
+// (the engine data plane's).
+type transferTagger interface{ SetTransfer(id uint64) }
 
 // isMismatch reports whether err is a verification mismatch (the
 // connection is in step) rather than a failure that leaves it unknown.

@@ -88,11 +88,13 @@ func mcgTransfer(h C.mc_guard_t, session *C.char, src, dst, length *C.uint64_t, 
 		if grown {
 			opts.abort_state = C.int32_t(res.Abort)
 		}
+		if opts != nil {
+			opts.transfer_id = C.uint64_t(res.ID) // a failed one's too: mc_guard_wait_engine_calls takes it
+		}
 		if err != nil {
 			return err
 		}
 		if opts != nil {
-			opts.transfer_id = C.uint64_t(res.ID)
 			opts.retries = C.uint64_t(res.Retries)
 			opts.resends = C.uint64_t(res.Resends)
 		}
@@ -118,6 +120,16 @@ func mcgCancel(h C.mc_guard_t, session *C.char) C.mc_status {
 			return fmt.Errorf("%w: session is NULL", core.ErrInvalidArg)
 		}
 		return g.Cancel(C.GoString(session))
+	})
+}
+
+//export mcgWaitEngineCalls
+func mcgWaitEngineCalls(h C.mc_guard_t, transferID, timeoutMS C.uint64_t) C.mc_status {
+	return run(h, "mc_guard_wait_engine_calls", func(g *core.Guard) error {
+		if timeoutMS > C.uint64_t(24*time.Hour/time.Millisecond) {
+			return fmt.Errorf("%w: timeout_ms = %d is over a day", core.ErrInvalidArg, uint64(timeoutMS))
+		}
+		return g.WaitEngineCalls(uint64(transferID), time.Duration(timeoutMS)*time.Millisecond)
 	})
 }
 

@@ -123,6 +123,11 @@ mc_status mc_guard_cancel(mc_guard_t g, const char *session) {
     return mcgCancel(g, (char *)session);
 }
 
+mc_status mc_guard_wait_engine_calls(mc_guard_t g, uint64_t transfer_id, uint64_t timeout_ms) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgWaitEngineCalls(g, transfer_id, timeout_ms);
+}
+
 mc_status mc_guard_quiesce(mc_guard_t g, const uint64_t *addr, const uint64_t *len, size_t n) {
     if (mcg_forked()) return MC_ERR_FORKED;
     return mcgQuiesce(g, (uint64_t *)addr, (uint64_t *)len, n);

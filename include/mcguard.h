@@ -42,8 +42,8 @@ extern "C" {
 
 #define MC_GUARD_VERSION_MAJOR 0
 #define MC_GUARD_VERSION_MINOR 3
-#define MC_GUARD_VERSION_PATCH 1
-#define MC_GUARD_VERSION_STRING "0.3.1"
+#define MC_GUARD_VERSION_PATCH 2
+#define MC_GUARD_VERSION_STRING "0.3.2"
 
 /* Largest descriptor count of one mc_guard_transfer call. Any count up to
  * it works; the library chunks it at the max_batch setting. */
@@ -109,7 +109,7 @@ typedef struct mc_transfer_opts {
     uint32_t flags;       /* MC_TRANSFER_* */
     uint32_t reserved;
     uint64_t *digests;    /* out, optional: n xxh3-64 digests of the sources */
-    uint64_t transfer_id; /* out: the id of a successful transfer (for mc_guard_sync_transfers) */
+    uint64_t transfer_id; /* out: the transfer's id (mc_guard_sync_transfers; after a failure, mc_guard_wait_engine_calls) */
     uint64_t retries;     /* out: verification polling rounds it needed */
     uint64_t resends;     /* out: rounds of re-sending descriptors that did not match */
     /* Since 0.3 (a 0.2 caller's smaller struct_size is still taken): */
@@ -302,6 +302,20 @@ mc_status mc_guard_transfer(mc_guard_t g, const char *session,
  * opts->abort_state saying whether the receiver confirmed that nothing
  * more of it will land. MC_OK also when there was none. */
 mc_status mc_guard_cancel(mc_guard_t g, const char *session);
+
+/* Since 0.3.2. Over an engine (mc_guard_open_with_transport), after a failed or
+ * cancelled transfer: return once no engine call the guard made for
+ * transfer_id (opts->transfer_id) is still running, writes held by fault
+ * injection included, waiting at most timeout_ms (0: do not wait, only
+ * say). Nothing at the receiver can refuse an engine's late write, so do
+ * not write the failed transfer's blocks again before this returns MC_OK.
+ * Other transfers' calls are not waited for (stats' engine_calls_in_flight
+ * counts them all). It cannot see slices the engine itself still runs
+ * after its call returned. Errors: MC_ERR_INVALID_ARG (not over an engine:
+ * there abort_state and mc_guard_quiesce say it; an id this guard did not
+ * give), MC_ERR_TIMEOUT (calls still running: names how many),
+ * MC_ERR_CLOSED. */
+mc_status mc_guard_wait_engine_calls(mc_guard_t g, uint64_t transfer_id, uint64_t timeout_ms);
 
 /* Read n descriptors back from session: len[i] bytes from remote
  * remote[i] (registered at the peer) into local[i] (registered here), as

@@ -47,13 +47,15 @@ VERIFY_MODES = {None: -1, "off": 0, "tail": 1, "sample": 2, "full": 3, "digest":
 class MCGuardError(Exception):
     """A failed mcguard call: .status (int), .name (MC_ERR_*), .message;
     for a failed transfer, .abort: "confirmed" (the receiver said nothing
-    more of it will land), "unconfirmed" (quiesce before reuse) or None."""
+    more of it will land), "unconfirmed" (quiesce before reuse) or None,
+    and .transfer_id (for Guard.wait_engine_calls; None for other calls)."""
 
-    def __init__(self, status, message, abort=None):
+    def __init__(self, status, message, abort=None, transfer_id=None):
         self.status = status
         self.name = STATUS_NAMES.get(status, "status %d" % status)
         self.message = message
         self.abort = abort
+        self.transfer_id = transfer_id
         super().__init__("%s: %s" % (self.name, message))
 
 
@@ -238,9 +240,11 @@ class Guard:
         self._check(self._lib.mc_guard_endpoint(self._handle, buf, len(buf)))
         self.endpoint = buf.value.decode()
 
-    def _check(self, status, handle=None, abort=None):
+    def _check(self, status, handle=None, abort=None, transfer_id=None):
         """Raises MCGuardError for a status other than MC_OK, with the
-        library's message (and, given a transfer's abort_state, .abort)."""
+        library's message (and, given a transfer's abort_state and id,
+        .abort and .transfer_id; an id of 0 is none: the call failed before
+        the transfer began)."""
         callbacks = getattr(self, "_callbacks", None)
         if callbacks is not None:
             interrupt = callbacks.take_interrupt()
@@ -253,7 +257,8 @@ class Guard:
         buf = ctypes.create_string_buffer(size + 1)
         self._lib.mc_guard_last_error(h, buf, len(buf))
         raise MCGuardError(status, buf.value.decode(errors="replace"),
-                           _lib.ABORT_STATES.get(abort) if abort is not None else None)
+                           _lib.ABORT_STATES.get(abort) if abort is not None else None,
+                           transfer_id or None)
 
     def _h(self):
         _check_not_forked()
@@ -314,7 +319,7 @@ class Guard:
             if r is not None:  # else not the plain case: the checked path below says what is wrong
                 st, tid, retries, resends, abort = r
                 if st != MC_OK:
-                    self._check(st, abort=abort)
+                    self._check(st, abort=abort, transfer_id=tid)
                 return TransferResult(tid, retries, resends, None)
         s, ns, ks = u64_array(src, "source address")
         d, nd, kd = u64_array(dst, "destination address")
@@ -331,7 +336,7 @@ class Guard:
             opts.digests = ctypes.cast(out, ctypes.POINTER(ctypes.c_uint64))
         st = self._lib.mc_guard_transfer(h, _session(session), s, d, ln, ns, ctypes.byref(opts))
         del ks, kd, kl
-        self._check(st, abort=opts.abort_state)
+        self._check(st, abort=opts.abort_state, transfer_id=opts.transfer_id)
         return TransferResult(opts.transfer_id, opts.retries, opts.resends,
                               list(out) if out is not None else None)
 
@@ -378,6 +383,17 @@ class Guard:
         st = self._lib.mc_guard_sync_transfers(h, ids, n, ctypes.byref(opts))
         del keep
         self._check(st)
+
+    def wait_engine_calls(self, transfer_id, timeout_ms=0):
+        """Over an engine, after a failed transfer (MCGuardError.transfer_id):
+        return once no engine call made for it is still running, held writes
+        included, waiting at most timeout_ms (0: only say). Do not write its
+        blocks again before. Raises MC_ERR_TIMEOUT while calls still run,
+        MC_ERR_INVALID_ARG over mcguard's own data planes (there .abort and
+        the receiver's quiesce say it) or for an id this guard did not give."""
+        tid = _u64(transfer_id, "transfer_id")
+        ms = _u64(timeout_ms, "timeout_ms")
+        self._check(self._lib.mc_guard_wait_engine_calls(self._h(), tid, ms))
 
     def cancel(self, session):
         """Cancel the transfers in flight to session (from other threads):

@@ -410,29 +410,33 @@ def prefill_main(parent, sessions, args):
     stop = threading.Event()
     start = time.monotonic()
 
-    def settle_engine():
+    def settle_engine(transfer_id):
         # Over an engine nothing can refuse a failed transfer's writes that
         # are still on their way (quiesce cannot stop the engine's own
         # writes), so, as the guard's docs tell an application, its blocks
         # are not written again until the engine can no longer deliver
-        # them: until the guard has no engine call in flight, held writes
-        # included. The fault's longest delay is not enough on its own: a
+        # them: until none of that transfer's engine calls is running, held
+        # writes included (wait_engine_calls; other workers' transfers go on
+        # meanwhile). The fault's longest delay is not enough on its own: a
         # held write still goes through the engine, and Python, after it.
         # Over TCP the receiver's sync waits for them instead.
         if args.transport != "mooncake" or args.inject not in ("lag", "reorder", "hold"):
             return
         time.sleep(args.lag_max_ms / 1000)
-        give_up = time.monotonic() + SETTLE_LIMIT_S
-        late = False
-        while guard.stats()["engine_calls_in_flight"] > 0:
-            late = True
-            if time.monotonic() > give_up:  # the run ends: its blocks cannot be reused safely
-                counters.add(settle_timeouts=1)
-                stop.set()
-                return
-            time.sleep(0.0005)
-        if late:
-            counters.add(settles_late=1)
+        try:
+            guard.wait_engine_calls(transfer_id, 0)
+            return
+        except MCGuardError as e:
+            if e.name != "MC_ERR_TIMEOUT":
+                raise
+        counters.add(settles_late=1)
+        try:
+            guard.wait_engine_calls(transfer_id, int(SETTLE_LIMIT_S * 1000))
+        except MCGuardError as e:
+            if e.name != "MC_ERR_TIMEOUT":
+                raise
+            counters.add(settle_timeouts=1)  # the run ends: its blocks cannot be reused safely
+            stop.set()
 
     def worker(t):
         rnd = random.Random(args.seed * 1000 + t)
@@ -469,7 +473,8 @@ def prefill_main(parent, sessions, args):
                     if args.abort and not decode_aborts:  # the decode side frees the request's blocks
                         checker.send(("aborted", blocks))
                         checker.recv()
-                    settle_engine()
+                    if e.transfer_id is not None:  # else nothing was sent
+                        settle_engine(e.transfer_id)
                     continue
                 if decode_aborts:  # gone at the decode side: nothing to read
                     counters.add(transfers=1, ok=1)
@@ -480,7 +485,7 @@ def prefill_main(parent, sessions, args):
                 if verdict == "failed":  # the receiver's sync caught it
                     counters.add(transfers=1, failed=1, retries=res.retries, resends=res.resends)
                     counters.error(MCGuardError(_status_of(detail), "receiver sync failed"))
-                    settle_engine()
+                    settle_engine(res.id)
                     continue
                 counters.add(transfers=1, ok=1, descriptors=batch, bytes=batch * bb,
                              mismatches=detail, retries=res.retries, resends=res.resends)

@@ -135,6 +135,58 @@ def test_engine_failures_come_back_as_statuses_with_the_reason(pd):
     assert "returned True" in e.value.message, "only 0 or None is success"
 
 
+def test_wait_engine_calls_waits_for_a_failed_transfers_own_calls(pd):
+    g, eng, src, dst, srcs, dsts = pd(verify="tail")
+    released, entered = threading.Event(), threading.Event()
+    write = eng.write
+
+    def stuck(*args):
+        entered.set()
+        released.wait(10)
+        return write(*args)
+    eng.write = stuck
+    src.raw = os.urandom(BLOCK * N)
+    with pytest.raises(MCGuardError) as e:
+        g.transfer("decode:7", srcs, dsts, [BLOCK] * N, deadline_ms=100)
+    assert e.value.name == "MC_ERR_TIMEOUT" and entered.is_set()
+    tid = e.value.transfer_id
+    assert tid, "a failed transfer's id comes with its error"
+    with pytest.raises(MCGuardError) as w:
+        g.wait_engine_calls(tid, 0)
+    assert w.value.name == "MC_ERR_TIMEOUT" and "1 engine call(s)" in w.value.message
+    assert g.stats()["engine_calls_in_flight"] == 1
+    released.set()
+    g.wait_engine_calls(tid, 5000)  # the write returned: its bytes are in, nothing more comes
+    assert dst.raw == src.raw
+    eng.write = write
+    res = g.transfer("decode:7", srcs, dsts, [BLOCK] * N)
+    g.wait_engine_calls(res.id)  # a transfer that succeeded left nothing running
+
+    for bad in (-1, 1.5, "1", True, 1 << 64):
+        with pytest.raises(MCGuardError) as w:
+            g.wait_engine_calls(bad)
+        assert w.value.name == "MC_ERR_INVALID_ARG"
+    with pytest.raises(MCGuardError) as w:
+        g.wait_engine_calls(0)
+    assert w.value.name == "MC_ERR_INVALID_ARG" and "not given by this guard" in w.value.message
+    with pytest.raises(MCGuardError) as w:
+        g.wait_engine_calls(tid, 25 * 3600 * 1000)
+    assert w.value.name == "MC_ERR_INVALID_ARG" and "over a day" in w.value.message
+    with pytest.raises(MCGuardError) as e:
+        g.transfer("decode:7", srcs[:1], dsts[:1], [0])
+    assert e.value.name == "MC_ERR_INVALID_ARG" and e.value.transfer_id is None, "refused before it began"
+
+
+def test_wait_engine_calls_is_for_guards_over_an_engine():
+    g = Guard()
+    try:
+        with pytest.raises(MCGuardError) as w:
+            g.wait_engine_calls(1)
+        assert w.value.name == "MC_ERR_INVALID_ARG" and "quiesce" in w.value.message
+    finally:
+        g.close()
+
+
 def test_a_closed_guard_lets_its_engine_go(pd):
     g, eng, src, dst, srcs, dsts = pd(verify="tail")
     cb = g._callbacks

@@ -107,6 +107,9 @@ int main(void) {
     CHECK_STATUS(mc_guard_quiesce(receiver, NULL, NULL, 1), MC_ERR_INVALID_ARG, receiver, "NULL");
     CHECK_STATUS(mc_guard_cancel(sender, endpoint), MC_OK, sender, "");
     CHECK_STATUS(mc_guard_cancel(sender, NULL), MC_ERR_INVALID_ARG, sender, "NULL");
+    /* Waiting for engine calls is for guards over an engine: over TCP the
+     * abort state and the receiver's quiesce say it. */
+    CHECK_STATUS(mc_guard_wait_engine_calls(sender, opts.transfer_id, 0), MC_ERR_INVALID_ARG, sender, "quiesce");
     opts.deadline_ms = 10000;
     CHECK_STATUS(mc_guard_transfer(sender, endpoint, s, d, l, BLOCKS, &opts), MC_OK, sender, "");
     CHECK(opts.abort_state == MC_ABORT_NONE);

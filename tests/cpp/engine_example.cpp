@@ -226,6 +226,11 @@ TEST(EngineExample, EngineErrorsComeBackWithItsMessage) {
     EXPECT_EQ(MC_ERR_PEER, mc_guard_transfer(pd.prefill, "nobody:0", pd.s.data(), pd.d.data(), pd.n.data(), 1, &o));
     EXPECT_NE(std::string::npos, last_error(pd.prefill).find("no segment named nobody:0")) << last_error(pd.prefill);
     EXPECT_EQ(MC_ABORT_UNCONFIRMED, o.abort_state);
+    // Before writing the failed transfer's blocks again: none of its
+    // engine calls is still running (its one call returned with the error).
+    EXPECT_NE(0u, o.transfer_id) << "a failed transfer's id is given";
+    EXPECT_EQ(MC_OK, mc_guard_wait_engine_calls(pd.prefill, o.transfer_id, 1000)) << last_error(pd.prefill);
+    EXPECT_EQ(MC_ERR_INVALID_ARG, mc_guard_wait_engine_calls(pd.prefill, 0, 0)) << "an id the guard never gave";
     uint64_t outside = pd.d[0] + kSize;
     EXPECT_EQ(MC_ERR_NOT_REGISTERED,
               mc_guard_transfer(pd.prefill, "decode:0", pd.s.data(), &outside, pd.n.data(), 1, &o));

@@ -71,6 +71,17 @@ type Plane struct {
 	calls  sync.WaitGroup // engine calls running, held writes included
 	// running counts calls as well, for InFlight: a WaitGroup cannot be read
 	running atomic.Int64
+	// byTransfer holds, for each transfer with engine calls running, how
+	// many and a channel closed when the last returns (WaitTransfer). An
+	// entry lives only while its calls run: the map is no larger than the
+	// calls running.
+	byTransfer map[uint64]*transferCalls
+}
+
+// transferCalls are one transfer's engine calls still running.
+type transferCalls struct {
+	n    int
+	done chan struct{} // closed when n reaches 0
 }
 
 // Open checks ops and returns the data plane.
@@ -81,7 +92,7 @@ func Open(cfg Config) (*Plane, error) {
 	if cfg.Faults.Mode == fault.Stale {
 		return nil, fmt.Errorf("%w: inject stale needs the destination's bytes, which an engine's callbacks do not show; over an engine use lag, drop, tear, reorder or hold", errs.Config)
 	}
-	p := &Plane{ops: cfg.Ops, linger: cfg.Linger}
+	p := &Plane{ops: cfg.Ops, linger: cfg.Linger, byTransfer: map[uint64]*transferCalls{}}
 	p.faults = fault.New(cfg.Faults, 0, "the engine callbacks ("+cfg.Ops.Name+")")
 	return p, nil
 }
@@ -170,8 +181,9 @@ func (p *Plane) Close() {
 	}
 }
 
-// begin admits one engine call unless the plane is closed.
-func (p *Plane) begin() error {
+// begin admits one engine call for transfer (0: none) unless the plane
+// is closed.
+func (p *Plane) begin(transfer uint64) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -179,19 +191,65 @@ func (p *Plane) begin() error {
 	}
 	p.calls.Add(1)
 	p.running.Add(1)
+	if transfer != 0 {
+		t := p.byTransfer[transfer]
+		if t == nil {
+			t = &transferCalls{done: make(chan struct{})}
+			p.byTransfer[transfer] = t
+		}
+		t.n++
+	}
 	return nil
 }
 
 // end is begin's other half, once the engine call has returned.
-func (p *Plane) end() {
-	p.running.Add(-1)
+func (p *Plane) end(transfer uint64) {
+	p.running.Add(-1) // first: a waiter woken below sees it
+	if transfer != 0 {
+		p.mu.Lock()
+		if t := p.byTransfer[transfer]; t != nil {
+			if t.n--; t.n == 0 {
+				close(t.done)
+				delete(p.byTransfer, transfer)
+			}
+		}
+		p.mu.Unlock()
+	}
 	p.calls.Done()
 }
 
 // InFlight is how many engine calls are running now, held writes
-// included: until it is 0, a failed or cancelled transfer's writes may
-// still land, so an application that reuses their ranges waits for it.
+// included, for every transfer: WaitTransfer waits for one transfer's.
 func (p *Plane) InFlight() int64 { return p.running.Load() }
+
+// WaitTransfer returns once no engine call made for transfer is running
+// any more, held writes included: from then on the engine can deliver
+// nothing of it that this library handed over (it may still run slices of
+// a call that returned: nothing here can see those). Past ctx's end it
+// fails, saying how many are still running.
+func (p *Plane) WaitTransfer(ctx context.Context, transfer uint64) error {
+	p.mu.Lock()
+	t := p.byTransfer[transfer]
+	p.mu.Unlock()
+	if t == nil {
+		return nil
+	}
+	select {
+	case <-t.done:
+		return nil
+	case <-ctx.Done():
+		p.mu.Lock()
+		n := 0
+		if t := p.byTransfer[transfer]; t != nil {
+			n = t.n
+		}
+		p.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		return fmt.Errorf("%w: %d engine call(s) of transfer %#x still running (%v): their bytes may still land", errs.Timeout, n, transfer, context.Cause(ctx))
+	}
+}
 
 // call runs one engine call and returns its error. Under a deadline it
 // runs apart and call returns ctx's error once ctx ends: the call itself
@@ -200,12 +258,12 @@ func (p *Plane) InFlight() int64 { return p.running.Load() }
 // thread: handing a call to another goroutine and back costs 100-200 µs
 // when the caller is a C thread (measured through Python and Mooncake), and
 // a cancel or close then takes effect once the engine returns.
-func (p *Plane) call(ctx context.Context, fn func() error, done func()) error {
-	if err := p.begin(); err != nil {
+func (p *Plane) call(ctx context.Context, transfer uint64, fn func() error, done func()) error {
+	if err := p.begin(transfer); err != nil {
 		return err
 	}
 	if _, bounded := ctx.Deadline(); !bounded {
-		defer p.end()
+		defer p.end(transfer)
 		err := fn()
 		if done != nil {
 			done()
@@ -217,7 +275,7 @@ func (p *Plane) call(ctx context.Context, fn func() error, done func()) error {
 	}
 	res := make(chan error, 1)
 	go func() {
-		defer p.end()
+		defer p.end(transfer)
 		err := fn()
 		if done != nil {
 			done()
@@ -234,12 +292,12 @@ func (p *Plane) call(ctx context.Context, fn func() error, done func()) error {
 
 // hold hands a write to the engine after a delay, as fault injection asks:
 // the transfer was told it completed long before.
-func (p *Plane) hold(session string, local, remote, n uint64) {
-	if p.begin() != nil {
+func (p *Plane) hold(session string, transfer, local, remote, n uint64) {
+	if p.begin(transfer) != nil {
 		return
 	}
 	time.AfterFunc(p.faults.Delay(), func() {
-		defer p.end()
+		defer p.end(transfer)
 		p.mu.Lock()
 		closed := p.closed
 		p.mu.Unlock()
