@@ -381,16 +381,21 @@ class GuardedTransferEngine:
         g = self._guard
         if g is not None and not transport_hint:  # the common call, without _call's closure
             try:
-                self._local.result = g.transfer(target_hostname, buffers, peer_buffer_addresses, lengths)
+                self._local.result, self._local.failed = g.transfer(target_hostname, buffers,
+                                                                    peer_buffer_addresses, lengths), None
                 return 0
             except MCGuardError as e:
-                self._local.result = None
+                self._local.result, self._local.failed = None, e.transfer_id
                 return self._failed("batch_transfer_sync_write", e)
         self._hint(transport_hint, "batch_transfer_sync_write")
 
         def write(g):
-            self._local.result = g.transfer(target_hostname, buffers, peer_buffer_addresses, lengths)
-        self._local.result = None
+            try:
+                self._local.result = g.transfer(target_hostname, buffers, peer_buffer_addresses, lengths)
+            except MCGuardError as e:
+                self._local.failed = e.transfer_id
+                raise
+        self._local.result, self._local.failed = None, None
         return self._call("batch_transfer_sync_write", write)
 
     @property
@@ -398,6 +403,26 @@ class GuardedTransferEngine:
         """The id of this thread's last successful batch_transfer_sync_write."""
         r = getattr(self._local, "result", None)
         return r.id if r is not None else None
+
+    @property
+    def last_failed_transfer_id(self):
+        """The id of this thread's last batch_transfer_sync_write if it failed
+        once under way (None if it succeeded, or failed before it began)."""
+        return getattr(self._local, "failed", None)
+
+    def wait_engine_calls(self, transfer_id=None, timeout_ms=10000):
+        """Prefill side over Mooncake's engine (engine=...), after a write
+        returned < 0 and before its blocks are written again: returns 0 once
+        none of the engine calls made for it is still running (one given up
+        at a deadline, writes held by fault injection), negative while one
+        is past timeout_ms. transfer_id defaults to this thread's
+        last_failed_transfer_id (0 at once when there is none). Slices
+        Mooncake still moves after its call returned are beyond it."""
+        if transfer_id is None:
+            transfer_id = self.last_failed_transfer_id
+            if transfer_id is None:
+                return 0
+        return self._call("wait_engine_calls", lambda g: g.wait_engine_calls(transfer_id, timeout_ms))
 
     def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length, transport_hint=""):
         return self.batch_transfer_sync_read(target_hostname, [buffer], [peer_buffer_address], [length],

@@ -104,6 +104,10 @@ def sender():
             # Errors: each is a status, with the reason logged.
             logs.take()
             out["unregistered"] = [te.transfer_sync_write(recv.session, src, recv.addr + SIZE, 4096), logs.take()]
+            # Before the failed write's blocks are reused: none of its engine
+            # calls runs any more (Mooncake returned its error).
+            out["failed_settled"] = [te.last_failed_transfer_id is not None, te.wait_engine_calls(),
+                                     te.wait_engine_calls(te.last_failed_transfer_id, 0)]
             out["dead_peer"] = [te.transfer_sync_write("127.0.0.1:1", src, recv.addr, 4096), logs.take()]
             out["mismatched"] = [te.batch_transfer_sync_write(recv.session, [src], [recv.addr, recv.addr], [64]),
                                  logs.take()]
@@ -125,6 +129,11 @@ def sender():
             out["deadline"] = "succeeded"
         except MCGuardError as e:
             out["deadline"] = [e.name, e.message, e.abort]
+            try:  # the call given up at the deadline still runs until Mooncake returns it
+                g.wait_engine_calls(e.transfer_id, 10000)
+                out["deadline_settled"] = "ok"
+            except MCGuardError as w:
+                out["deadline_settled"] = [w.name, w.message]
         g.close()
     out["receiver_exit"] = recv.close()
     print(json.dumps(out), flush=True)

@@ -72,6 +72,21 @@ def test_sync_calls_with_opcode_and_hint(pair):
     assert send.transfer_sync(recv.session, src, recv.addr, 8, TransferOpcode.Write, notify=object()) == -1
 
 
+def test_failed_write_ids_and_waiting_for_engine_calls_over_tcp(pair):
+    send, src, recv = pair
+    fill(send, src)
+    assert send.wait_engine_calls() == 0, "no write failed: nothing to wait for"
+    assert send.transfer_sync_write(recv.session, src, recv.addr + SIZE, 4096) < 0, "outside the peer's buffer"
+    assert send.last_failed_transfer_id is None, "refused before it began: nothing was sent"
+    assert send.transfer_sync_write("127.0.0.1:1", src, recv.addr, 4096) < 0
+    assert send.last_failed_transfer_id is None
+    assert send.transfer_sync_write(recv.session, src, recv.addr, 4096) == 0
+    assert send.last_failed_transfer_id is None and send.last_transfer_id
+    # Over mcguard's own TCP there are no engine calls: a failed write's
+    # abort state and the receiver's quiesce say what may land.
+    assert send.wait_engine_calls(send.last_transfer_id) < 0
+
+
 def test_notify_reaches_get_notifies(pair):
     send, src, recv = pair
     data = fill(send, src)

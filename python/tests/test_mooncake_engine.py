@@ -60,6 +60,13 @@ def test_errors_over_mooncake_are_statuses_with_reasons(results):
     assert ret < 0 and "differ in length" in why
 
 
+def test_a_failed_writes_engine_calls_can_be_waited_for(results):
+    known, waited, now = results["failed_settled"]
+    assert known, "the failed write's id is kept for this thread"
+    assert waited == 0 and now == 0, "Mooncake returned its error: nothing of it runs"
+    assert results["deadline_settled"] == "ok", "the call given up at its deadline returned within 10 s"
+
+
 def test_reads_and_the_peers_first_buffer_come_from_mooncake(results):
     assert results["read"] == 0 and results["read_landed"]
     assert results["first_buffer"]
