@@ -291,7 +291,8 @@ mc_status mc_guard_free(mc_guard_t g, void *addr);
  * descriptors that never matched), MC_ERR_CLOSED, MC_ERR_QUIESCED,
  * MC_ERR_CANCELLED. On any error the destination may hold some, all or
  * none of the new bytes; opts->abort_state says whether more may still
- * land (see mc_guard_quiesce). */
+ * land (see mc_guard_quiesce; over an engine, mc_guard_wait_engine_calls
+ * with opts->transfer_id, 0 if the call failed before the transfer began). */
 mc_status mc_guard_transfer(mc_guard_t g, const char *session,
                             const uint64_t *src, const uint64_t *dst,
                             const uint64_t *len, size_t n,
