@@ -290,6 +290,7 @@ func TestWaitEngineCallsWaitsForItsTransferOnly(t *testing.T) {
 	require.NoError(t, <-bDone)
 	require.Eventually(t, func() bool { return g.engine.InFlight() == 0 }, 2*time.Second, time.Millisecond)
 	require.NoError(t, g.WaitEngineCalls(a.ID, 0), "nothing of A runs: at once")
+	require.Zero(t, g.engine.Transfers(), "no entry outlives its calls")
 
 	for _, bad := range []struct {
 		id      uint64
@@ -314,17 +315,27 @@ func TestWaitEngineCallsWaitsForItsTransferOnly(t *testing.T) {
 
 func TestEngineHeldWritesCountForTheirTransfer(t *testing.T) {
 	f := newFakeEngines()
-	g, err := OpenWithEngine(testConfig(t, `{"verify": "off", "inject": "hold", "inject_rate": 1, "inject_lag_max_ms": 300}`), f.ops("prefill", "fake"))
+	g, err := OpenWithEngine(testConfig(t, `{"verify": "off", "inject": "hold", "inject_rate": 1, "inject_lag_max_ms": 1000}`), f.ops("prefill", "fake"))
 	require.NoError(t, err)
 	defer g.Close()
 	m := newMem(t, 4096)
 	require.NoError(t, g.Register(m.addr(0), 4096))
 	require.NoError(t, f.register("decode:1", m.addr(0), 4096))
-	res, err := g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{})
-	require.NoError(t, err, "off trusts the engine: the held write is not seen")
-	require.ErrorIs(t, g.WaitEngineCalls(res.ID, 0), ErrTimeout, "its write is held")
-	require.NoError(t, g.WaitEngineCalls(res.ID, 5*time.Second))
+	var ids []uint64
+	for range 20 {
+		res, err := g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{})
+		require.NoError(t, err, "off trusts the engine: the held write is not seen")
+		ids = append(ids, res.ID)
+	}
+	require.Equal(t, 20, g.engine.Transfers(), "one entry per transfer with a write held")
+	for _, id := range ids {
+		require.ErrorIs(t, g.WaitEngineCalls(id, 0), ErrTimeout, "its write is held")
+	}
+	for _, id := range ids {
+		require.NoError(t, g.WaitEngineCalls(id, 5*time.Second))
+	}
 	require.EqualValues(t, 0, g.engine.InFlight())
+	require.Zero(t, g.engine.Transfers(), "the entries went with their calls")
 }
 
 func TestOpenWithEngineRefusesBadSettings(t *testing.T) {

@@ -222,6 +222,14 @@ func (p *Plane) end(transfer uint64) {
 // included, for every transfer: WaitTransfer waits for one transfer's.
 func (p *Plane) InFlight() int64 { return p.running.Load() }
 
+// Transfers is how many transfers have engine calls running: the size of
+// the per-transfer table, which must not outgrow the calls themselves.
+func (p *Plane) Transfers() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.byTransfer)
+}
+
 // WaitTransfer returns once no engine call made for transfer is running
 // any more, held writes included: from then on the engine can deliver
 // nothing of it that this library handed over (it may still run slices of
