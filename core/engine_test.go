@@ -338,6 +338,24 @@ func TestEngineHeldWritesCountForTheirTransfer(t *testing.T) {
 	require.Zero(t, g.engine.Transfers(), "the entries went with their calls")
 }
 
+func TestWaitEngineCallsEndsWhenTheGuardCloses(t *testing.T) {
+	f := newFakeEngines()
+	g, err := OpenWithEngine(testConfig(t, `{"verify": "off", "inject": "hold", "inject_rate": 1, "inject_lag_max_ms": 5000, "timeout_ms": 300}`), f.ops("prefill", "fake"))
+	require.NoError(t, err)
+	m := newMem(t, 4096)
+	require.NoError(t, g.Register(m.addr(0), 4096))
+	require.NoError(t, f.register("decode:1", m.addr(0), 4096))
+	res, err := g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{})
+	require.NoError(t, err)
+	waited := make(chan error, 1)
+	go func() { waited <- g.WaitEngineCalls(res.ID, time.Hour) }()
+	time.Sleep(20 * time.Millisecond) // let it wait
+	start := time.Now()
+	require.NoError(t, g.Close())
+	require.ErrorIs(t, <-waited, ErrClosed, "a close ends the wait, whose write is still held")
+	require.Less(t, time.Since(start), 3*time.Second, "close waits for the held write at most its linger time")
+}
+
 func TestOpenWithEngineRefusesBadSettings(t *testing.T) {
 	f := newFakeEngines()
 	for js, want := range map[string]error{
