@@ -347,12 +347,18 @@ func TestWaitEngineCallsEndsWhenTheGuardCloses(t *testing.T) {
 	require.NoError(t, f.register("decode:1", m.addr(0), 4096))
 	res, err := g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{})
 	require.NoError(t, err)
-	waited := make(chan error, 1)
-	go func() { waited <- g.WaitEngineCalls(res.ID, time.Hour) }()
-	time.Sleep(20 * time.Millisecond) // let it wait
+	waited, started := make(chan error, 1), make(chan struct{})
+	go func() {
+		close(started)
+		waited <- g.WaitEngineCalls(res.ID, time.Hour)
+	}()
+	<-started
+	time.Sleep(50 * time.Millisecond) // let it wait
 	start := time.Now()
 	require.NoError(t, g.Close())
-	require.ErrorIs(t, <-waited, ErrClosed, "a close ends the wait, whose write is still held")
+	err = <-waited
+	require.ErrorIs(t, err, ErrClosed, "a close ends the wait, whose write is still held")
+	require.Contains(t, err.Error(), "while waiting for the engine calls", "the wait began before the close")
 	require.Less(t, time.Since(start), 3*time.Second, "close waits for the held write at most its linger time")
 }
 

@@ -144,7 +144,7 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 		}
 	}()
 	res.ID = g.nextTransfer.Add(1)
-	if t, ok := s.conn.(transferTagger); ok {
+	if t, ok := s.conn.(transferTagger); ok && g.engine != nil {
 		// Over an engine, calls count for this transfer until they return
 		// (WaitEngineCalls); the session's later calls are not its.
 		t.SetTransfer(res.ID)

@@ -423,20 +423,23 @@ def prefill_main(parent, sessions, args):
         if args.transport != "mooncake" or args.inject not in ("lag", "reorder", "hold"):
             return
         time.sleep(args.lag_max_ms / 1000)
-        try:
-            guard.wait_engine_calls(transfer_id, 0)
+        if engine_calls_ended(transfer_id, 0):
             return
-        except MCGuardError as e:
-            if e.name != "MC_ERR_TIMEOUT":
-                raise
         counters.add(settles_late=1)
-        try:
-            guard.wait_engine_calls(transfer_id, int(SETTLE_LIMIT_S * 1000))
-        except MCGuardError as e:
-            if e.name != "MC_ERR_TIMEOUT":
-                raise
+        if not engine_calls_ended(transfer_id, int(SETTLE_LIMIT_S * 1000)):
             counters.add(settle_timeouts=1)  # the run ends: its blocks cannot be reused safely
             stop.set()
+
+    def engine_calls_ended(transfer_id, timeout_ms):
+        """Whether none of the transfer's engine calls runs any more, waiting
+        at most timeout_ms (MC_ERR_TIMEOUT: some still do)."""
+        try:
+            guard.wait_engine_calls(transfer_id, timeout_ms)
+            return True
+        except MCGuardError as e:
+            if e.name != "MC_ERR_TIMEOUT":
+                raise
+            return False
 
     def worker(t):
         rnd = random.Random(args.seed * 1000 + t)
