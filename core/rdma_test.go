@@ -311,3 +311,27 @@ func TestRDMAQuiesceInvalidatesOldKeys(t *testing.T) {
 	require.NoError(t, err, "the next connection has the new rkeys")
 	require.True(t, bytes.Equal(p.src.b, p.dst.b))
 }
+
+// Consecutive blocks go as one WRITE per run, and a run ends where a
+// memory region ends at either side (its lkey, its rkey): blocks that
+// continue across both sides' region boundaries arrive whole.
+func TestRDMAJoinedWritesStayInsideRegions(t *testing.T) {
+	key := rdmaKey(t)
+	const n, size = 64, 4096
+	p := newPair(t, "{"+key+`, "verify": "tail"}`, "{"+key+"}", n*size)
+	require.NoError(t, p.send.Unregister(p.src.addr(0)))
+	require.NoError(t, p.send.Register(p.src.addr(0), 5*size))
+	require.NoError(t, p.send.Register(p.src.addr(5*size), (n-5)*size))
+	require.NoError(t, p.recv.Unregister(p.dst.addr(0)))
+	require.NoError(t, p.recv.Register(p.dst.addr(0), 40*size))
+	require.NoError(t, p.recv.Register(p.dst.addr(40*size), (n-40)*size))
+	for _, mode := range []verify.Mode{verify.Tail, verify.Digest} {
+		fill(p.src.b)
+		res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{Verify: &mode})
+		require.NoError(t, err, mode)
+		if mode == verify.Digest {
+			require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0))
+		}
+		require.True(t, bytes.Equal(p.src.b, p.dst.b), mode)
+	}
+}

@@ -436,6 +436,27 @@ func (t *Regions) Devices(ranges []Region) []int {
 	return out
 }
 
+// Reach is how many bytes there are from addr to the end of the
+// registered region holding it: 0 where none does.
+func (t *Regions) Reach(addr uint64) uint64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if r := t.findLocked(addr, 1); r != nil {
+		return r.End() - addr
+	}
+	return 0
+}
+
+// ReachIn is Reach over regions, a peer's table in any order.
+func ReachIn(regions []Region, addr uint64) uint64 {
+	for _, r := range regions {
+		if r.Contains(addr, 1) {
+			return r.End() - addr
+		}
+	}
+	return 0
+}
+
 // Covers reports whether [addr, addr+n) lies inside one of regions.
 func Covers(regions []Region, addr, n uint64) bool {
 	for _, r := range regions {

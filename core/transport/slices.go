@@ -11,23 +11,74 @@ import (
 // frames and memory-region spans alike.
 const MaxSlice = 4 << 20
 
-// Slice is one piece of descriptor Desc of a batch.
+// Slice is one piece of descriptor Desc of a batch, or (Cursor) descriptors
+// Desc to Desc+Joined that continue one another at both ends, whole.
 type Slice struct {
 	Desc          int // index into the descriptors sliced
+	Joined        int // how many descriptors after Desc the slice takes in too
 	Src, Dst, Len uint64
 }
 
 // Slices yields descs cut into slices of at most MaxSlice bytes, in order.
 func Slices(descs []verify.Desc) iter.Seq[Slice] {
 	return func(yield func(Slice) bool) {
-		for i, d := range descs {
-			for off := uint64(0); off < d.Len; off += MaxSlice {
-				if !yield(Slice{Desc: i, Src: d.Src + off, Dst: d.Dst + off, Len: min(MaxSlice, d.Len-off)}) {
-					return
-				}
+		c := Cursor{Descs: descs}
+		for sl, ok := c.Next(); ok; sl, ok = c.Next() {
+			if !yield(sl) {
+				return
 			}
 		}
 	}
+}
+
+// Cursor walks a batch's slices in order: Slices', or with Reach set,
+// runs of descriptors joined. A descriptor that starts where the one
+// before it ended, at the source and at the destination, joins its slice,
+// up to MaxSlice bytes: a batch of a cache's consecutive blocks then goes
+// as a few large writes instead of one per block, as callers that group
+// contiguous blocks themselves (vLLM's and SGLang's connectors) send it.
+// A loop over Next allocates nothing (an iterator with a func in it did).
+type Cursor struct {
+	Descs []verify.Desc
+	// Reach(src, dst) is how many bytes a run may span from src and dst
+	// (to the ends of the registered regions holding them), asked only
+	// where a descriptor could join: a run never crosses from one region
+	// into another. nil: nothing is joined.
+	Reach func(src, dst uint64) uint64
+	i     int    // the descriptor Next starts at
+	off   uint64 // how far into it
+}
+
+// Next returns the next slice, or false after the last.
+func (c *Cursor) Next() (Slice, bool) {
+	if c.i >= len(c.Descs) {
+		return Slice{}, false
+	}
+	d := c.Descs[c.i]
+	sl := Slice{Desc: c.i, Src: d.Src + c.off, Dst: d.Dst + c.off, Len: min(MaxSlice, d.Len-c.off)}
+	if c.off += sl.Len; c.off < d.Len {
+		return sl, true // a descriptor larger than a slice: cut, never joined
+	}
+	c.i, c.off = c.i+1, 0
+	if c.Reach == nil {
+		return sl, true
+	}
+	limit, asked := uint64(0), false
+	for ; c.i < len(c.Descs); c.i++ {
+		n := c.Descs[c.i]
+		if n.Src != sl.Src+sl.Len || n.Dst != sl.Dst+sl.Len || sl.Len+n.Len > MaxSlice {
+			break
+		}
+		if !asked {
+			limit, asked = c.Reach(sl.Src, sl.Dst), true
+		}
+		if sl.Len+n.Len > limit {
+			break
+		}
+		sl.Len += n.Len
+		sl.Joined++
+	}
+	return sl, true
 }
 
 // SliceRanges cuts ranges into ranges of at most MaxSlice bytes.

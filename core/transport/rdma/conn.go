@@ -33,7 +33,8 @@ type conn struct {
 	bounce  []byte
 	mr      *verbs.MR
 	timeout time.Duration
-	flush   bool // FLUSH fences: our QPs can post them, the target's regions take them
+	flush   bool   // FLUSH fences: our QPs can post them, the target's regions take them
+	joinMax uint64 // the most bytes one WRITE of joined descriptors takes (write)
 }
 
 // stripe is one queue pair of a session and what its writes since its
@@ -128,6 +129,20 @@ func (c *conn) rkey(addr, n uint64) (uint32, error) {
 	return 0, fmt.Errorf("%w: [%#x, +%d) has no rkey at the target", errs.NotRegistered, addr, n)
 }
 
+// reach is how far a WRITE of joined descriptors may span from src and
+// dst: inside the memory region holding each, here and at the target, and
+// no further than joinMax.
+func (c *conn) reach(src, dst uint64) uint64 {
+	far := uint64(0)
+	for i, r := range c.regions {
+		if r.Contains(dst, 1) && c.rkeys[i] != 0 {
+			far = r.End() - dst
+			break
+		}
+	}
+	return min(far, c.t.ep.Reach(src), c.joinMax)
+}
+
 func rdmaErr(err error) error { return fmt.Errorf("%w: %v", errs.Peer, err) }
 
 // eachStripe runs fn on the stripes that want at once (transport.Each).
@@ -152,7 +167,16 @@ func (c *conn) Post(ctx context.Context, descs []verify.Desc, base int) error {
 func (c *conn) write(ctx context.Context, descs []verify.Desc, base int, post bool) error {
 	var ws []verbs.Op
 	var total uint64
-	for sl := range transport.Slices(descs) {
+	// Descriptors that continue one another go as one WRITE, inside one
+	// memory region at each end (transport.Cursor), and of at most a
+	// queue pair's share of the batch, so that every queue pair has one.
+	for _, d := range descs {
+		total += d.Len
+	}
+	c.joinMax = (total + uint64(len(c.stripes)) - 1) / uint64(len(c.stripes))
+	total = 0
+	frames := transport.Cursor{Descs: descs, Reach: c.reach}
+	for sl, more := frames.Next(); more; sl, more = frames.Next() {
 		key, err := c.rkey(sl.Dst, sl.Len)
 		if err != nil {
 			return fmt.Errorf("descriptor %d: %w", base+sl.Desc, err)

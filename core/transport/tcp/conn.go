@@ -84,9 +84,34 @@ type conn struct {
 	// batch is the frames queued for one writev: a large batch's
 	// writes, or one large payload (send).
 	batch batched
+	// peer is the target's region table, shared by a session's stripes;
+	// reach, how far a joined write may span (transport.Cursor), made once.
+	peer  *peerTable
+	reach func(src, dst uint64) uint64
 }
 
-func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, cfg *Config, stripe int) (*conn, error) {
+// peerTable is the region table of a target, from its handshake and the
+// newest refresh.
+type peerTable struct {
+	regions atomic.Pointer[[]memory.Region]
+}
+
+func newPeerTable(regions []memory.Region) *peerTable {
+	p := &peerTable{}
+	p.set(regions)
+	return p
+}
+
+func (p *peerTable) set(regions []memory.Region) { p.regions.Store(&regions) }
+
+// joinReach is how far a write of joined descriptors may span from src
+// and dst: inside the region holding each, here and at the target (a
+// frame that crossed into the next region would be refused).
+func (t *conn) joinReach(src, dst uint64) uint64 {
+	return min(t.local.Reach(src), memory.ReachIn(*t.peer.regions.Load(), dst))
+}
+
+func dial(ctx context.Context, addr string, peer transport.Peer, table *peerTable, gen uint64, cfg *Config, stripe int) (*conn, error) {
 	timeout, local := cfg.Timeout, cfg.Regions
 	d := net.Dialer{Timeout: timeout}
 	c, err := d.DialContext(ctx, "tcp", addr)
@@ -97,7 +122,8 @@ func dial(ctx context.Context, addr string, peer transport.Peer, gen uint64, cfg
 		tc.SetNoDelay(true)
 	}
 	t := &conn{c: c, cut: func() { c.Close() }, local: local, w: bufio.NewWriterSize(c, 256<<10), timeout: timeout,
-		mark: gen, echoed: gen}
+		mark: gen, echoed: gen, peer: table}
+	t.reach = t.joinReach
 	var src io.Reader = c
 	if pr, err := readerOf(c, &t.until, cfg.BusyPoll, cfg.spins); err == nil {
 		src = pr
@@ -242,8 +268,12 @@ func (t *conn) requestAt(ctx context.Context, op wire.Op, addr uint64, payload [
 // FenceIsFinal is what the target said of its fence.
 func (t *conn) FenceIsFinal() bool { return t.finalFence }
 
-// Refresh has nothing to take: a TCP target checks every write itself.
-func (t *conn) Refresh([]byte, []memory.Region) error { return nil }
+// Refresh takes the target's newer region table (for joined writes): a
+// TCP target checks every write itself, and has no new answer.
+func (t *conn) Refresh(_ []byte, regions []memory.Region) error {
+	t.peer.set(regions)
+	return nil
+}
 
 // hello answers the target's challenge: the token, and the proof over
 // the challenge that the sender holds the handshake's key.

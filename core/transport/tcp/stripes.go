@@ -255,7 +255,10 @@ func (s *striped) PostNotice(ctx context.Context, body []byte, fenceFollows bool
 // SettleNotices: notices go on the first part.
 func (s *striped) SettleNotices(ctx context.Context) error { return s.parts[0].SettleNotices(ctx) }
 
-func (s *striped) Refresh([]byte, []memory.Region) error { return nil }
+// Refresh: the parts share one region table.
+func (s *striped) Refresh(answer []byte, regions []memory.Region) error {
+	return s.parts[0].Refresh(answer, regions)
+}
 
 func (s *striped) Close() {
 	for _, c := range s.parts {

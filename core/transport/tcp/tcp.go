@@ -248,7 +248,7 @@ func (dialer) Abandon()        {}
 
 // Connect opens a data connection to the answer's address and presents
 // the handshake's token.
-func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, _ []memory.Region) (transport.Conn, error) {
+func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, regions []memory.Region) (transport.Conn, error) {
 	var a answer
 	if err := json.Unmarshal(raw, &a); err != nil || a.Data == "" {
 		return nil, fmt.Errorf("%w: the target's tcp answer %q has no data address", errs.Session, raw)
@@ -261,8 +261,9 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, _ 
 			addr = net.JoinHostPort(peer.Host, port)
 		}
 	}
+	table := newPeerTable(regions)
 	open := func(ctx context.Context, stripe int) (*conn, error) {
-		c, err := dial(ctx, addr, peer, a.Gen, &d.t.cfg, stripe)
+		c, err := dial(ctx, addr, peer, table, a.Gen, &d.t.cfg, stripe)
 		if err != nil {
 			return nil, err
 		}

@@ -19,9 +19,10 @@ import (
 // owedAck is a posted frame: its id, its op, and for a write its
 // descriptor (for messages).
 type owedAck struct {
-	id   uint64
-	op   wire.Op
-	desc int
+	id     uint64
+	op     wire.Op
+	desc   int
+	joined int // descriptors after desc the write took in too (transport.Cursor)
 	// release lets go of a pulled write's source once the target
 	// answered: until then it must stay registered.
 	release func()
@@ -76,13 +77,21 @@ func (t *conn) judge(o owedAck, h wire.Header) error {
 		return nil
 	case h.Status == wire.StatusNoAccess && o.ipc:
 		t.ipc = false
-		return fmt.Errorf("%w: target refused descriptor %d at %#x: it could not open this process's CUDA IPC handle (the receiver's log says why); later transfers on this connection stage GPU bytes through the socket", errs.Device, o.desc, h.Addr)
+		return fmt.Errorf("%w: target refused %s at %#x: it could not open this process's CUDA IPC handle (the receiver's log says why); later transfers on this connection stage GPU bytes through the socket", errs.Device, o.descriptors(), h.Addr)
 	case h.Status == wire.StatusStaleToken:
 		return fmt.Errorf("%w: the completion notice of transfer %#x: %w", errs.Session, o.notice, transport.ErrStaleToken)
 	case o.op == wire.OpNotice:
 		return fmt.Errorf("%w: the receiver refused the completion notice of transfer %#x (%v); its log says why", errs.Session, o.notice, h.Status)
 	}
-	return fmt.Errorf("%w: target refused descriptor %d at %#x: %v", statusErr(h.Status), o.desc, h.Addr, h.Status)
+	return fmt.Errorf("%w: target refused %s at %#x: %v", statusErr(h.Status), o.descriptors(), h.Addr, h.Status)
+}
+
+// descriptors names the descriptors a write carried, for messages.
+func (o owedAck) descriptors() string {
+	if o.joined == 0 {
+		return fmt.Sprintf("descriptor %d", o.desc)
+	}
+	return fmt.Sprintf("descriptors %d to %d (written as one)", o.desc, o.desc+o.joined)
 }
 
 // firstErr is collectOwed's I/O error, else its refusal.
@@ -280,7 +289,9 @@ func (t *conn) readOwed(ctx context.Context) error {
 }
 
 // sendWrites sends descs' slices, recording each slice's
-// acknowledgement in t.owed. On the same host a host-memory source goes as
+// acknowledgement in t.owed. Descriptors that continue one another go as
+// one write (transport.Cursor), except marked ones: the target digests each
+// marked descriptor as it lands, so each keeps its own frame. On the same host a host-memory source goes as
 // its address (OpWriteFrom) and a device-memory one as its CUDA IPC
 // reference (OpWriteFromDevice), pinned until its acknowledgement is read.
 // Once maxOwed are owed, it reads the older half before sending more
@@ -292,7 +303,11 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, base int, ma
 	if batched {
 		defer t.dropBatch()
 	}
-	for sl := range transport.Slices(descs) {
+	frames := transport.Cursor{Descs: descs, Reach: t.reach}
+	if marked {
+		frames.Reach = nil
+	}
+	for sl, more := frames.Next(); more; sl, more = frames.Next() {
 		var m wire.Status
 		if marked {
 			m = mark(descs[sl.Desc].Len, sl.Dst == descs[sl.Desc].Dst)
@@ -303,7 +318,7 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, base int, ma
 				return err
 			}
 			if queued {
-				t.owed = append(t.owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc})
+				t.owed = append(t.owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc, joined: sl.Joined})
 				if len(t.batch.bufs) == 0 { // a writev went out: the next gets the full time (not reset per frame: each change costs)
 					t.deadline(ctx)
 				}
@@ -317,7 +332,7 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, base int, ma
 		if err != nil {
 			return err
 		}
-		t.owed = append(t.owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc, release: release, ipc: ipc})
+		t.owed = append(t.owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc, joined: sl.Joined, release: release, ipc: ipc})
 		t.deadline(ctx)
 		if err := t.settleWindow(ctx); err != nil {
 			return err

@@ -128,6 +128,20 @@ func (e *Endpoint) local(addr, n uint64) (uint32, error) {
 	return 0, fmt.Errorf("local range [%#x, +%d) is not in a registered memory region", addr, n)
 }
 
+// Reach is how many bytes there are from addr to the end of the
+// registered region holding it (0: none does), for WRITEs of joined
+// descriptors, which must lie in one region for their lkey.
+func (e *Endpoint) Reach(addr uint64) uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, m := range e.mrs {
+		if addr >= m.Addr && addr < m.Addr+m.Len {
+			return m.Addr + m.Len - addr
+		}
+	}
+	return 0
+}
+
 // QPInfo is what a peer needs to connect to a queue pair.
 type QPInfo struct {
 	QPN uint32   `json:"qpn"`
