@@ -54,6 +54,32 @@ TAIL = 64
 PING = "+ping"
 
 
+def dest_slots(count, scattered):
+    """Where each source block i lands, in blocks from the destination's
+    start: block i (consecutive, the default: a cache's consecutive blocks,
+    which mcguard joins into one write per run), or a fixed shuffle
+    (scattered: no descriptor continues the one before it)."""
+    slots = list(range(count))
+    if scattered:
+        import random
+        random.Random(count).shuffle(slots)
+    return slots
+
+
+def landed_hash(read, count, size, slots):
+    """The SHA-1 the destination's first count blocks must have when block
+    i of the source, read(off, n), went to block slots[i]."""
+    if slots == sorted(slots):
+        return hashlib.sha1(read(0, count * size)).hexdigest()
+    at = [0] * count
+    for i, j in enumerate(slots):
+        at[j] = i
+    h = hashlib.sha1()
+    for i in at:
+        h.update(read(i * size, size))
+    return h.hexdigest()
+
+
 def receiver_syncs(kind):
     return "+sync" in kind
 
@@ -263,8 +289,10 @@ class Receiver:
 class Sender:
     """One engine kind's sending half, with a source region of random bytes."""
 
-    def __init__(self, kind, recv):
-        self.kind, self.recv = kind, recv
+    def __init__(self, kind, recv, scattered=False):
+        # The raw socket pair moves the bytes as one stream whatever the layout.
+        self.kind, self.recv, self.scattered = kind, recv, scattered and kind != "socket"
+        self.slots = {}
         if kind == "nixl":
             self.agent, self.reg, self.mem, self.src = new_nixl("send")
             self.mem[:] = os.urandom(REGION)
@@ -295,7 +323,8 @@ class Sender:
         h = self.handles.get((count, size))
         if h is None:
             local = self.agent.get_xfer_descs([(self.src + i * size, size, 0) for i in range(count)], "DRAM")
-            remote = self.agent.get_xfer_descs([(self.recv.addr + i * size, size, 0) for i in range(count)], "DRAM")
+            remote = self.agent.get_xfer_descs([(self.recv.addr + j * size, size, 0) for j in self.order(count)],
+                                               "DRAM")
             h = self.handles[(count, size)] = self.agent.initialize_xfer("WRITE", local, remote, self.peer)
         state = self.agent.transfer(h)
         while state == "PROC":
@@ -303,10 +332,18 @@ class Sender:
         if state != "DONE":
             raise RuntimeError("nixl: transfer ended %s" % state)
 
-    def source_hash(self, n):
+    def order(self, count):
+        """dest_slots for this sender's layout, made once per count."""
+        if count not in self.slots:
+            self.slots[count] = dest_slots(count, self.scattered)
+        return self.slots[count]
+
+    def source_hash(self, count, size):
         if self.kind in ("socket", "nixl"):
-            return hashlib.sha1(self.mem[:n]).hexdigest()
-        return hashlib.sha1(ctypes.string_at(self.src, n)).hexdigest()
+            read = lambda off, n: self.mem[off:off + n]  # noqa: E731
+        else:
+            read = lambda off, n: ctypes.string_at(self.src + off, n)  # noqa: E731
+        return landed_hash(read, count, size, self.order(count))
 
     def transfer(self, count, size):
         """One batch of count descriptors of size bytes, src block i to dst
@@ -322,7 +359,7 @@ class Sender:
                 raise RuntimeError("socket receiver went away")
             return
         src = [self.src + i * size for i in range(count)]
-        dst = [self.recv.addr + i * size for i in range(count)]
+        dst = [self.recv.addr + j * size for j in self.order(count)]
         ret = self.engine.batch_transfer_sync_write(self.recv.session, src, dst, [size] * count)
         if ret != 0:
             raise RuntimeError("%s: batch_transfer_sync_write returned %d" % (self.kind, ret))
@@ -370,18 +407,19 @@ class LocalCopy:
 
     kind = "memcpy"
 
-    def __init__(self):
+    def __init__(self, scattered=False):
         self.src, self.dst = mmap.mmap(-1, REGION), mmap.mmap(-1, REGION)
         self.src[:] = os.urandom(REGION)
         self.src_addr = ctypes.addressof(ctypes.c_char.from_buffer(self.src))
         self.dst_addr = ctypes.addressof(ctypes.c_char.from_buffer(self.dst))
+        self.scattered = scattered
 
     def transfer(self, count, size):
-        for i in range(count):
-            ctypes.memmove(self.dst_addr + i * size, self.src_addr + i * size, size)
+        for i, j in enumerate(dest_slots(count, self.scattered)):
+            ctypes.memmove(self.dst_addr + j * size, self.src_addr + i * size, size)
 
-    def source_hash(self, n):
-        return hashlib.sha1(self.src[:n]).hexdigest()
+    def source_hash(self, count, size):
+        return landed_hash(lambda off, n: self.src[off:off + n], count, size, dest_slots(count, self.scattered))
 
     def hash(self, off, n):
         return hashlib.sha1(self.dst[off:off + n]).hexdigest()
@@ -470,6 +508,11 @@ def run_bench(argv=None):
     p.add_argument("--nixl-tls", default="tcp",
                    help="UCX_TLS for NIXL's UCX backend (default tcp, so it crosses the network stack as the "
                         "others do; \"default\": UCX's own choice, cross-memory attach on one host)")
+    p.add_argument("--layout", choices=("consecutive", "scattered"), default="consecutive",
+                   help="where source block i lands: destination block i (consecutive, as a cache's "
+                        "consecutive blocks; mcguard joins them into one write per run), or a fixed shuffle of "
+                        "the blocks (scattered: one write per descriptor). The raw socket pair moves one "
+                        "stream either way")
     p.add_argument("--over-mooncake", action="store_true",
                    help="engines: Mooncake alone, the vLLM fix's tail polling, mcguard over Mooncake with the "
                         "same check (desctail), tail and sample (slice-aware) and digest")
@@ -500,11 +543,11 @@ def run_bench(argv=None):
     pairs = {}
     for kind in engines:
         if kind == "memcpy":
-            copier = LocalCopy()
+            copier = LocalCopy(a.layout == "scattered")
             pairs[kind] = (copier, copier)
             continue
         recv = Receiver(kind)
-        pairs[kind] = (Sender(kind, recv), recv)
+        pairs[kind] = (Sender(kind, recv, a.layout == "scattered"), recv)
     results = {}  # (engine, size) -> [per-round figures]
     bad = []
     try:
@@ -523,7 +566,7 @@ def run_bench(argv=None):
                         for other in others:
                             other.pause(False)
                     n = count * size
-                    if recv.hash(0, n) != sender.source_hash(n):
+                    if recv.hash(0, n) != sender.source_hash(count, size):
                         bad.append((r, name, kind))
                     results.setdefault((kind, name), []).append(fig)
                     print("round %d/%d  %-10s %-26s %10.2f %s%s%s" % (r + 1, a.rounds, name, kind, fig,
@@ -535,6 +578,7 @@ def run_bench(argv=None):
             sender.close()
             recv.close()
     print(summary(results, engines, a.sizes))
+    print("layout: %s destination blocks" % a.layout)
     if bad:
         print("DESTINATION MISMATCH (round, size, engine): %s" % bad)
         return 1

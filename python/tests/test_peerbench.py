@@ -36,3 +36,33 @@ def test_peerbench_runs_and_checks_every_destination():
     synced = [line for line in progress if "digest+sync" in line or "+ping" in line]
     assert len(synced) == 4 and all("the receiver's call: median" in line for line in synced), \
         "the receiver's sync (or nothing, for +ping) is timed where it runs, and the pipe to it is named as left out"
+
+
+def test_scattered_layout_is_a_fixed_shuffle_and_its_hash_follows_it():
+    from mcguard.peerbench import dest_slots, landed_hash
+    slots = dest_slots(512, True)
+    assert sorted(slots) == list(range(512)) and slots != list(range(512))
+    assert slots == dest_slots(512, True), "the same shuffle every round"
+    assert dest_slots(512, False) == list(range(512))
+    src = os.urandom(4 * 16)
+    landed = bytearray(4 * 16)
+    order = [2, 0, 3, 1]
+    for i, j in enumerate(order):
+        landed[j * 16:(j + 1) * 16] = src[i * 16:(i + 1) * 16]
+    import hashlib
+    assert landed_hash(lambda off, n: src[off:off + n], 4, 16, order) == hashlib.sha1(landed).hexdigest()
+    assert landed_hash(lambda off, n: src[off:off + n], 4, 16, [0, 1, 2, 3]) == hashlib.sha1(src).hexdigest()
+
+
+def test_peerbench_scattered_layout_checks_every_destination():
+    if not os.path.exists(VENV_PYTHON):
+        pytest.skip("no Mooncake wheel here (make mooncake-venv installs it into build/venv-mooncake)")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    engines = ["mooncake", "mcguard-socket-off", "mcguard-socket-tail", "mcguard-socket-digest+sync", "memcpy"]
+    out = subprocess.run([VENV_PYTHON, "-m", "mcguard.peerbench", "--rounds", "1", "--seconds", "0.05",
+                          "--sizes", "512x16KiB", "--layout", "scattered", "--engines"] + engines,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert "every destination matched its source" in out.stdout
+    assert "layout: scattered destination blocks" in out.stdout
+    assert out.stderr.count("round 1/1") == len(engines)
