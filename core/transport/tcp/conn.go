@@ -31,6 +31,8 @@ type conn struct {
 	// finalFence: the target said its fence answers after every earlier
 	// write is applied.
 	finalFence bool
+	// landing: the target digests marked writes as they land (PostMarked).
+	landing bool
 	// mark is the newest quiesce generation the target pushed; echoed, the
 	// newest one echoed back (writes after the echo are taken).
 	mark, echoed uint64

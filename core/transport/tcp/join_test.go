@@ -108,3 +108,28 @@ func TestJoinedWriteRefusedNamesItsDescriptors(t *testing.T) {
 	require.Equal(t, 2, frames)
 	require.Equal(t, src, dst)
 }
+
+// Digest mode's writes are marked with their descriptors only for a target
+// that digests them as they land; for one that digests at sync time they
+// go as plain writes, consecutive descriptors joined.
+func TestMarkedWritesJoinOnlyWithoutLanding(t *testing.T) {
+	src, dst := testmem.Pages(t, 4), testmem.Pages(t, 4)
+	descs := make([]verify.Desc, 4)
+	for i := range descs {
+		descs[i] = verify.Desc{Src: memory.AddrOf(src[i*4096:]), Dst: memory.AddrOf(dst[i*4096:]), Len: 4096}
+	}
+	for _, landing := range []bool{false, true} {
+		c := joinPair(t, src, dst, nil, nil, nil)
+		c.landing = landing
+		rand.Read(src)
+		require.NoError(t, c.PostMarked(context.Background(), descs, 0))
+		frames := len(c.owed)
+		require.NoError(t, c.readOwed(context.Background()))
+		require.Equal(t, src, dst)
+		if landing {
+			require.Equal(t, 4, frames, "one marked frame per descriptor")
+		} else {
+			require.Equal(t, 1, frames)
+		}
+	}
+}

@@ -99,6 +99,10 @@ type answer struct {
 	// the connection is applied (not so under reorder injection, whose
 	// writes stand for another path a fence does not flush).
 	FinalFence bool `json:"final_fence,omitempty"`
+	// Landing: the target digests marked writes as they land (landed.go);
+	// where it does not, a sender sends digest mode's writes unmarked, so
+	// that consecutive descriptors join.
+	Landing bool `json:"landing,omitempty"`
 	// Gen is the target's quiesce generation: the sender's writes are
 	// taken where nothing was quiesced since.
 	Gen uint64 `json:"gen,omitempty"`
@@ -158,7 +162,8 @@ func (t *Transport) Unregister(addr uint64) error {
 // Accept answers a handshake with the target's address and, for a
 // sender's same-host offer, a nonce to prove or why not.
 func (t *Transport) Accept(peer transport.Peer, offer []byte, _ []memory.Region) ([]byte, error) {
-	a := answer{Data: t.target.addr(), FinalFence: t.target.faults.Mode() != fault.Reorder, Gen: t.target.q.gen.Load()}
+	a := answer{Data: t.target.addr(), FinalFence: t.target.faults.Mode() != fault.Reorder, Gen: t.target.q.gen.Load(),
+		Landing: t.target.landed != nil}
 	if len(offer) != 0 {
 		a.SameHost, a.SameHostWhy = t.sameHostAnswer(peer.Sender, offer)
 		if a.SameHost != "" {
@@ -267,7 +272,7 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, re
 		if err != nil {
 			return nil, err
 		}
-		c.finalFence, c.pushed, c.mapped = a.FinalFence, d.t.cfg.Pushed, d.t.cfg.Mapped
+		c.finalFence, c.landing, c.pushed, c.mapped = a.FinalFence, a.Landing, d.t.cfg.Pushed, d.t.cfg.Mapped
 		if err = c.sameHost(ctx, d.t.cfg.SameHost, a); err != nil {
 			c.Close()
 			return nil, err

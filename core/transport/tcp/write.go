@@ -141,9 +141,11 @@ func (t *conn) Post(ctx context.Context, descs []verify.Desc, base int) error {
 
 // PostMarked is Post with every frame marked with its descriptor
 // (verify.DescriptorMarker), so the target digests each descriptor as it
-// lands: digest mode's writes.
+// lands: digest mode's writes. A target that digests at sync time instead
+// (digest_at "sync", the default) has no use for marks, and gets the
+// writes as Post sends them: consecutive descriptors joined.
 func (t *conn) PostMarked(ctx context.Context, descs []verify.Desc, base int) error {
-	return t.post(ctx, descs, base, true)
+	return t.post(ctx, descs, base, t.landing)
 }
 
 func (t *conn) post(ctx context.Context, descs []verify.Desc, base int, marked bool) error {
