@@ -92,6 +92,11 @@ def parse_args(argv=None):
     p.add_argument("--blocks", type=int, default=256, help="KV blocks per session")
     p.add_argument("--block-bytes", type=int, default=64 << 10)
     p.add_argument("--batch", type=int, default=32, help="descriptors per transfer")
+    p.add_argument("--layout", choices=["scattered", "consecutive"], default="scattered",
+                   help="which destination blocks a batch writes: scattered (a random sample of the thread's "
+                        "blocks, each descriptor a write of its own) or consecutive (a run of the thread's "
+                        "blocks from a random start, which mcguard's TCP and RDMA data planes join into one "
+                        "write, faults and all)")
     p.add_argument("--seconds", type=float, default=None, help="run time (default 5; 2 per cell with --matrix)")
     p.add_argument("--batches", type=int, default=0, help="stop each thread after this many batches (0: no limit)")
     p.add_argument("--seed", type=int, default=1)
@@ -443,7 +448,11 @@ def prefill_main(parent, sessions, args):
 
     def worker(t):
         rnd = random.Random(args.seed * 1000 + t)
-        mine = [b for b in range(args.blocks) if b % args.threads == t]
+        if args.layout == "consecutive":  # a stretch of its own, so that its runs stay consecutive
+            per = args.blocks // args.threads
+            mine = list(range(t * per, (t + 1) * per))
+        else:
+            mine = [b for b in range(args.blocks) if b % args.threads == t]
         checkers = [Client(tuple(s["check"]), authkey=AUTHKEY) for s in sessions]
         src0 = base + t * batch * bb
         srcs = [src0 + i * bb for i in range(batch)]
@@ -456,7 +465,11 @@ def prefill_main(parent, sessions, args):
                 s = sessions[n % len(sessions)]
                 checker = checkers[n % len(sessions)]
                 n += 1
-                blocks = rnd.sample(mine, batch)
+                if args.layout == "consecutive":
+                    first = rnd.randrange(len(mine) - batch + 1)
+                    blocks = mine[first:first + batch]
+                else:
+                    blocks = rnd.sample(mine, batch)
                 for i in range(batch):
                     filler.fill(view, srcs[i], off + i * bb)
                 dsts = [s["base"] + b * bb for b in blocks]
@@ -662,8 +675,8 @@ def _main(args):
     if args.matrix:
         return run_matrix(args)
     if not args.quiet:
-        print("mcguard stress: verify=%s inject=%s sessions=%d threads=%d batch=%d x %d B, %s"
-              % (args.verify, args.inject, args.sessions, args.threads, args.batch, args.block_bytes,
+        print("mcguard stress: verify=%s inject=%s sessions=%d threads=%d batch=%d x %d B (%s), %s"
+              % (args.verify, args.inject, args.sessions, args.threads, args.batch, args.block_bytes, args.layout,
                  "%d batches/thread" % args.batches if args.batches > 0 else "%gs" % args.seconds),
               file=sys.stderr, flush=True)
     out = run(args)
