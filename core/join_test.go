@@ -10,12 +10,13 @@ import (
 )
 
 // Consecutive blocks go over the socket as one write per run (inside one
-// registered region at each end, tcp/join_test.go): every mode delivers
-// them, the same host's copies too.
+// registered region at each end, tcp/join_test.go), and stats count the
+// descriptors joined: every mode delivers them, the same host's copies
+// too (written by the sender itself there, one copy each, none joined).
 func TestConsecutiveBlocksInEveryMode(t *testing.T) {
 	for _, plane := range []string{`"same_host": "off"`, `"same_host": "required"`} {
 		p := newPair(t, `{`+plane+`}`, "", 256<<10)
-		for _, mode := range verify.Modes {
+		for i, mode := range verify.Modes {
 			rand.Read(p.src.b)
 			descs := p.blocks(64, 4096)
 			res, err := p.send.Transfer(p.session, descs, TransferOptions{Verify: &mode})
@@ -24,7 +25,19 @@ func TestConsecutiveBlocksInEveryMode(t *testing.T) {
 				require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0))
 			}
 			require.Equal(t, p.src.b, p.dst.b, "%s %s", plane, mode)
+			if plane == `"same_host": "off"` {
+				require.EqualValues(t, 63*(i+1), stats(t, p.send)["joined_descriptors"], "64 blocks, one write")
+			}
 		}
+		// Backwards: nothing continues, nothing is joined.
+		before := stats(t, p.send)["joined_descriptors"]
+		descs := p.blocks(64, 4096)
+		for i, j := 0, len(descs)-1; i < j; i, j = i+1, j-1 {
+			descs[i].Dst, descs[j].Dst = descs[j].Dst, descs[i].Dst
+		}
+		_, err := p.send.Transfer(p.session, descs, TransferOptions{})
+		require.NoError(t, err)
+		require.Equal(t, before, stats(t, p.send)["joined_descriptors"])
 	}
 }
 

@@ -325,7 +325,7 @@ func TestRDMAJoinedWritesStayInsideRegions(t *testing.T) {
 	require.NoError(t, p.recv.Unregister(p.dst.addr(0)))
 	require.NoError(t, p.recv.Register(p.dst.addr(0), 40*size))
 	require.NoError(t, p.recv.Register(p.dst.addr(40*size), (n-40)*size))
-	for _, mode := range []verify.Mode{verify.Tail, verify.Digest} {
+	for i, mode := range []verify.Mode{verify.Tail, verify.Digest} {
 		fill(p.src.b)
 		res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(n, size), TransferOptions{Verify: &mode})
 		require.NoError(t, err, mode)
@@ -333,5 +333,7 @@ func TestRDMAJoinedWritesStayInsideRegions(t *testing.T) {
 			require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0))
 		}
 		require.True(t, bytes.Equal(p.src.b, p.dst.b), mode)
+		// Runs [0, 5), [5, 40), [40, 64): three WRITEs of 64 descriptors.
+		require.EqualValues(t, (n-3)*(i+1), stats(t, p.send)["joined_descriptors"], mode)
 	}
 }

@@ -18,6 +18,7 @@ type counters struct {
 	digestsLanded, digestsRead atomic.Int64
 	pushed                     atomic.Int64 // bytes written into same-host targets by this process itself
 	mapped                     atomic.Int64 // of pushed, those copied into targets' shared allocations (memcpy)
+	joined                     atomic.Int64 // descriptors sent inside another descriptor's write (consecutive)
 }
 
 // Stats returns counters and settings as JSON.
@@ -57,6 +58,7 @@ func (g *Guard) Stats() ([]byte, error) {
 		"busy_poll_us":        g.cfg.BusyPoll.Microseconds(),
 		"verify_failures":     g.stats.verifyFailures.Load(),
 		"probed_bytes":        g.stats.probed.Load(),
+		"joined_descriptors":  g.stats.joined.Load(),
 		"cancels":             g.stats.cancels.Load(),
 		"aborts_confirmed":    g.stats.abortsConfirmed.Load(),
 		"aborts_unconfirmed":  g.stats.abortsUnconfirmed.Load(),

@@ -34,7 +34,7 @@ var dataPlanes = []struct {
 	}},
 	{rdma.Name, false, func(g *Guard, _ string) (transport.Transport, error) {
 		return rdma.Open(rdma.Config{Library: g.cfg.VerbsLibrary, Device: g.cfg.RDMADevice, GIDIndex: g.cfg.RDMAGIDIndex,
-			QPs: g.cfg.RDMAQPs, Timeout: g.cfg.Timeout, GPU: g.regions.GPU()})
+			QPs: g.cfg.RDMAQPs, Timeout: g.cfg.Timeout, GPU: g.regions.GPU(), Joined: &g.stats.joined})
 	}},
 	{tcp.Name, false, func(g *Guard, host string) (transport.Transport, error) {
 		faults := g.cfg.Inject
@@ -43,7 +43,7 @@ var dataPlanes = []struct {
 		}
 		return tcp.New(tcp.Config{Host: host, Timeout: g.cfg.Timeout, Regions: g.regions, Tokens: g.auth.tokens.sender,
 			Faults: faults, TailBytes: g.cfg.Verify.TailBytes, Notice: g.takeNotice, SameHost: g.cfg.SameHost,
-			SameHostWriter: g.cfg.SameHostWriter, Pushed: &g.stats.pushed, Mapped: &g.stats.mapped,
+			SameHostWriter: g.cfg.SameHostWriter, Pushed: &g.stats.pushed, Mapped: &g.stats.mapped, Joined: &g.stats.joined,
 			DigestAtLanding: g.cfg.DigestAt == "landing", Stripes: g.cfg.TCPStripes, BusyPoll: g.cfg.BusyPoll,
 			Refused: func(reason string) { g.metrics.refusedWrites.Add(1, reason) }})
 	}},

@@ -182,6 +182,9 @@ func (c *conn) write(ctx context.Context, descs []verify.Desc, base int, post bo
 			return fmt.Errorf("descriptor %d: %w", base+sl.Desc, err)
 		}
 		ws = append(ws, verbs.Op{Addr: sl.Src, RemoteAddr: sl.Dst, Len: sl.Len, RKey: key})
+		if sl.Joined > 0 && c.t.cfg.Joined != nil {
+			c.t.cfg.Joined.Add(int64(sl.Joined))
+		}
 		total += sl.Len
 	}
 	runs := make([][]verbs.Op, len(c.stripes))

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -43,6 +44,9 @@ type Config struct {
 	QPs      int           // queue pairs per session, 1 to MaxQPs
 	Timeout  time.Duration // bounds every completion wait
 	GPU      *cuda.Driver  // for GPU regions (dmabuf export); nil: none
+	// Joined, if set, counts the descriptors that went inside another
+	// descriptor's WRITE (consecutive ones joined).
+	Joined *atomic.Int64
 }
 
 // Transport is a guard's RDMA data plane: the endpoint, a memory region

@@ -62,6 +62,7 @@ type conn struct {
 	lease     *pushLease
 	pushed    *atomic.Int64
 	mapped    *atomic.Int64 // of pushed, those copied into a mapped shared allocation
+	joined    *atomic.Int64 // descriptors written inside another's write (nil: not counted)
 	iovLocal  []unix.Iovec
 	iovRemote []unix.RemoteIovec
 	ranges    []verify.Range

@@ -64,6 +64,9 @@ type Config struct {
 	// Pushed, if set, counts the bytes this guard's connections wrote
 	// into same-host targets themselves.
 	Pushed *atomic.Int64
+	// Joined, if set, counts the descriptors that went inside another
+	// descriptor's write (consecutive ones joined, transport.Cursor).
+	Joined *atomic.Int64
 	// Mapped, if set, counts those of them copied with memcpy into a
 	// target's shared allocation mapped here.
 	Mapped *atomic.Int64
@@ -272,7 +275,7 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, re
 		if err != nil {
 			return nil, err
 		}
-		c.finalFence, c.landing, c.pushed, c.mapped = a.FinalFence, a.Landing, d.t.cfg.Pushed, d.t.cfg.Mapped
+		c.finalFence, c.landing, c.pushed, c.mapped, c.joined = a.FinalFence, a.Landing, d.t.cfg.Pushed, d.t.cfg.Mapped, d.t.cfg.Joined
 		if err = c.sameHost(ctx, d.t.cfg.SameHost, a); err != nil {
 			c.Close()
 			return nil, err

@@ -310,6 +310,9 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, base int, ma
 		frames.Reach = nil
 	}
 	for sl, more := frames.Next(); more; sl, more = frames.Next() {
+		if sl.Joined > 0 && t.joined != nil {
+			t.joined.Add(int64(sl.Joined))
+		}
 		var m wire.Status
 		if marked {
 			m = mark(descs[sl.Desc].Len, sl.Dst == descs[sl.Desc].Dst)
