@@ -436,18 +436,21 @@ func (t *Regions) Devices(ranges []Region) []int {
 	return out
 }
 
-// Reach is how many bytes there are from addr to the end of the
-// registered region holding it: 0 where none does.
-func (t *Regions) Reach(addr uint64) uint64 {
+// HostReach is how many bytes there are from addr to the end of the
+// registered host-memory region holding it: 0 where none does, or where
+// it is device memory (a device region may span allocations, which one
+// copy cannot cross).
+func (t *Regions) HostReach(addr uint64) uint64 {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	if r := t.findLocked(addr, 1); r != nil {
+	if r := t.findLocked(addr, 1); r != nil && !r.mem.Device {
 		return r.End() - addr
 	}
 	return 0
 }
 
-// ReachIn is Reach over regions, a peer's table in any order.
+// ReachIn is how many bytes there are from addr to the end of the one of
+// regions (a peer's table, in any order) holding it: 0 where none does.
 func ReachIn(regions []Region, addr uint64) uint64 {
 	for _, r := range regions {
 		if r.Contains(addr, 1) {

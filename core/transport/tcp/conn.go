@@ -33,6 +33,9 @@ type conn struct {
 	finalFence bool
 	// landing: the target digests marked writes as they land (PostMarked).
 	landing bool
+	// hostOnly: the target has no CUDA driver, so all it registers is
+	// host memory (joinReach).
+	hostOnly bool
 	// mark is the newest quiesce generation the target pushed; echoed, the
 	// newest one echoed back (writes after the echo are taken).
 	mark, echoed uint64
@@ -109,9 +112,14 @@ func (p *peerTable) set(regions []memory.Region) { p.regions.Store(&regions) }
 
 // joinReach is how far a write of joined descriptors may span from src
 // and dst: inside the region holding each, here and at the target (a
-// frame that crossed into the next region would be refused).
+// frame that crossed into the next region would be refused), and only
+// between host memory at both ends: a registered device region may span
+// allocations, and one device copy cannot cross from one into the next.
 func (t *conn) joinReach(src, dst uint64) uint64 {
-	return min(t.local.Reach(src), memory.ReachIn(*t.peer.regions.Load(), dst))
+	if !t.hostOnly {
+		return 0
+	}
+	return min(t.local.HostReach(src), memory.ReachIn(*t.peer.regions.Load(), dst))
 }
 
 func dial(ctx context.Context, addr string, peer transport.Peer, table *peerTable, gen uint64, cfg *Config, stripe int) (*conn, error) {

@@ -106,6 +106,10 @@ type answer struct {
 	// where it does not, a sender sends digest mode's writes unmarked, so
 	// that consecutive descriptors join.
 	Landing bool `json:"landing,omitempty"`
+	// HostOnly: the target has no CUDA driver, so every region it
+	// registers is host memory, which a write of joined descriptors may
+	// cross allocations in (a device copy may not).
+	HostOnly bool `json:"host_only,omitempty"`
 	// Gen is the target's quiesce generation: the sender's writes are
 	// taken where nothing was quiesced since.
 	Gen uint64 `json:"gen,omitempty"`
@@ -166,7 +170,7 @@ func (t *Transport) Unregister(addr uint64) error {
 // sender's same-host offer, a nonce to prove or why not.
 func (t *Transport) Accept(peer transport.Peer, offer []byte, _ []memory.Region) ([]byte, error) {
 	a := answer{Data: t.target.addr(), FinalFence: t.target.faults.Mode() != fault.Reorder, Gen: t.target.q.gen.Load(),
-		Landing: t.target.landed != nil}
+		Landing: t.target.landed != nil, HostOnly: t.cfg.Regions.GPU() == nil}
 	if len(offer) != 0 {
 		a.SameHost, a.SameHostWhy = t.sameHostAnswer(peer.Sender, offer)
 		if a.SameHost != "" {
@@ -275,7 +279,8 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, re
 		if err != nil {
 			return nil, err
 		}
-		c.finalFence, c.landing, c.pushed, c.mapped, c.joined = a.FinalFence, a.Landing, d.t.cfg.Pushed, d.t.cfg.Mapped, d.t.cfg.Joined
+		c.finalFence, c.landing, c.hostOnly = a.FinalFence, a.Landing, a.HostOnly
+		c.pushed, c.mapped, c.joined = d.t.cfg.Pushed, d.t.cfg.Mapped, d.t.cfg.Joined
 		if err = c.sameHost(ctx, d.t.cfg.SameHost, a); err != nil {
 			c.Close()
 			return nil, err
