@@ -107,8 +107,8 @@ type answer struct {
 	// that consecutive descriptors join.
 	Landing bool `json:"landing,omitempty"`
 	// HostOnly: the target has no CUDA driver, so every region it
-	// registers is host memory, which a write of joined descriptors may
-	// cross allocations in (a device copy may not).
+	// registers is host memory, where a joined write may span separate
+	// allocations (one device copy could not: joinReach).
 	HostOnly bool `json:"host_only,omitempty"`
 	// Gen is the target's quiesce generation: the sender's writes are
 	// taken where nothing was quiesced since.

@@ -292,10 +292,11 @@ func (t *conn) readOwed(ctx context.Context) error {
 
 // sendWrites sends descs' slices, recording each slice's
 // acknowledgement in t.owed. Descriptors that continue one another go as
-// one write (transport.Cursor), except marked ones: the target digests each
-// marked descriptor as it lands, so each keeps its own frame. On the same host a host-memory source goes as
-// its address (OpWriteFrom) and a device-memory one as its CUDA IPC
-// reference (OpWriteFromDevice), pinned until its acknowledgement is read.
+// one write (transport.Cursor, joinReach), except marked ones: the target
+// digests each marked descriptor as it lands, so each keeps its own frame.
+// On the same host a host-memory source goes as its address
+// (OpWriteFrom) and a device-memory one as its CUDA IPC reference
+// (OpWriteFromDevice), pinned until its acknowledgement is read.
 // Once maxOwed are owed, it reads the older half before sending more
 // (settleWindow): a long batch cannot fill both socket buffers and stall,
 // and needs no second goroutine to read its answers.
