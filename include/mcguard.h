@@ -285,8 +285,13 @@ mc_status mc_guard_free(mc_guard_t g, void *addr);
  * a refused notice fails a later call to the session with MC_ERR_SESSION,
  * naming that transfer). n may be anything from 1 to
  * MC_GUARD_MAX_DESCRIPTORS; every len[i] must be > 0. The arrays are read
- * during the call only. opts may be NULL.
- * Errors: MC_ERR_INVALID_ARG, MC_ERR_NOT_REGISTERED (names the descriptor),
+ * during the call only. opts may be NULL. Descriptors that continue one
+ * another (src[i] + len[i] == src[i+1] and dst[i] + len[i] == dst[i+1],
+ * a cache's consecutive blocks) go as one write of up to 4 MiB over the
+ * TCP data plane (host memory at both ends) and RDMA, inside one
+ * registered region at each end; each is still verified on its own.
+ * Errors: MC_ERR_INVALID_ARG, MC_ERR_NOT_REGISTERED (names the descriptor,
+ * or the descriptors a refused joined write carried),
  * MC_ERR_SESSION, MC_ERR_TIMEOUT, MC_ERR_PEER, MC_ERR_VERIFY (names the
  * descriptors that never matched), MC_ERR_CLOSED, MC_ERR_QUIESCED,
  * MC_ERR_CANCELLED. On any error the destination may hold some, all or
