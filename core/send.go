@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/verify"
 )
 
@@ -201,6 +202,18 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 				if err = announce(true); err == nil {
 					err = s.conn.Fence(ctx)
 				}
+			}
+		}
+		if errors.Is(err, transport.ErrJoinRefused) && vcfg.Mode != verify.Digest {
+			// The receiver cut a region in two since the handshake: shake
+			// hands again for its table, on a new connection, and write the
+			// chunk once more, each run inside one of its regions now
+			// (digest mode's notice may be out already: it fails instead).
+			s.disconnect()
+			if err = s.connect(ctx, g); err == nil {
+				var again verify.Delivery
+				again, err = verify.Deliver(ctx, vcfg, seed, s.conn, chunk, base, g.view, &s.scratch, announce)
+				d.Retries, d.Resends, d.Probed, d.Checked = d.Retries+again.Retries, d.Resends+again.Resends, d.Probed+again.Probed, d.Checked+again.Checked
 			}
 		}
 		res.Retries += d.Retries

@@ -20,6 +20,12 @@ import (
 // crowded out): the sender shakes hands again and announces once more.
 var ErrStaleToken = errors.New("the receiver no longer knows this session's handshake")
 
+// ErrJoinRefused marks a write of joined descriptors (Cursor) that the
+// target refused as outside its registered memory: its regions changed
+// since the sender's table (one cut in two), and the descriptors may
+// each lie inside one of them.
+var ErrJoinRefused = errors.New("a write of consecutive descriptors crossed the end of a region registered at the target since the handshake")
+
 // ConnAuth is the handshake a data connection proved at its hello (its
 // token and key), for the notices that come on it: a notice under that
 // handshake is the connection's sender's even where the guard has since

@@ -108,6 +108,7 @@ func TestJoinedWriteRefusedNamesItsDescriptors(t *testing.T) {
 	}
 	frames, err := post(t, c, descs)
 	require.ErrorIs(t, err, errs.NotRegistered)
+	require.ErrorIs(t, err, transport.ErrJoinRefused, "the caller may learn the new table and write again")
 	require.Contains(t, err.Error(), "descriptors 0 to 1 (written as one)")
 	require.Equal(t, 1, frames)
 

@@ -83,6 +83,9 @@ func (t *conn) judge(o owedAck, h wire.Header) error {
 	case o.op == wire.OpNotice:
 		return fmt.Errorf("%w: the receiver refused the completion notice of transfer %#x (%v); its log says why", errs.Session, o.notice, h.Status)
 	}
+	if h.Status == wire.StatusNotRegistered && o.joined > 0 {
+		return fmt.Errorf("%w: target refused %s at %#x: %v (%w)", statusErr(h.Status), o.descriptors(), h.Addr, h.Status, transport.ErrJoinRefused)
+	}
 	return fmt.Errorf("%w: target refused %s at %#x: %v", statusErr(h.Status), o.descriptors(), h.Addr, h.Status)
 }
 
