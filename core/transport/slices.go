@@ -56,11 +56,12 @@ func (c *Cursor) Next() (Slice, bool) {
 	}
 	d := c.Descs[c.i]
 	sl := Slice{Desc: c.i, Src: d.Src + c.off, Dst: d.Dst + c.off, Len: min(MaxSlice, d.Len-c.off)}
+	whole := sl.Len == d.Len
 	if c.off += sl.Len; c.off < d.Len {
-		return sl, true // a descriptor larger than a slice: cut, never joined
+		return sl, true
 	}
 	c.i, c.off = c.i+1, 0
-	if c.Reach == nil {
+	if c.Reach == nil || !whole { // a descriptor larger than a slice: cut, never joined
 		return sl, true
 	}
 	limit, asked := uint64(0), false

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -121,4 +122,69 @@ func TestCursorStaysInsideRegionsAndSlices(t *testing.T) {
 		{Desc: 2, Src: mixed[2].Src, Dst: mixed[2].Dst, Len: MaxSlice},
 		{Desc: 2, Src: mixed[2].Src + MaxSlice, Dst: mixed[2].Dst + MaxSlice, Len: 1},
 	}, got, "a large descriptor is cut as always, never joined")
+	after := []verify.Desc{{Src: 1 << 40, Dst: 1 << 41, Len: MaxSlice + 1}, {Src: 1<<40 + MaxSlice + 1, Dst: 1<<41 + MaxSlice + 1, Len: 64}}
+	got, _ = walk(after, far)
+	require.Len(t, got, 3, "nor is the piece it ends with joined to the block after it")
+}
+
+// Random batches (sizes around a slice, gaps or none, region ends at
+// random): the cursor's slices cover every descriptor's bytes exactly
+// once, in order; a joined slice is whole descriptors that continue one
+// another; none is longer than MaxSlice or crosses a region end.
+func TestCursorPropertiesOnRandomBatches(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 11))
+	sizes := []uint64{1, 64, 4096, MaxSlice / 3, MaxSlice - 1, MaxSlice, MaxSlice + 1}
+	for round := 0; round < 2000; round++ {
+		n := 1 + r.IntN(40)
+		descs := make([]verify.Desc, n)
+		src, dst := uint64(1<<40), uint64(1<<41)
+		for i := range descs {
+			if r.IntN(3) == 0 { // a gap at one end or the other
+				src += uint64(r.IntN(2)) * 4096
+				dst += uint64(r.IntN(2)) * 4096
+			}
+			descs[i] = verify.Desc{Src: src, Dst: dst, Len: sizes[r.IntN(len(sizes))]}
+			src += descs[i].Len
+			dst += descs[i].Len
+		}
+		srcEnd, dstEnd := uint64(1<<40)+r.Uint64N(src-1<<40+1), uint64(1<<41)+r.Uint64N(dst-1<<41+1)
+		reach := func(s, d uint64) uint64 { // two regions at each end, cut at srcEnd and dstEnd
+			far := func(a, end uint64) uint64 {
+				if a < end {
+					return end - a
+				}
+				return 1 << 50
+			}
+			return min(far(s, srcEnd), far(d, dstEnd))
+		}
+		got, _ := walk(descs, reach)
+		next, off := 0, uint64(0) // where the next slice must start
+		for _, sl := range got {
+			require.Equal(t, next, sl.Desc)
+			d := descs[sl.Desc]
+			require.Equal(t, d.Src+off, sl.Src)
+			require.Equal(t, d.Dst+off, sl.Dst)
+			require.LessOrEqual(t, sl.Len, uint64(MaxSlice))
+			if sl.Joined > 0 {
+				require.Zero(t, off, "a joined slice starts a descriptor")
+				var sum uint64
+				for k := sl.Desc; k <= sl.Desc+sl.Joined; k++ {
+					if k > sl.Desc {
+						require.Equal(t, descs[k-1].Src+descs[k-1].Len, descs[k].Src)
+						require.Equal(t, descs[k-1].Dst+descs[k-1].Len, descs[k].Dst)
+					}
+					sum += descs[k].Len
+				}
+				require.Equal(t, sum, sl.Len, "whole descriptors")
+				require.False(t, sl.Src < srcEnd && sl.Src+sl.Len > srcEnd, "inside one source region")
+				require.False(t, sl.Dst < dstEnd && sl.Dst+sl.Len > dstEnd, "inside one destination region")
+				next, off = sl.Desc+sl.Joined+1, 0
+				continue
+			}
+			if off += sl.Len; off == d.Len {
+				next, off = next+1, 0
+			}
+		}
+		require.Equal(t, n, next, "every descriptor covered")
+	}
 }
