@@ -78,7 +78,7 @@ func TestJoinedWritesAfterTheReceiverRegisteredAgain(t *testing.T) {
 	}
 }
 
-// Random batches over the socket and on the same host: descriptors of
+// Random batches over the socket, on the same host and over RDMA: descriptors of
 // mixed sizes, mostly consecutive, some after a gap, both ends cut into
 // three registered regions at random places (each descriptor inside one
 // region at each end). Every transfer succeeds and every descriptor's
@@ -88,7 +88,10 @@ func TestJoinedTransfersOnRandomBatches(t *testing.T) {
 	r := mrand.New(mrand.NewPCG(3, 5))
 	// On the same host the receiver copies the bytes out of the sender
 	// (same_host_writer "receiver"): pulled writes, joined as the socket's.
-	for _, plane := range [][2]string{{`"same_host": "off"`, ``}, {`"same_host": "required"`, `"same_host_writer": "receiver"`}} {
+	// Over RDMA (the NIC model, four queue pairs) WRITEs join the same way.
+	rdma := rdmaKey(t)
+	for _, plane := range [][2]string{{`"same_host": "off"`, ``}, {`"same_host": "required"`, `"same_host_writer": "receiver"`},
+		{rdma + `, "rdma_qps": 4`, rdma}} {
 		p := newPair(t, `{"verify": "tail", `+plane[0]+`}`, `{`+plane[1]+`}`, size)
 		cuts := func(g *Guard, m *mem) []int {
 			require.NoError(t, g.Unregister(m.addr(0)))
