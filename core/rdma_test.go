@@ -40,7 +40,7 @@ func TestRDMATransportOnTheModelInEveryMode(t *testing.T) {
 
 func TestRDMALagIsCaughtByTheFencedReadBack(t *testing.T) {
 	key := rdmaKey(t)
-	t.Setenv("MCG_NIC_LAG_US", "50000")
+	t.Setenv("MCG_NIC_LAG_US", "500000") // long enough to look before it lands, under the race detector too: the batch is one joined WRITE
 	const n, size = 32, 4096
 	p := newPair(t, "{"+key+`, "verify": "off"}`, "{"+key+"}", n*size)
 	fill(p.src.b)
@@ -205,7 +205,7 @@ func TestRDMAGPUMemoryWithoutDmabuf(t *testing.T) {
 // before a read-back or a digest-mode return means anything.
 func TestRDMAStripedOverQueuePairs(t *testing.T) {
 	key := rdmaKey(t)
-	t.Setenv("MCG_NIC_LAG_US", "50000")
+	t.Setenv("MCG_NIC_LAG_US", "500000") // long enough to look before they land: each queue pair's share is one joined WRITE
 	const n, size = 64, 64 << 10
 	for _, flush := range []string{"0", "1"} {
 		t.Run("no_flush="+flush, func(t *testing.T) {

@@ -145,11 +145,13 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 		}
 	}()
 	res.ID = g.nextTransfer.Add(1)
-	if t, ok := s.conn.(transferTagger); ok && g.engine != nil {
-		// Over an engine, calls count for this transfer until they return
-		// (WaitEngineCalls); the session's later calls are not its.
-		t.SetTransfer(res.ID)
-		defer t.SetTransfer(0)
+	if g.engine != nil {
+		if t, ok := s.conn.(transferTagger); ok {
+			// Over an engine, calls count for this transfer until they
+			// return (WaitEngineCalls); the session's later calls are not its.
+			t.SetTransfer(res.ID)
+			defer t.SetTransfer(0)
+		}
 	}
 	seed := mrand.Uint64()
 	notify := !opts.NoNotice && vcfg.Notifies()
@@ -192,30 +194,7 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 		}
 		sent = true
 		var d verify.Delivery
-		d, err = verify.Deliver(ctx, vcfg, seed, s.conn, chunk, base, g.view, &s.scratch, announce)
-		if errors.Is(err, errUnknownToken) && vcfg.Mode == verify.Digest && announce != nil {
-			// The receiver forgot this session's handshake while the data
-			// connection lived on: the chunk is fenced; shake hands again
-			// and announce it once more (a stray case announcing bytes not
-			// written still fails, at the receiver's digest comparison).
-			if err = s.refresh(ctx, g); err == nil {
-				if err = announce(true); err == nil {
-					err = s.conn.Fence(ctx)
-				}
-			}
-		}
-		if errors.Is(err, transport.ErrJoinRefused) && vcfg.Mode != verify.Digest {
-			// The receiver cut a region in two since the handshake: shake
-			// hands again for its table, on a new connection, and write the
-			// chunk once more, each run inside one of its regions now
-			// (digest mode's notice may be out already: it fails instead).
-			s.disconnect()
-			if err = s.connect(ctx, g); err == nil {
-				var again verify.Delivery
-				again, err = verify.Deliver(ctx, vcfg, seed, s.conn, chunk, base, g.view, &s.scratch, announce)
-				d.Retries, d.Resends, d.Probed, d.Checked = d.Retries+again.Retries, d.Resends+again.Resends, d.Probed+again.Probed, d.Checked+again.Checked
-			}
-		}
+		d, err = g.deliver(ctx, s, vcfg, seed, chunk, base, announce)
 		res.Retries += d.Retries
 		res.Resends += d.Resends
 		g.stats.retries.Add(int64(d.Retries))
@@ -243,6 +222,38 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 	g.metrics.descriptors.Add(int64(len(descs)), string(vcfg.Mode))
 	g.metrics.bytes.Add(int64(total), string(vcfg.Mode))
 	return res, nil
+}
+
+// deliver writes and checks one chunk over s's connection
+// (verify.Deliver), and recovers once where the session's view of the
+// receiver, not the bytes, was out of date.
+func (g *Guard) deliver(ctx context.Context, s *session, vcfg verify.Config, seed uint64, chunk []verify.Desc, base int, announce func(fenceFollows bool) error) (verify.Delivery, error) {
+	d, err := verify.Deliver(ctx, vcfg, seed, s.conn, chunk, base, g.view, &s.scratch, announce)
+	switch {
+	case err == nil:
+	case errors.Is(err, errUnknownToken) && vcfg.Mode == verify.Digest && announce != nil:
+		// The receiver forgot this session's handshake while the data
+		// connection lived on: the chunk is fenced; shake hands again
+		// and announce it once more (a stray case announcing bytes not
+		// written still fails, at the receiver's digest comparison).
+		if err = s.refresh(ctx, g); err == nil {
+			if err = announce(true); err == nil {
+				err = s.conn.Fence(ctx)
+			}
+		}
+	case errors.Is(err, transport.ErrJoinRefused) && vcfg.Mode != verify.Digest:
+		// The receiver cut a region in two since the handshake: shake
+		// hands again for its table, on a new connection, and write the
+		// chunk once more, each run inside one of its regions now
+		// (digest mode's notice may be out already: it fails instead).
+		s.disconnect()
+		if err = s.connect(ctx, g); err == nil {
+			var again verify.Delivery
+			again, err = verify.Deliver(ctx, vcfg, seed, s.conn, chunk, base, g.view, &s.scratch, announce)
+			d.Add(again)
+		}
+	}
+	return d, err
 }
 
 // transferTagger is a connection whose calls can be counted per transfer

@@ -65,6 +65,14 @@ type Delivery struct {
 	Checked time.Duration // spent on the fence and verification, after the writes
 }
 
+// Add counts o's work in d too (a chunk delivered again).
+func (d *Delivery) Add(o Delivery) {
+	d.Retries += o.Retries
+	d.Resends += o.Resends
+	d.Probed += o.Probed
+	d.Checked += o.Checked
+}
+
 // Deliver writes one chunk over conn and checks it as cfg says: read-back
 // modes fence, read back (the fence pipelined with the first read, so one
 // round trip), poll, and re-send what never matched when OnMismatch says

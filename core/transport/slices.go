@@ -45,8 +45,11 @@ type Cursor struct {
 	// where a descriptor could join: a run never crosses from one region
 	// into another. nil: nothing is joined.
 	Reach func(src, dst uint64) uint64
-	i     int    // the descriptor Next starts at
-	off   uint64 // how far into it
+	// Max bounds a joined slice below MaxSlice (0: MaxSlice), as a
+	// transport that spreads a batch over queue pairs needs.
+	Max uint64
+	i   int    // the descriptor Next starts at
+	off uint64 // how far into it
 }
 
 // Next returns the next slice, or false after the last.
@@ -64,10 +67,14 @@ func (c *Cursor) Next() (Slice, bool) {
 	if c.Reach == nil || !whole { // a descriptor larger than a slice: cut, never joined
 		return sl, true
 	}
+	most := uint64(MaxSlice)
+	if c.Max > 0 {
+		most = min(most, c.Max)
+	}
 	limit, asked := uint64(0), false
 	for ; c.i < len(c.Descs); c.i++ {
 		n := c.Descs[c.i]
-		if n.Src != sl.Src+sl.Len || n.Dst != sl.Dst+sl.Len || sl.Len+n.Len > MaxSlice {
+		if n.Src != sl.Src+sl.Len || n.Dst != sl.Dst+sl.Len || sl.Len+n.Len > most {
 			break
 		}
 		if !asked {

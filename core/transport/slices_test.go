@@ -125,6 +125,14 @@ func TestCursorStaysInsideRegionsAndSlices(t *testing.T) {
 	after := []verify.Desc{{Src: 1 << 40, Dst: 1 << 41, Len: MaxSlice + 1}, {Src: 1<<40 + MaxSlice + 1, Dst: 1<<41 + MaxSlice + 1, Len: 64}}
 	got, _ = walk(after, far)
 	require.Len(t, got, 3, "nor is the piece it ends with joined to the block after it")
+
+	// Max bounds a joined slice (a queue pair's share).
+	c := Cursor{Descs: blocks(8, 4096), Reach: far, Max: 3 * 4096}
+	var lens []uint64
+	for sl, ok := c.Next(); ok; sl, ok = c.Next() {
+		lens = append(lens, sl.Len)
+	}
+	require.Equal(t, []uint64{3 * 4096, 3 * 4096, 2 * 4096}, lens)
 }
 
 // Random batches (sizes around a slice, gaps or none, region ends at

@@ -16,6 +16,7 @@ Mooncake in the same rounds.
 import argparse
 import base64
 import ctypes
+import functools
 import hashlib
 import json
 import mmap
@@ -54,11 +55,13 @@ TAIL = 64
 PING = "+ping"
 
 
+@functools.lru_cache(maxsize=None)
 def dest_slots(count, scattered):
     """Where each source block i lands, in blocks from the destination's
     start: block i (consecutive, the default: a cache's consecutive blocks,
     which mcguard joins into one write per run), or a fixed shuffle
-    (scattered: no descriptor continues the one before it)."""
+    (scattered: no descriptor continues the one before it). Made once per
+    shape (not inside a timed transfer); callers do not change it."""
     slots = list(range(count))
     if scattered:
         import random
@@ -292,7 +295,6 @@ class Sender:
     def __init__(self, kind, recv, scattered=False):
         # The raw socket pair moves the bytes as one stream whatever the layout.
         self.kind, self.recv, self.scattered = kind, recv, scattered and kind != "socket"
-        self.slots = {}
         if kind == "nixl":
             self.agent, self.reg, self.mem, self.src = new_nixl("send")
             self.mem[:] = os.urandom(REGION)
@@ -333,10 +335,7 @@ class Sender:
             raise RuntimeError("nixl: transfer ended %s" % state)
 
     def order(self, count):
-        """dest_slots for this sender's layout, made once per count."""
-        if count not in self.slots:
-            self.slots[count] = dest_slots(count, self.scattered)
-        return self.slots[count]
+        return dest_slots(count, self.scattered)
 
     def source_hash(self, count, size):
         if self.kind in ("socket", "nixl"):

@@ -146,6 +146,22 @@ def parse_args(argv=None):
     return a
 
 
+def block_picker(args, t, rnd):
+    """Thread t's choice of the destination blocks of its next batch, as
+    --layout says: a random sample of its blocks (every threads-th one), or
+    a run from a random start in its own stretch of them."""
+    if args.layout == "consecutive":
+        per = args.blocks // args.threads
+        mine = list(range(t * per, (t + 1) * per))
+
+        def run():
+            first = rnd.randrange(len(mine) - args.batch + 1)
+            return mine[first:first + args.batch]
+        return run
+    mine = [b for b in range(args.blocks) if b % args.threads == t]
+    return lambda: rnd.sample(mine, args.batch)
+
+
 def transport_config(args):
     """The guard settings that select args.transport."""
     if args.transport == "mooncake":
@@ -448,11 +464,7 @@ def prefill_main(parent, sessions, args):
 
     def worker(t):
         rnd = random.Random(args.seed * 1000 + t)
-        if args.layout == "consecutive":  # a stretch of its own, so that its runs stay consecutive
-            per = args.blocks // args.threads
-            mine = list(range(t * per, (t + 1) * per))
-        else:
-            mine = [b for b in range(args.blocks) if b % args.threads == t]
+        pick = block_picker(args, t, rnd)
         checkers = [Client(tuple(s["check"]), authkey=AUTHKEY) for s in sessions]
         src0 = base + t * batch * bb
         srcs = [src0 + i * bb for i in range(batch)]
@@ -465,11 +477,7 @@ def prefill_main(parent, sessions, args):
                 s = sessions[n % len(sessions)]
                 checker = checkers[n % len(sessions)]
                 n += 1
-                if args.layout == "consecutive":
-                    first = rnd.randrange(len(mine) - batch + 1)
-                    blocks = mine[first:first + batch]
-                else:
-                    blocks = rnd.sample(mine, batch)
+                blocks = pick()
                 for i in range(batch):
                     filler.fill(view, srcs[i], off + i * bb)
                 dsts = [s["base"] + b * bb for b in blocks]

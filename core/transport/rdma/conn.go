@@ -33,8 +33,7 @@ type conn struct {
 	bounce  []byte
 	mr      *verbs.MR
 	timeout time.Duration
-	flush   bool   // FLUSH fences: our QPs can post them, the target's regions take them
-	joinMax uint64 // the most bytes one WRITE of joined descriptors takes (write)
+	flush   bool // FLUSH fences: our QPs can post them, the target's regions take them
 }
 
 // stripe is one queue pair of a session and what its writes since its
@@ -130,8 +129,7 @@ func (c *conn) rkey(addr, n uint64) (uint32, error) {
 }
 
 // reach is how far a WRITE of joined descriptors may span from src and
-// dst: inside the memory region holding each, here and at the target, and
-// no further than joinMax.
+// dst: inside the memory region holding each, here and at the target.
 func (c *conn) reach(src, dst uint64) uint64 {
 	far := uint64(0)
 	for i, r := range c.regions {
@@ -140,7 +138,7 @@ func (c *conn) reach(src, dst uint64) uint64 {
 			break
 		}
 	}
-	return min(far, c.t.ep.Reach(src), c.joinMax)
+	return min(far, c.t.ep.Reach(src))
 }
 
 func rdmaErr(err error) error { return fmt.Errorf("%w: %v", errs.Peer, err) }
@@ -167,15 +165,14 @@ func (c *conn) Post(ctx context.Context, descs []verify.Desc, base int) error {
 func (c *conn) write(ctx context.Context, descs []verify.Desc, base int, post bool) error {
 	var ws []verbs.Op
 	var total uint64
-	// Descriptors that continue one another go as one WRITE, inside one
-	// memory region at each end (transport.Cursor), and of at most a
-	// queue pair's share of the batch, so that every queue pair has one.
 	for _, d := range descs {
 		total += d.Len
 	}
-	c.joinMax = (total + uint64(len(c.stripes)) - 1) / uint64(len(c.stripes))
-	total = 0
-	frames := transport.Cursor{Descs: descs, Reach: c.reach}
+	share := (total + uint64(len(c.stripes)) - 1) / uint64(len(c.stripes))
+	// Descriptors that continue one another go as one WRITE, inside one
+	// memory region at each end (transport.Cursor), and of at most a
+	// queue pair's share of the batch, so that every queue pair has one.
+	frames := transport.Cursor{Descs: descs, Reach: c.reach, Max: share}
 	for sl, more := frames.Next(); more; sl, more = frames.Next() {
 		key, err := c.rkey(sl.Dst, sl.Len)
 		if err != nil {
@@ -185,10 +182,8 @@ func (c *conn) write(ctx context.Context, descs []verify.Desc, base int, post bo
 		if sl.Joined > 0 && c.t.cfg.Joined != nil {
 			c.t.cfg.Joined.Add(int64(sl.Joined))
 		}
-		total += sl.Len
 	}
 	runs := make([][]verbs.Op, len(c.stripes))
-	share := (total + uint64(len(c.stripes)) - 1) / uint64(len(c.stripes))
 	k, filled := 0, uint64(0)
 	for _, w := range ws {
 		if filled >= share && k < len(runs)-1 {

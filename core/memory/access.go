@@ -1,0 +1,145 @@
+package memory
+
+import (
+	"fmt"
+
+	"github.com/mcguard/mcguard/core/cuda"
+	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// Reading and writing registered bytes, each access inside one region
+// held meanwhile: host memory in place, device memory through staged copies.
+
+// Load runs fn on the bytes [addr, addr+n) after checking them: host
+// memory as it is, device memory as a staged copy. fn must not keep b.
+func (t *Regions) Load(addr, n uint64, fn func(b []byte) error) error {
+	return t.LoadAbortable(addr, n, nil, fn)
+}
+
+// LoadAbortable is Load for an fn that waits on a peer: unregistering the
+// region calls abort, which must make fn return.
+func (t *Regions) LoadAbortable(addr, n uint64, abort func(), fn func(b []byte) error) error {
+	return t.within(addr, n, abort, func(mem cuda.Memory) error { return t.load(mem, addr, n, fn) })
+}
+
+// LoadRanges is LoadAbortable for each range in turn, holding a region
+// once for the run of ranges inside it: a read-back of thousands of small
+// tails pins each region once, not each tail.
+func (t *Regions) LoadRanges(addrs, lens []uint64, abort func(), fn func(b []byte) error) error {
+	for i := 0; i < len(addrs); {
+		h, r, mem, err := t.HoldRegion(addrs[i], lens[i], abort)
+		if err != nil {
+			return err
+		}
+		for ; i < len(addrs) && r.Contains(addrs[i], lens[i]) && err == nil; i++ {
+			err = t.load(mem, addrs[i], lens[i], fn)
+		}
+		h.Release()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// load runs fn on [addr, addr+n) of a held region: host memory as it is,
+// device memory as a staged copy.
+func (t *Regions) load(mem cuda.Memory, addr, n uint64, fn func(b []byte) error) error {
+	if !mem.Device {
+		return fn(BytesAt(addr, n))
+	}
+	buf := make([]byte, n)
+	if err := t.gpu.CopyToHost(buf, addr, mem); err != nil {
+		return fmt.Errorf("%w: staging [%#x, +%d) from the GPU: %v", errs.Device, addr, n, err)
+	}
+	return fn(buf)
+}
+
+// Store lets fill write all n bytes of [addr, addr+n). Device memory gets
+// a buffer that is copied to the GPU after fill returns, and Store returns
+// once that copy has completed.
+func (t *Regions) Store(addr, n uint64, fill func(b []byte) error) error {
+	return t.StoreAbortable(addr, n, nil, fill)
+}
+
+// StoreAbortable is Store for a fill that waits on a peer (a payload
+// still arriving): unregistering the region calls abort, which must make
+// fill return.
+func (t *Regions) StoreAbortable(addr, n uint64, abort func(), fill func(b []byte) error) error {
+	return t.within(addr, n, abort, func(mem cuda.Memory) error {
+		if !mem.Device {
+			return fill(BytesAt(addr, n))
+		}
+		buf := make([]byte, n)
+		if err := fill(buf); err != nil {
+			return err
+		}
+		if err := t.gpu.CopyToDevice(addr, buf, mem); err != nil {
+			return fmt.Errorf("%w: staging [%#x, +%d) to the GPU: %v", errs.Device, addr, n, err)
+		}
+		return nil
+	})
+}
+
+// StoreFromDevice copies n bytes of device memory at src (on srcMem's
+// device, e.g. another process's allocation opened by CUDA IPC) into
+// [addr, addr+n): device to device, or to host memory, returning once the
+// copy has completed.
+func (t *Regions) StoreFromDevice(addr, n uint64, abort func(), src uint64, srcMem cuda.Memory) error {
+	return t.within(addr, n, abort, func(mem cuda.Memory) error {
+		var err error
+		if mem.Device {
+			err = t.gpu.CopyDeviceToDevice(addr, src, n, mem)
+		} else {
+			err = t.gpu.CopyToHost(BytesAt(addr, n), src, srcMem)
+		}
+		if err != nil {
+			return fmt.Errorf("%w: copying [%#x, +%d) from the peer's GPU memory: %v", errs.Device, addr, n, err)
+		}
+		return nil
+	})
+}
+
+// View returns the bytes [addr, addr+n) for reading: host memory itself
+// (valid while the application keeps it registered, as a transfer's
+// sources must stay), or a staged copy of device memory.
+func (t *Regions) View(addr, n uint64) ([]byte, error) {
+	mem, err := t.Memory(addr, n)
+	if err != nil {
+		return nil, err
+	}
+	if !mem.Device {
+		return BytesAt(addr, n), nil
+	}
+	return t.Copy(addr, n)
+}
+
+// Copy returns a copy of [addr, addr+n) (for small probes).
+func (t *Regions) Copy(addr, n uint64) ([]byte, error) {
+	var out []byte
+	err := t.Load(addr, n, func(b []byte) error { out = append([]byte(nil), b...); return nil })
+	return out, err
+}
+
+// Digest returns the xxh3-64 of [addr, addr+n), read in pieces of at most
+// 4 MiB so device memory never needs a staging copy of its whole length.
+func (t *Regions) Digest(addr, n uint64) (uint64, error) {
+	mem, err := t.Memory(addr, n)
+	if err != nil {
+		return 0, err
+	}
+	if !mem.Device {
+		var d uint64
+		err := t.Load(addr, n, func(b []byte) error { d = verify.DigestOf(b); return nil })
+		return d, err
+	}
+	h := verify.NewDigester()
+	for off := uint64(0); off < n; off += 4 << 20 {
+		k := min(4<<20, n-off)
+		if err := t.Load(addr+off, k, func(b []byte) error { h.Write(b); return nil }); err != nil {
+			return 0, err
+		}
+	}
+	return h.Sum64(), nil
+}
