@@ -155,11 +155,24 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 	}
 	seed := mrand.Uint64()
 	notify := !opts.NoNotice && vcfg.Notifies()
+	// A read-back mode without notices posts each chunk's writes while the
+	// chunk before it is checked (verify.Pipeline): with notices, each
+	// goes after its chunk's check, before the next chunk's writes.
+	pipelined := vcfg.Mode.ReadsBack() && !notify
+	var pipe verify.Pipeline
 	for base := 0; base < len(descs); base += g.cfg.MaxBatch {
 		chunk := descs[base:min(base+g.cfg.MaxBatch, len(descs))]
-		if err = g.settleNotices(ctx, s); err != nil {
-			s.disconnect()
-			return res, fmt.Errorf("session %s: %w", name, callErr(ctx, err))
+		pipe = verify.Pipeline{Posted: pipe.NextPosted}
+		if next := base + len(chunk); pipelined && next < len(descs) {
+			pipe.Next, pipe.NextBase = descs[next:min(next+g.cfg.MaxBatch, len(descs))], next
+		}
+		// A posted chunk's acknowledgements are owed ahead of any notice's
+		// answer; the chunk before it settled the notices.
+		if !pipe.Posted {
+			if err = g.settleNotices(ctx, s); err != nil {
+				s.disconnect()
+				return res, fmt.Errorf("session %s: %w", name, callErr(ctx, err))
+			}
 		}
 		var digests []uint64
 		var digestErr error
@@ -194,7 +207,10 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 		}
 		sent = true
 		var d verify.Delivery
-		d, err = g.deliver(ctx, s, vcfg, seed, chunk, base, announce)
+		d, err = g.deliver(ctx, s, vcfg, seed, chunk, base, announce, &pipe)
+		if pipe.NextPosted {
+			g.stats.pipelined.Add(1)
+		}
 		res.Retries += d.Retries
 		res.Resends += d.Resends
 		g.stats.retries.Add(int64(d.Retries))
@@ -226,9 +242,10 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 
 // deliver writes and checks one chunk over s's connection
 // (verify.Deliver), and recovers once where the session's view of the
-// receiver, not the bytes, was out of date.
-func (g *Guard) deliver(ctx context.Context, s *session, vcfg verify.Config, seed uint64, chunk []verify.Desc, base int, announce func(fenceFollows bool) error) (verify.Delivery, error) {
-	d, err := verify.Deliver(ctx, vcfg, seed, s.conn, chunk, base, g.view, &s.scratch, announce)
+// receiver, not the bytes, was out of date (writing the chunk again, and
+// posting nothing behind it).
+func (g *Guard) deliver(ctx context.Context, s *session, vcfg verify.Config, seed uint64, chunk []verify.Desc, base int, announce func(fenceFollows bool) error, pipe *verify.Pipeline) (verify.Delivery, error) {
+	d, err := verify.Deliver(ctx, vcfg, seed, s.conn, chunk, base, g.view, &s.scratch, announce, pipe)
 	switch {
 	case err == nil:
 	case errors.Is(err, errUnknownToken) && vcfg.Mode == verify.Digest && announce != nil:
@@ -249,7 +266,7 @@ func (g *Guard) deliver(ctx context.Context, s *session, vcfg verify.Config, see
 		s.disconnect()
 		if err = s.connect(ctx, g); err == nil {
 			var again verify.Delivery
-			again, err = verify.Deliver(ctx, vcfg, seed, s.conn, chunk, base, g.view, &s.scratch, announce)
+			again, err = verify.Deliver(ctx, vcfg, seed, s.conn, chunk, base, g.view, &s.scratch, announce, nil)
 			d.Add(again)
 		}
 	}

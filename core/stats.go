@@ -19,6 +19,7 @@ type counters struct {
 	pushed                     atomic.Int64 // bytes written into same-host targets by this process itself
 	mapped                     atomic.Int64 // of pushed, those copied into targets' shared allocations (memcpy)
 	joined                     atomic.Int64 // descriptors sent inside another descriptor's write (consecutive)
+	pipelined                  atomic.Int64 // chunks whose writes went out while the chunk before was checked
 }
 
 // Stats returns counters and settings as JSON.
@@ -59,6 +60,7 @@ func (g *Guard) Stats() ([]byte, error) {
 		"verify_failures":     g.stats.verifyFailures.Load(),
 		"probed_bytes":        g.stats.probed.Load(),
 		"joined_descriptors":  g.stats.joined.Load(),
+		"pipelined_chunks":    g.stats.pipelined.Load(),
 		"cancels":             g.stats.cancels.Load(),
 		"aborts_confirmed":    g.stats.abortsConfirmed.Load(),
 		"aborts_unconfirmed":  g.stats.abortsUnconfirmed.Load(),

@@ -74,6 +74,10 @@ func (c *comparer) arrived(n uint64) {
 	}
 }
 
+// planned is how many probes the last Check planned: a read of that many
+// ranges is the whole first round, in one window.
+func (s *Scratch) planned() int { return len(s.probes) }
+
 // Bytes returns n bytes of scratch, growing it when needed.
 func (s *Scratch) Bytes(n uint64) []byte {
 	if uint64(cap(s.buf)) < n {

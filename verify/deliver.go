@@ -42,6 +42,28 @@ type Poster interface {
 	Post(ctx context.Context, descs []Desc, base int) error
 }
 
+// Pipeliner is a Poster that can send the next chunk's writes while this
+// chunk's read-back is answered: the fence and the read request go out,
+// then next's writes, while the caller reads and compares the answer. The
+// target applies in order, so the answer is of this chunk's writes alone;
+// the target works on next's writes while the sender compares, instead of
+// waiting for them. posted says whether next went out (a connection may
+// decline, and then reads as ReadArriving does); its acknowledgements are
+// read by next's own fence.
+type Pipeliner interface {
+	ReadPosting(ctx context.Context, ranges []Range, out []byte, arrived func(n uint64), next []Desc, nextBase int) (posted bool, err error)
+}
+
+// Pipeline carries a chunk's writes across two Deliver calls (Pipeliner).
+type Pipeline struct {
+	Posted   bool   // in: this chunk's writes went out during the previous chunk's check
+	Next     []Desc // in: the chunk after this one, to post during this one's check (nil: none)
+	NextBase int    // in: Next[0]'s index in the batch
+	// NextPosted (out): Next's writes went out, and this chunk was
+	// delivered; the next Deliver must say Posted.
+	NextPosted bool
+}
+
 // DescriptorMarker is a Poster whose target can digest each descriptor as
 // its bytes land (TCP): digest mode posts its writes marked, so the
 // receiver's sync may compare those digests instead of reading the memory
@@ -83,8 +105,21 @@ func (d *Delivery) Add(o Delivery) {
 // a Fence on conn follows at once (a NoticeCarrier may leave the notice
 // for that fence to send). base is chunk[0]'s index
 // in the batch; a MismatchError names batch indices. Any other error
-// leaves conn in an unknown state: the caller drops it.
-func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []Desc, base int, local LocalFunc, scratch *Scratch, announce func(fenceFollows bool) error) (d Delivery, err error) {
+// leaves conn in an unknown state: the caller drops it. pipe (nil: none)
+// posts the next chunk during this one's first read-back where conn is a
+// Pipeliner and the read-back is one request of the whole chunk: a
+// re-send or a second window would otherwise read the next chunk's bytes
+// where both chunks write the same place.
+func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []Desc, base int, local LocalFunc, scratch *Scratch, announce func(fenceFollows bool) error, pipe *Pipeline) (d Delivery, err error) {
+	var pipeliner Pipeliner
+	if pipe != nil {
+		pipe.NextPosted = false
+		pipeliner, _ = conn.(Pipeliner)
+		if len(pipe.Next) == 0 {
+			pipeliner = nil
+		}
+		defer func() { pipe.NextPosted = pipe.NextPosted && err == nil }()
+	}
 	if announce == nil {
 		announce = func(bool) error { return nil }
 	}
@@ -97,8 +132,10 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 	if m, ok := conn.(DescriptorMarker); ok && cfg.Mode == Digest {
 		write = m.PostMarked
 	}
-	if err := write(ctx, chunk, base); err != nil {
-		return d, err
+	if pipe == nil || !pipe.Posted {
+		if err := write(ctx, chunk, base); err != nil {
+			return d, err
+		}
 	}
 	start := time.Now()
 	defer func() { d.Checked = time.Since(start) }()
@@ -125,6 +162,8 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 	final := conn.FenceIsFinal()
 	if final {
 		cfg.MaxRetries = 0 // re-send or fail at once
+	} else {
+		pipeliner = nil // polling would read the next chunk's bytes too
 	}
 	// index maps positions in the descriptors being checked to the batch
 	// (nil until a re-send: position i is base+i).
@@ -135,6 +174,11 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 		read := func(ctx context.Context, ranges []Range, out []byte, arrived func(uint64)) error {
 			first := !fenced
 			fenced = true
+			if first && attempt == 0 && pipeliner != nil && len(ranges) == scratch.planned() {
+				posted, err := pipeliner.ReadPosting(ctx, ranges, out, arrived, pipe.Next, pipe.NextBase)
+				pipe.NextPosted = posted
+				return err
+			}
 			if streams != nil {
 				return streams.ReadArriving(ctx, ranges, out, first, arrived)
 			}

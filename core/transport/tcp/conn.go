@@ -52,6 +52,12 @@ type conn struct {
 	// owed are the posted writes whose acknowledgements are not read yet:
 	// the next request reads them first, in the same flight.
 	owed []owedAck
+	// spareOwed is a second list for owed, and poster the goroutine that
+	// posts a next chunk's writes into it while the caller reads this
+	// chunk's answers (pipeline.go); keepDeadline is set meanwhile.
+	spareOwed    []owedAck
+	poster       *poster
+	keepDeadline bool
 	// pull: the target copies host-memory sources out of this process
 	// (same host), so writes carry addresses instead of bytes.
 	pull bool
@@ -165,6 +171,10 @@ func (t *conn) Close() {
 		}
 	}
 	t.owed = nil
+	if t.poster != nil {
+		t.poster.stop()
+		t.poster = nil
+	}
 	if t.lease != nil {
 		t.lease.close()
 		t.lease = nil

@@ -58,7 +58,13 @@ func (t *conn) collectFirst(n int) (refused, ioErr error) {
 		clear(t.owed[left:])
 		t.owed = t.owed[:left]
 	}()
-	for _, o := range t.owed[:n] {
+	return t.collect(t.owed[:n])
+}
+
+// collect reads the replies of the posted frames owed, in order: an I/O
+// error, or the first refusal among them. The caller lets their sources go.
+func (t *conn) collect(owed []owedAck) (refused, ioErr error) {
+	for _, o := range owed {
 		h, err := t.recv(o.op, o.id)
 		if err != nil {
 			return nil, err
@@ -329,7 +335,7 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, base int, ma
 			if queued {
 				t.owed = append(t.owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc, joined: sl.Joined})
 				if len(t.batch.bufs) == 0 { // a writev went out: the next gets the full time (not reset per frame: each change costs)
-					t.deadline(ctx)
+					t.renew(ctx)
 				}
 				if err := t.settleWindow(ctx); err != nil {
 					return err
@@ -342,7 +348,7 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, base int, ma
 			return err
 		}
 		t.owed = append(t.owed, owedAck{id: t.nextID, op: wire.OpWrite, desc: base + sl.Desc, joined: sl.Joined, release: release, ipc: ipc})
-		t.deadline(ctx)
+		t.renew(ctx)
 		if err := t.settleWindow(ctx); err != nil {
 			return err
 		}
@@ -351,6 +357,15 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, base int, ma
 		return t.flushBatch()
 	}
 	return nil
+}
+
+// renew gives the next write the full timeout, except while the
+// connection's reading side is another goroutine's (ReadPosting): that
+// one set the deadline for both, and its reader polls against it.
+func (t *conn) renew(ctx context.Context) {
+	if !t.keepDeadline {
+		t.deadline(ctx)
+	}
 }
 
 // settleWindow, once maxOwed acknowledgements are owed, sends what is

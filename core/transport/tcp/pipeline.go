@@ -1,0 +1,136 @@
+package tcp
+
+// A chunk's read-back with the next chunk's writes behind it
+// (verify.Pipeliner): the fence and the read request go out, then the
+// next chunk's writes on the connection's poster goroutine, while the
+// caller reads this chunk's acknowledgements and answer and compares them.
+// Without it the two ends take turns: the target waits while the sender
+// compares, and the sender waits while the target applies and answers.
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/wire"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// postJob is one chunk's writes for the poster goroutine.
+type postJob struct {
+	ctx   context.Context
+	descs []verify.Desc
+	base  int
+}
+
+// poster is a connection's second goroutine, started at its first
+// pipelined read-back and ended by Close. Sent a job, it posts the writes
+// into its own list of owed acknowledgements (owed, which the caller
+// swapped in) and answers on done. While it runs it alone writes to the
+// connection, and the caller alone reads.
+type poster struct {
+	jobs chan postJob
+	done chan error
+}
+
+// ReadPosting reads ranges back after a fence, with next's writes posted
+// behind the read request. It declines (posts nothing, reads as
+// ReadArriving) where next would need more than this: on the same host
+// (pulled or pushed writes), for a read of more than one request, or a
+// chunk of more frames than are left owed without reading (maxOwed): the
+// poster never reads.
+func (t *conn) ReadPosting(ctx context.Context, ranges []verify.Range, out []byte, arrived func(uint64), next []verify.Desc, nextBase int) (bool, error) {
+	var total uint64
+	for _, r := range ranges {
+		total += r.Len
+	}
+	if t.pull || t.lease != nil || len(next) == 0 || countSlices(next) >= maxOwed ||
+		len(ranges) > wire.MaxRanges || total > wire.MaxPayload || uint64(len(out)) != total {
+		return false, t.ReadArriving(ctx, ranges, out, true, arrived)
+	}
+	defer t.abortOn(ctx)()
+	t.deadline(ctx) // for both goroutines: the poster does not renew it
+	if err := t.send(wire.Header{Op: wire.OpFence}, nil); err != nil {
+		return false, err
+	}
+	fenceID := t.nextID
+	payload := t.readReq[:0]
+	for _, r := range ranges {
+		payload = wire.AppendRange(payload, r.Addr, r.Len)
+	}
+	t.readReq = payload
+	if err := t.send(wire.Header{Op: wire.OpRead, Len: uint64(len(payload))}, payload); err != nil {
+		return false, err
+	}
+	readID := t.nextID
+	if err := t.w.Flush(); err != nil {
+		return false, ioErr("send", err)
+	}
+
+	// Hand the connection's writing side to the poster, with an empty
+	// list of owed acknowledgements for next's writes.
+	mine := t.owed
+	t.owed, t.spareOwed = t.spareOwed[:0], nil
+	t.keepDeadline = true
+	if t.poster == nil {
+		t.poster = &poster{jobs: make(chan postJob), done: make(chan error, 1)}
+		go t.poster.run(t)
+	}
+	t.poster.jobs <- postJob{ctx: ctx, descs: next, base: nextBase}
+
+	err := t.readAnswered(mine, fenceID, readID, out, arrived)
+	if err != nil {
+		t.cut() // the poster may be blocked writing to a target that stopped reading
+	}
+	postErr := <-t.poster.done
+	t.keepDeadline = false
+	clear(mine)
+	t.spareOwed = mine[:0]
+	if err != nil {
+		return false, err
+	}
+	if postErr != nil {
+		return false, postErr
+	}
+	t.unfenced = true // next's writes
+	return true, nil
+}
+
+// readAnswered reads the replies owed before a pipelined read-back, its
+// fence's and its own, the bytes into out.
+func (t *conn) readAnswered(owed []owedAck, fenceID, readID uint64, out []byte, arrived func(uint64)) error {
+	refused, err := t.collect(owed)
+	if err == nil {
+		err = refused
+	}
+	if err != nil {
+		return err
+	}
+	f, err := t.recv(wire.OpFence, fenceID)
+	if err != nil {
+		return err
+	}
+	if f.Status != wire.StatusOK {
+		return fmt.Errorf("%w: target failed the fence: %v", errs.Peer, f.Status)
+	}
+	h, err := t.recv(wire.OpRead, readID)
+	if err != nil {
+		return err
+	}
+	if h.Status != wire.StatusOK {
+		return fmt.Errorf("%w: target refused a read-back: %v", statusErr(h.Status), h.Status)
+	}
+	if h.Len != uint64(len(out)) {
+		return fmt.Errorf("%w: read-back of %d bytes answered with %d", errs.Peer, len(out), h.Len)
+	}
+	return t.readReply(out, 0, arrived)
+}
+
+func (p *poster) run(t *conn) {
+	for j := range p.jobs {
+		p.done <- t.sendWrites(j.ctx, j.descs, j.base, false)
+	}
+}
+
+// stop ends the poster goroutine (Close).
+func (p *poster) stop() { close(p.jobs) }
