@@ -92,6 +92,9 @@ def parse_args(argv=None):
     p.add_argument("--blocks", type=int, default=256, help="KV blocks per session")
     p.add_argument("--block-bytes", type=int, default=64 << 10)
     p.add_argument("--batch", type=int, default=32, help="descriptors per transfer")
+    p.add_argument("--max-batch", type=int, default=None,
+                   help="the sender's max_batch: a batch of more descriptors goes in chunks, each chunk's "
+                        "writes posted while the one before it is checked (guard default 512)")
     p.add_argument("--layout", choices=["scattered", "consecutive"], default="scattered",
                    help="which destination blocks a batch writes: scattered (a random sample of the thread's "
                         "blocks, each descriptor a write of its own) or consecutive (a run of the thread's "
@@ -404,6 +407,8 @@ def prefill_main(parent, sessions, args):
     cfg = dict(verify=args.verify, on_mismatch=args.on_mismatch, **transport_config(args))
     if args.max_retries is not None:
         cfg["max_retries"] = args.max_retries
+    if args.max_batch is not None:
+        cfg["max_batch"] = args.max_batch
     if args.transport == "mooncake":  # faults at the callbacks into Mooncake
         cfg.update(inject=args.inject, inject_lag_max_ms=args.lag_max_ms, inject_rate=args.inject_rate,
                    inject_seed=args.seed * 7)
@@ -542,6 +547,7 @@ def prefill_main(parent, sessions, args):
     stats = guard.stats()
     result["same_host_pushed_bytes"] = stats.get("same_host_pushed_bytes", 0)
     result["same_host_mapped_bytes"] = stats.get("same_host_mapped_bytes", 0)
+    result["pipelined_chunks"] = stats.get("pipelined_chunks", 0)
     guard.close()
     parent.send(result)
 
@@ -605,6 +611,7 @@ def run(args):
         "receive_memory": args.receive_memory,
         "same_host_pushed_bytes": result["same_host_pushed_bytes"],
         "same_host_mapped_bytes": result["same_host_mapped_bytes"],
+        "pipelined_chunks": result["pipelined_chunks"],
     }
     if result["errors"]:
         out["errors"] = result["errors"]
@@ -638,8 +645,8 @@ def expected_mismatches(inject, verify):
 ABORT_COLUMNS = ("inject", "transport", "quiesce", "transfers", "ok", "failed", "decode_aborts", "reused_blocks",
                  "corrupted_blocks", "seconds")
 
-MATRIX_COLUMNS = ("inject", "verify", "transfers", "ok", "failed", "mismatches", "retries", "resends", "gbps",
-                  "expected", "as_expected")
+MATRIX_COLUMNS = ("inject", "verify", "transfers", "ok", "failed", "mismatches", "retries", "resends",
+                  "pipelined_chunks", "gbps", "expected", "as_expected")
 
 
 def run_matrix(args):
@@ -654,7 +661,7 @@ def run_matrix(args):
         out = run(cell)
         want = expected_mismatches(fault, mode)
         row = {key: out[key] for key in ("inject", "verify", "transfers", "ok", "failed", "mismatches",
-                                         "retries", "resends", "gbps")}
+                                         "retries", "resends", "pipelined_chunks", "gbps")}
         row["expected"] = "mismatches" if want else "none"
         row["as_expected"] = (out["mismatches"] > 0) == want and not out["settle_timeouts"]
         rows.append(row)
