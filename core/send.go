@@ -158,7 +158,7 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 	// A read-back mode without notices posts each chunk's writes while the
 	// chunk before it is checked (verify.Pipeline): with notices, each
 	// goes after its chunk's check, before the next chunk's writes.
-	pipelined := vcfg.Mode.ReadsBack() && !notify
+	pipelined := vcfg.Mode.ReadsBack() && !notify && !g.unpipelined
 	var pipe verify.Pipeline
 	for base := 0; base < len(descs); base += g.cfg.MaxBatch {
 		chunk := descs[base:min(base+g.cfg.MaxBatch, len(descs))]

@@ -84,6 +84,11 @@ func (t *conn) ReadPosting(ctx context.Context, ranges []verify.Range, out []byt
 	}
 	postErr := <-t.poster.done
 	t.keepDeadline = false
+	for _, o := range mine {
+		if o.release != nil { // none: pulled writes are declined; kept as collectFirst does
+			o.release()
+		}
+	}
 	clear(mine)
 	t.spareOwed = mine[:0]
 	if err != nil {
