@@ -72,9 +72,9 @@ func benchModes(b *testing.B, plane, baseline string, mapped bool, n, size int) 
 				if j == len(verify.Modes)+2 {
 					m = verify.Sample
 				}
-				send.unpipelined = true
+				send.cfg.PostAhead = false
 				_, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{Verify: &m})
-				send.unpipelined = false
+				send.cfg.PostAhead = true
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -65,6 +65,9 @@ type Config struct {
 	RDMAGIDIndex int    // -1: the first RoCE v2 GID
 	RDMAQPs      int    // queue pairs per session that a batch's writes are striped over
 	TCPStripes   int    // TCP data connections per session that a large batch is striped over
+	// PostAhead: over TCP to another host, a read-back mode sends each
+	// chunk's writes while the chunk before it is checked (verify.Pipeline).
+	PostAhead bool
 	// BusyPoll: how long a TCP read that expects bytes soon spins before
 	// its thread sleeps (a wake-up costs tens of µs on a VM).
 	BusyPoll time.Duration
@@ -92,6 +95,7 @@ func DefaultConfig() Config {
 		RDMAGIDIndex:   -1,
 		RDMAQPs:        1,
 		TCPStripes:     1,
+		PostAhead:      true,
 		BusyPoll:       50 * time.Microsecond,
 		SyncTimeout:    5 * time.Second,
 		Verify:         verify.Defaults(),
@@ -128,6 +132,7 @@ func LoadConfig(getenv config.Getenv, configJSON string) (Config, error) {
 	l.Int("rdma_gid_index", []string{"MC_GUARD_RDMA_GID_INDEX"}, &c.RDMAGIDIndex, -1, 255)
 	l.Int("rdma_qps", []string{"MC_GUARD_RDMA_QPS"}, &c.RDMAQPs, 1, rdma.MaxQPs)
 	l.Int("tcp_stripes", []string{"MC_GUARD_TCP_STRIPES"}, &c.TCPStripes, 1, tcp.MaxStripes)
+	l.Bool("post_ahead", []string{"MC_GUARD_POST_AHEAD"}, &c.PostAhead)
 	busyPoll := int(c.BusyPoll / time.Microsecond)
 	l.Int("busy_poll_us", []string{"MC_GUARD_BUSY_POLL_US"}, &busyPoll, 0, int(tcp.MaxBusyPoll/time.Microsecond))
 	c.BusyPoll = time.Duration(busyPoll) * time.Microsecond

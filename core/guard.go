@@ -25,14 +25,11 @@ const MaxDescriptors = 1 << 24
 // Guard is one mcguard instance: a sender to any number of sessions and a
 // target that peers write into.
 type Guard struct {
-	cfg Config
-	// unpipelined: each chunk's writes wait for the check of the chunk
-	// before it (BenchmarkModes sets it, to measure what posting ahead gives).
-	unpipelined bool
-	regions     *memory.Regions
-	view        verify.LocalFunc // regions.View: where verification reads local bytes
-	zctx        *zmq.Context
-	control     *controlServer
+	cfg     Config
+	regions *memory.Regions
+	view    verify.LocalFunc // regions.View: where verification reads local bytes
+	zctx    *zmq.Context
+	control *controlServer
 
 	// planes are the data planes this guard serves; data is the one it
 	// sends over. planeState says, for each data plane a guard can have,

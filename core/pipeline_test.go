@@ -35,6 +35,21 @@ func TestChunksPipelinedInEveryReadBackMode(t *testing.T) {
 	}
 }
 
+// post_ahead false: each chunk's writes wait for the check of the one
+// before it, as they did before chunks were posted ahead.
+func TestPostAheadOff(t *testing.T) {
+	const n, size = 64, 4096
+	p := newPair(t, `{"verify": "tail", "same_host": "off", "max_batch": 16, "post_ahead": false}`, "", n*size)
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.session, p.blocks(n, size), TransferOptions{})
+	require.NoError(t, err)
+	require.Equal(t, p.src.b, p.dst.b)
+	st := stats(t, p.send)
+	require.Zero(t, st["pipelined_chunks"])
+	require.Equal(t, false, st["post_ahead"])
+	require.Equal(t, true, stats(t, p.recv)["post_ahead"], "the default")
+}
+
 // Two chunks that write the same destinations: the later one's bytes
 // stay, as without pipelining, also when writes are lost and re-sent
 // (the earlier chunk's re-send lands after the later chunk's writes; the

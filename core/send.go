@@ -156,9 +156,10 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 	seed := mrand.Uint64()
 	notify := !opts.NoNotice && vcfg.Notifies()
 	// A read-back mode without notices posts each chunk's writes while the
-	// chunk before it is checked (verify.Pipeline): with notices, each
-	// goes after its chunk's check, before the next chunk's writes.
-	pipelined := vcfg.Mode.ReadsBack() && !notify && !g.unpipelined
+	// chunk before it is checked (verify.Pipeline, post_ahead): with
+	// notices, each goes after its chunk's check, before the next chunk's
+	// writes.
+	pipelined := vcfg.Mode.ReadsBack() && !notify && g.cfg.PostAhead
 	var pipe verify.Pipeline
 	for base := 0; base < len(descs); base += g.cfg.MaxBatch {
 		chunk := descs[base:min(base+g.cfg.MaxBatch, len(descs))]

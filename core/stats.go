@@ -56,6 +56,7 @@ func (g *Guard) Stats() ([]byte, error) {
 		"cuda":                g.cudaState,
 		"rdma_qps":            g.cfg.RDMAQPs,
 		"tcp_stripes":         g.cfg.TCPStripes,
+		"post_ahead":          g.cfg.PostAhead,
 		"busy_poll_us":        g.cfg.BusyPoll.Microseconds(),
 		"verify_failures":     g.stats.verifyFailures.Load(),
 		"probed_bytes":        g.stats.probed.Load(),

@@ -51,8 +51,11 @@ MOONCAKE_ENV = {"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "16384", "MC_LOG_LEVEL":
 # ending in "+ping" makes the same round trip through the pipe after every
 # transfer as "+sync" does, calling nothing there: the same pause between
 # transfers without the sync, the baseline a "+sync" kind compares with.
+# One ending in "~serial" opens its guard with post_ahead false: each
+# chunk's writes wait for the check of the chunk before it.
 TAIL = 64
 PING = "+ping"
+SERIAL = "~serial"
 
 
 @functools.lru_cache(maxsize=None)
@@ -89,11 +92,18 @@ def receiver_syncs(kind):
 
 def new_engine(kind):
     """A new engine of kind, not yet initialized. An mcguard kind may end
-    in "@N": its sessions over N TCP connections (tcp_stripes)."""
+    in "@N": its sessions over N TCP connections (tcp_stripes); or in
+    "~serial": post_ahead false."""
     if kind.endswith(PING):
         if not kind.startswith("mcguard-"):
             raise SystemExit("%s is for mcguard kinds, not %r" % (PING, kind))
         return new_engine(kind[:-len(PING)])
+    if kind.endswith(SERIAL):
+        if not kind.startswith("mcguard-"):
+            raise SystemExit("%s (post_ahead false) is for mcguard kinds, not %r" % (SERIAL, kind))
+        engine = new_engine(kind[:-len(SERIAL)])
+        engine._config["post_ahead"] = False
+        return engine
     kind, _, stripes = kind.partition("@")
     if stripes:
         from .mooncake import GuardedTransferEngine

@@ -67,3 +67,11 @@ def test_peerbench_scattered_layout_checks_every_destination():
     assert "every destination matched its source" in out.stdout
     assert "layout: scattered destination blocks" in out.stdout
     assert out.stderr.count("round 1/1") == len(engines)
+
+
+def test_serial_kind_turns_post_ahead_off():
+    from mcguard.peerbench import new_engine
+    assert new_engine("mcguard-socket-tail~serial")._config["post_ahead"] is False
+    assert "post_ahead" not in new_engine("mcguard-socket-tail")._config, "the guard's default (true)"
+    with pytest.raises(SystemExit, match="for mcguard kinds"):
+        new_engine("socket~serial")
