@@ -5,6 +5,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -121,4 +122,28 @@ func requireLanded(t *testing.T, p *pair, descs []verify.Desc, what string) {
 		so, do := int(x.Src-p.src.addr(0)), int(x.Dst-p.dst.addr(0))
 		require.Equal(t, p.src.b[so:so+int(x.Len)], p.dst.b[do:do+int(x.Len)], "%s descriptor %d", what, i)
 	}
+}
+
+// A transfer's deadline ends it while a chunk posted ahead is still on
+// its way to a target that stopped reading (its fence waits for writes a
+// lag holds for up to 3 s; every write lags, so the first chunk's check
+// is still waiting, its read request sent and the second chunk handed to
+// the connection's poster, when the deadline comes): the call returns at
+// the deadline, and the session's next transfer goes through on a new
+// connection.
+func TestDeadlineEndsAPipelinedTransfer(t *testing.T) {
+	const n, size = 256, 64 << 10 // chunks of 16 x 64 KiB: more than the socket buffers hold
+	p := newPair(t, `{"verify": "tail", "same_host": "off", "max_batch": 16}`,
+		`{"inject": "lag", "inject_rate": 1, "inject_lag_max_ms": 3000, "inject_seed": 1}`, n*size)
+	fill(p.src.b)
+	start := time.Now()
+	_, err := p.send.Transfer(p.session, p.blocks(n, size), TransferOptions{Deadline: 300 * time.Millisecond})
+	require.ErrorIs(t, err, ErrTimeout)
+	require.Less(t, time.Since(start), 2*time.Second, "the deadline ended the call, not the lag")
+
+	// Four blocks, one write (lagged like every write), on a new connection.
+	fill(p.src.b[:4*size])
+	_, err = p.send.Transfer(p.session, p.blocks(4, size), TransferOptions{})
+	require.NoError(t, err)
+	require.Equal(t, p.src.b[:4*size], p.dst.b[:4*size])
 }
