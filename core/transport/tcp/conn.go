@@ -209,12 +209,18 @@ func (t *conn) abortOn(ctx context.Context) (stop func() bool) {
 func keepWatching() bool { return false }
 
 func (t *conn) deadline(ctx context.Context) {
+	d := t.deadlineFrom(ctx)
+	t.until = d
+	t.c.SetDeadline(d)
+}
+
+// deadlineFrom is the timeout from now, or ctx's deadline if sooner.
+func (t *conn) deadlineFrom(ctx context.Context) time.Time {
 	d := time.Now().Add(t.timeout)
 	if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
 		d = cd
 	}
-	t.until = d
-	t.c.SetDeadline(d)
+	return d
 }
 
 // gatherMin is the payload from which a frame is written with writev,

@@ -49,7 +49,7 @@ func (t *conn) ReadPosting(ctx context.Context, ranges []verify.Range, out []byt
 		return false, t.ReadArriving(ctx, ranges, out, true, arrived)
 	}
 	defer t.abortOn(ctx)()
-	t.deadline(ctx) // for both goroutines: the poster does not renew it
+	t.deadline(ctx) // the poster renews only the write deadline (renew)
 	if err := t.send(wire.Header{Op: wire.OpFence}, nil); err != nil {
 		return false, err
 	}

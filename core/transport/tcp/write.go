@@ -359,13 +359,16 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, base int, ma
 	return nil
 }
 
-// renew gives the next write the full timeout, except while the
-// connection's reading side is another goroutine's (ReadPosting): that
-// one set the deadline for both, and its reader polls against it.
+// renew gives the next write the full timeout. While the connection's
+// reading side is another goroutine's (ReadPosting), only the write
+// deadline: the reader polls against the read deadline (t.until), which
+// is that goroutine's.
 func (t *conn) renew(ctx context.Context) {
-	if !t.keepDeadline {
-		t.deadline(ctx)
+	if t.keepDeadline {
+		t.c.SetWriteDeadline(t.deadlineFrom(ctx))
+		return
 	}
+	t.deadline(ctx)
 }
 
 // settleWindow, once maxOwed acknowledgements are owed, sends what is
