@@ -174,6 +174,30 @@ def test_slow_link_succeeds_verified_or_errors_in_time(netns, guards):
         peer.close()
 
 
+def test_chunk_posted_ahead_on_a_slow_link_gets_the_full_timeout_per_write(netns, guards):
+    """16 MiB over 40 Mbit/s in two chunks of 8 MiB (max_batch 16): the
+    second chunk, posted while the first is checked, takes longer to send
+    than timeout_ms (1 s); each of its writes gets the full timeout, as a
+    chunk written on its own does, so the transfer succeeds."""
+    if not shutil.which("tc"):
+        pytest.skip("needs tc")
+    ok, why = shape(netns, "tbf", "rate", "40mbit", "burst", "64kb", "latency", "100ms")
+    if not ok:
+        pytest.skip("cannot shape the link here: %s" % why)
+    size = 16 << 20
+    peer = Peer(netns["ns"], free_port(), size)
+    try:
+        g, src = sender(guards, size, verify="tail", max_batch=16)
+        start = time.monotonic()
+        g.transfer(peer.endpoint, *batch(src, peer, size, n=32))
+        took = time.monotonic() - start
+        assert took > 2, "each chunk took longer than timeout_ms to send (%.1f s in all)" % took
+        assert g.stats()["pipelined_chunks"] == 1
+        assert peer.hash() == hashlib.sha1(src.bytes()).hexdigest()
+    finally:
+        peer.close()
+
+
 def test_lossy_delayed_link(netns, guards):
     if not shutil.which("tc"):
         pytest.skip("needs tc")

@@ -296,7 +296,13 @@ func (t *target) serve(l *link) {
 		if st != wire.StatusOK && t.refused != nil {
 			t.refused(refusalNames[st])
 		}
-		if err := t.reply(l, w, hdr, wire.Header{Op: h.Op | wire.Reply, Status: st, ID: h.ID, Addr: h.Addr, Len: n}, payload, r.Buffered() == 0 || h.Op == wire.OpHello); err != nil {
+		// Replies wait in the buffer while more frames are already here
+		// (a batch's acknowledgements, a fence's before its read), except
+		// a read-back's: the sender waits for it, and the frames behind it
+		// may be the next chunk's writes (posted ahead), which would hold
+		// it back until they are all applied.
+		flush := r.Buffered() == 0 || h.Op == wire.OpHello || h.Op == wire.OpRead
+		if err := t.reply(l, w, hdr, wire.Header{Op: h.Op | wire.Reply, Status: st, ID: h.ID, Addr: h.Addr, Len: n}, payload, flush); err != nil {
 			return
 		}
 		if h.Op == wire.OpHello && st == wire.StatusOK {
