@@ -152,12 +152,17 @@ def shape(netns, *qdisc):
     return r.returncode == 0, r.stderr.strip()
 
 
-def test_slow_link_succeeds_verified_or_errors_in_time(netns, guards):
+def slow_link(netns):
+    """Shapes the link to 40 Mbit/s (tbf), or skips the test."""
     if not shutil.which("tc"):
         pytest.skip("needs tc")
     ok, why = shape(netns, "tbf", "rate", "40mbit", "burst", "64kb", "latency", "100ms")
     if not ok:
         pytest.skip("cannot shape the link here: %s" % why)
+
+
+def test_slow_link_succeeds_verified_or_errors_in_time(netns, guards):
+    slow_link(netns)
     size = 4 << 20
     peer = Peer(netns["ns"], free_port(), size)
     try:
@@ -179,11 +184,7 @@ def test_chunk_posted_ahead_on_a_slow_link_gets_the_full_timeout_per_write(netns
     second chunk, posted while the first is checked, takes longer to send
     than timeout_ms (1 s); each of its writes gets the full timeout, as a
     chunk written on its own does, so the transfer succeeds."""
-    if not shutil.which("tc"):
-        pytest.skip("needs tc")
-    ok, why = shape(netns, "tbf", "rate", "40mbit", "burst", "64kb", "latency", "100ms")
-    if not ok:
-        pytest.skip("cannot shape the link here: %s" % why)
+    slow_link(netns)
     size = 16 << 20
     peer = Peer(netns["ns"], free_port(), size)
     try:
