@@ -3,13 +3,17 @@ package tcp
 import (
 	"context"
 	"crypto/rand"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/internal/testmem"
 	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
 )
 
@@ -91,4 +95,36 @@ func TestReadPostingRefusedNextFailsAtItsFence(t *testing.T) {
 	err = c.Fence(ctx)
 	require.ErrorIs(t, err, errs.NotRegistered)
 	require.Contains(t, err.Error(), "descriptor 7")
+}
+
+// The poster goroutine lives as long as its connection: closing
+// connections that posted ahead leaves no goroutine behind.
+func TestPosterEndsWithItsConnection(t *testing.T) {
+	src, dst := testmem.Pages(t, 2), testmem.Pages(t, 2)
+	ctx := context.Background()
+	c := joinPair(t, src, dst, nil, nil, nil) // its target stays up
+	chunk := []verify.Desc{{Src: memory.AddrOf(src), Dst: memory.AddrOf(dst), Len: 4096}}
+	next := []verify.Desc{{Src: memory.AddrOf(src[4096:]), Dst: memory.AddrOf(dst[4096:]), Len: 4096}}
+	ranges := []verify.Range{{Addr: memory.AddrOf(dst[4032:]), Len: 64}}
+	out := make([]byte, 64)
+	post := func(c *conn) {
+		require.NoError(t, c.Post(ctx, chunk, 0))
+		posted, err := c.ReadPosting(ctx, ranges, out, nil, next, 1)
+		require.NoError(t, err)
+		require.True(t, posted)
+		require.NoError(t, c.Fence(ctx))
+	}
+	post(c)
+	before := runtime.NumGoroutine()
+	for range 20 {
+		// The same sender again: the target replaces its older connection.
+		peer := transport.Peer{Token: make([]byte, wire.TokenSize), Key: []byte("key")}
+		d, err := dial(ctx, c.c.RemoteAddr().String(), peer, c.peer, 0, &Config{Timeout: 5 * time.Second, Regions: c.local}, 0)
+		require.NoError(t, err)
+		d.hostOnly = true
+		post(d)
+		d.Close()
+	}
+	require.Eventually(t, func() bool { return runtime.NumGoroutine() <= before+2 }, 5*time.Second, 10*time.Millisecond,
+		"goroutines: %d before, %d after 20 connections closed", before, runtime.NumGoroutine())
 }
