@@ -6,6 +6,8 @@ package tcp
 // caller reads this chunk's acknowledgements and answer and compares them.
 // Without it the two ends take turns: the target waits while the sender
 // compares, and the sender waits while the target applies and answers.
+// The target sends a read-back's answer at once (target.go), not after
+// the writes already behind it.
 
 import (
 	"context"
