@@ -660,8 +660,7 @@ def run_matrix(args):
             cell.zero_tail = args.block_bytes // 16 if fault == "stale" else 0
         out = run(cell)
         want = expected_mismatches(fault, mode)
-        row = {key: out[key] for key in ("inject", "verify", "transfers", "ok", "failed", "mismatches",
-                                         "retries", "resends", "pipelined_chunks", "gbps")}
+        row = {key: out[key] for key in MATRIX_COLUMNS if key not in ("expected", "as_expected")}
         row["expected"] = "mismatches" if want else "none"
         row["as_expected"] = (out["mismatches"] > 0) == want and not out["settle_timeouts"]
         rows.append(row)

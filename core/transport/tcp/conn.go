@@ -54,10 +54,9 @@ type conn struct {
 	owed []owedAck
 	// spareOwed is a second list for owed, and poster the goroutine that
 	// posts a next chunk's writes into it while the caller reads this
-	// chunk's answers (pipeline.go); keepDeadline is set meanwhile.
-	spareOwed    []owedAck
-	poster       *poster
-	keepDeadline bool
+	// chunk's answers (pipeline.go).
+	spareOwed []owedAck
+	poster    *poster
 	// pull: the target copies host-memory sources out of this process
 	// (same host), so writes carry addresses instead of bytes.
 	pull bool

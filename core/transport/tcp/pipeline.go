@@ -11,9 +11,7 @@ package tcp
 
 import (
 	"context"
-	"fmt"
 
-	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -42,25 +40,17 @@ type poster struct {
 // chunk of more frames than are left owed without reading (maxOwed): the
 // poster never reads.
 func (t *conn) ReadPosting(ctx context.Context, ranges []verify.Range, out []byte, arrived func(uint64), next []verify.Desc, nextBase int) (bool, error) {
-	var total uint64
-	for _, r := range ranges {
-		total += r.Len
-	}
 	if t.pull || t.lease != nil || len(next) == 0 || countSlices(next) >= maxOwed ||
-		len(ranges) > wire.MaxRanges || total > wire.MaxPayload || uint64(len(out)) != total {
+		len(ranges) > wire.MaxRanges || uint64(len(out)) > wire.MaxPayload { // out: the ranges' bytes
 		return false, t.ReadArriving(ctx, ranges, out, true, arrived)
 	}
 	defer t.abortOn(ctx)()
-	t.deadline(ctx) // the poster renews only the write deadline (renew)
+	t.deadline(ctx) // the poster renews only the write deadline (renew): the read one is ours
 	if err := t.send(wire.Header{Op: wire.OpFence}, nil); err != nil {
 		return false, err
 	}
 	fenceID := t.nextID
-	payload := t.readReq[:0]
-	for _, r := range ranges {
-		payload = wire.AppendRange(payload, r.Addr, r.Len)
-	}
-	t.readReq = payload
+	payload, _ := t.readPayload(ranges)
 	if err := t.send(wire.Header{Op: wire.OpRead, Len: uint64(len(payload))}, payload); err != nil {
 		return false, err
 	}
@@ -73,7 +63,6 @@ func (t *conn) ReadPosting(ctx context.Context, ranges []verify.Range, out []byt
 	// list of owed acknowledgements for next's writes.
 	mine := t.owed
 	t.owed, t.spareOwed = t.spareOwed[:0], nil
-	t.keepDeadline = true
 	if t.poster == nil {
 		t.poster = &poster{jobs: make(chan postJob), done: make(chan error, 1)}
 		go t.poster.run(t)
@@ -85,7 +74,6 @@ func (t *conn) ReadPosting(ctx context.Context, ranges []verify.Range, out []byt
 		t.cut() // the poster may be blocked writing to a target that stopped reading
 	}
 	postErr := <-t.poster.done
-	t.keepDeadline = false
 	for _, o := range mine {
 		if o.release != nil { // none: pulled writes are declined; kept as collectFirst does
 			o.release()
@@ -106,29 +94,22 @@ func (t *conn) ReadPosting(ctx context.Context, ranges []verify.Range, out []byt
 // readAnswered reads the replies owed before a pipelined read-back, its
 // fence's and its own, the bytes into out.
 func (t *conn) readAnswered(owed []owedAck, fenceID, readID uint64, out []byte, arrived func(uint64)) error {
-	refused, err := t.collect(owed)
-	if err == nil {
-		err = refused
-	}
-	if err != nil {
+	if err := firstErr(t.collect(owed)); err != nil {
 		return err
 	}
 	f, err := t.recv(wire.OpFence, fenceID)
 	if err != nil {
 		return err
 	}
-	if f.Status != wire.StatusOK {
-		return fmt.Errorf("%w: target failed the fence: %v", errs.Peer, f.Status)
+	if err := fenceErr(f); err != nil {
+		return err
 	}
 	h, err := t.recv(wire.OpRead, readID)
 	if err != nil {
 		return err
 	}
-	if h.Status != wire.StatusOK {
-		return fmt.Errorf("%w: target refused a read-back: %v", statusErr(h.Status), h.Status)
-	}
-	if h.Len != uint64(len(out)) {
-		return fmt.Errorf("%w: read-back of %d bytes answered with %d", errs.Peer, len(out), h.Len)
+	if err := answerErr(h, uint64(len(out))); err != nil {
+		return err
 	}
 	return t.readReply(out, 0, arrived)
 }

@@ -30,10 +30,42 @@ func (t *conn) fencedRequest(ctx context.Context, fenceID uint64, payload []byte
 		// the connection anyway (the error is not a mismatch).
 		return wire.Header{}, refused
 	}
-	if f.Status != wire.StatusOK {
-		return wire.Header{}, fmt.Errorf("%w: target failed the fence: %v", errs.Peer, f.Status)
+	if err := fenceErr(f); err != nil {
+		return wire.Header{}, err
 	}
 	return t.recv(wire.OpRead, t.nextID)
+}
+
+// fenceErr is what a fence's reply says: nil, or that the target failed it.
+func fenceErr(h wire.Header) error {
+	if h.Status != wire.StatusOK {
+		return fmt.Errorf("%w: target failed the fence: %v", errs.Peer, h.Status)
+	}
+	return nil
+}
+
+// readPayload is a Read frame's payload for ranges, in the connection's
+// reused buffer, and the bytes its answer carries.
+func (t *conn) readPayload(ranges []verify.Range) (payload []byte, total uint64) {
+	payload = t.readReq[:0]
+	for _, r := range ranges {
+		payload = wire.AppendRange(payload, r.Addr, r.Len)
+		total += r.Len
+	}
+	t.readReq = payload
+	return payload, total
+}
+
+// answerErr is what a read-back's reply h says of an answer of total
+// bytes: nil, or why there is none.
+func answerErr(h wire.Header, total uint64) error {
+	if h.Status != wire.StatusOK {
+		return fmt.Errorf("%w: target refused a read-back: %v", statusErr(h.Status), h.Status)
+	}
+	if h.Len != total {
+		return fmt.Errorf("%w: read-back of %d bytes answered with %d", errs.Peer, total, h.Len)
+	}
+	return nil
 }
 
 // Fence asks the target to reply once every earlier write on this
@@ -54,8 +86,8 @@ func (t *conn) Fence(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if h.Status != wire.StatusOK {
-		return fmt.Errorf("%w: target failed the fence: %v", errs.Peer, h.Status)
+	if err := fenceErr(h); err != nil {
+		return err
 	}
 	t.unfenced = false
 	return nil
@@ -98,17 +130,10 @@ func (t *conn) ReadArriving(ctx context.Context, ranges []verify.Range, out []by
 // readRanges does Read's requests; a fenceID other than 0 is a Fence sent
 // but not yet answered, whose reply comes before the first read's.
 func (t *conn) readRanges(ctx context.Context, ranges []verify.Range, out []byte, fenceID uint64, arrived func(uint64)) error {
-	payload := t.readReq[:0] // the connection's: no allocation per read-back
-	var before uint64        // out's bytes read by earlier requests
+	var before uint64 // out's bytes read by earlier requests
 	size := func(i int) uint64 { return ranges[i].Len }
 	for start, end := range transport.Groups(len(ranges), size, wire.MaxRanges, wire.MaxPayload) {
-		payload = payload[:0]
-		var total uint64
-		for _, r := range ranges[start:end] {
-			payload = wire.AppendRange(payload, r.Addr, r.Len)
-			total += r.Len
-		}
-		t.readReq = payload
+		payload, total := t.readPayload(ranges[start:end])
 		var h wire.Header
 		var err error
 		if fenceID != 0 {
@@ -120,11 +145,8 @@ func (t *conn) readRanges(ctx context.Context, ranges []verify.Range, out []byte
 		if err != nil {
 			return err
 		}
-		if h.Status != wire.StatusOK {
-			return fmt.Errorf("%w: target refused a read-back: %v", statusErr(h.Status), h.Status)
-		}
-		if h.Len != total {
-			return fmt.Errorf("%w: read-back of %d bytes answered with %d", errs.Peer, total, h.Len)
+		if err := answerErr(h, total); err != nil {
+			return err
 		}
 		if err := t.readReply(out[:total], before, arrived); err != nil {
 			return err

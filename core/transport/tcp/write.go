@@ -359,16 +359,11 @@ func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, base int, ma
 	return nil
 }
 
-// renew gives the next write the full timeout. While the connection's
-// reading side is another goroutine's (ReadPosting), only the write
-// deadline: the reader polls against the read deadline (t.until), which
-// is that goroutine's.
+// renew gives the next write the full timeout: the write deadline only.
+// Every read sets its own deadline first, and the reading side may be
+// another goroutine's meanwhile (ReadPosting), polling against t.until.
 func (t *conn) renew(ctx context.Context) {
-	if t.keepDeadline {
-		t.c.SetWriteDeadline(t.deadlineFrom(ctx))
-		return
-	}
-	t.deadline(ctx)
+	t.c.SetWriteDeadline(t.deadlineFrom(ctx))
 }
 
 // settleWindow, once maxOwed acknowledgements are owed, sends what is
