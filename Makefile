@@ -86,7 +86,7 @@ bench-peer: build mooncake-venv nixl-venv
 
 ## build: build/libmcguard.so and its cgo-generated header build/libmcguard.h,
 ## the software models of the CUDA driver and of an RDMA NIC the tests use,
-## and python/mcguard/_fastcall (mc_guard_transfer without ctypes)
+## and python/mcguard/_fastcall (mc_guard_transfer and mc_guard_sync_transfers without ctypes)
 build: $(LIB) $(CUDA_MODEL) $(NIC_MODEL) $(FASTCALL)
 
 $(FASTCALL): python/mcguard/_fastcall.c include/mcguard.h

@@ -96,7 +96,7 @@ class BinaryDistribution(Distribution):
         return True
 
 
-# mc_guard_transfer without ctypes (python/mcguard/_fastcall.c). Optional:
+# mc_guard_transfer and mc_guard_sync_transfers without ctypes (python/mcguard/_fastcall.c). Optional:
 # without Python's headers the wheel still builds, and ctypes serves.
 FASTCALL = Extension("mcguard._fastcall", ["python/mcguard/_fastcall.c"], include_dirs=["include"], optional=True)
 

@@ -9,10 +9,10 @@ import threading
 
 from . import _lib
 
-try:  # mc_guard_transfer without ctypes for the plain case (_fastcall.c); ctypes alone without it
-    from ._fastcall import transfer as _fast_transfer
+try:  # mc_guard_transfer and _sync_transfers without ctypes for the plain case (_fastcall.c); ctypes alone without it
+    from ._fastcall import transfer as _fast_transfer, sync_transfers as _fast_sync_transfers
 except ImportError:
-    _fast_transfer = None
+    _fast_transfer = _fast_sync_transfers = None
 
 STATUS_NAMES = {
     0: "MC_OK",
@@ -230,11 +230,13 @@ class Guard:
                 self._retire_callbacks()
                 raise
         self._handle = handle.value
-        # The plain transfer's entry point for _fastcall; not over an engine
-        # of Python callbacks, whose interrupts the ctypes path relays.
-        self._fast_entry = 0
+        # The plain transfer's and sync's entry points for _fastcall; not
+        # over an engine of Python callbacks, whose interrupts the ctypes
+        # path relays.
+        self._fast_entry = self._fast_sync_entry = 0
         if _fast_transfer is not None and self._callbacks is None and not os.environ.get("MCGUARD_NO_FASTCALL"):
             self._fast_entry = ctypes.cast(self._lib.mc_guard_transfer, ctypes.c_void_p).value or 0
+            self._fast_sync_entry = ctypes.cast(self._lib.mc_guard_sync_transfers, ctypes.c_void_p).value or 0
         self._lock = threading.Lock()
         buf = ctypes.create_string_buffer(256)
         self._check(self._lib.mc_guard_endpoint(self._handle, buf, len(buf)))
@@ -378,6 +380,11 @@ class Guard:
         mode). Raises MC_ERR_TIMEOUT without a notice, MC_ERR_VERIFY on a
         mismatch."""
         h = self._h()
+        if self._fast_sync_entry:
+            st = _fast_sync_transfers(self._fast_sync_entry, h, transfer_ids, stream)
+            if st is not None:  # else not the plain case: the checked path below says what is wrong
+                self._check(st)
+                return
         ids, n, keep = u64_array(transfer_ids)
         opts = _lib.SyncOpts(ctypes.sizeof(_lib.SyncOpts), 0, address_of(stream))
         st = self._lib.mc_guard_sync_transfers(h, ids, n, ctypes.byref(opts))

@@ -1,5 +1,5 @@
-"""mcguard._fastcall: mc_guard_transfer without ctypes for plain lists of
-ints. It must move the same bytes as the ctypes path, hand everything
+"""mcguard._fastcall: mc_guard_transfer and mc_guard_sync_transfers
+without ctypes for plain lists of ints. It must move the same bytes as the ctypes path, hand everything
 else to that path (which says what is wrong), and report failures with
 the same status, message and abort state."""
 
@@ -105,5 +105,76 @@ def test_failures_carry_status_message_and_abort(fast_pair, guards):
 
 def test_off_by_environment(monkeypatch, guards):
     monkeypatch.setenv("MCGUARD_NO_FASTCALL", "1")
-    assert guards()._fast_entry == 0
+    g = guards()
+    assert g._fast_entry == 0 and g._fast_sync_entry == 0
 
+
+
+@pytest.fixture
+def digest_pair(pair):
+    if guard_module._fast_sync_transfers is None:
+        pytest.skip("_fastcall is not built here")
+    s, r, src, dst = pair({"verify": "digest"}, {"sync_timeout_ms": 200})
+    assert r._fast_sync_entry, "a guard not over an engine syncs by the fast path"
+    return s, r, src, dst
+
+
+def test_fast_and_ctypes_syncs_settle_the_same(digest_pair):
+    s, r, src, dst = digest_pair
+    for fast in (True, False):
+        entry = r._fast_sync_entry
+        if not fast:
+            r._fast_sync_entry = 0
+        try:
+            ids = [s.transfer(r.endpoint, [src.addr + i * 4096], [dst.addr + i * 4096], [4096]).id for i in range(20)]
+            r.sync_transfers(ids)  # 20: past the ids kept on the stack
+            r.sync_transfers([s.transfer(r.endpoint, [src.addr], [dst.addr], [4096]).id], stream=0)
+        finally:
+            r._fast_sync_entry = entry
+        assert dst.bytes(0, 20 * 4096) == src.bytes(0, 20 * 4096)
+        assert r.stats()["sync_failures"] == 0
+
+
+def test_what_is_not_plain_syncs_the_checked_way(digest_pair):
+    """Each of these makes the fast sync return None, without calling the
+    library (the notice stays to be synced); the ctypes path then takes or
+    refuses it."""
+    s, r, src, dst = digest_pair
+    fast = guard_module._fast_sync_transfers
+    e, h = r._fast_sync_entry, r._handle
+    tid = s.transfer(r.endpoint, [src.addr], [dst.addr], [4096]).id
+    for args in [
+        (e, h, [True], 0),          # a bool
+        (e, h, [-1], 0),            # negative
+        (e, h, [2 ** 64], 0),       # too large
+        (e, h, [float(tid)], 0),    # a float
+        (e, h, (tid,), 0),          # a tuple
+        (e, h, [], 0),
+        (e, h, [tid], -1),          # a negative stream
+        (e, h, [tid], 2 ** 64),
+        (e, h, [tid], True),
+        (0, h, [tid], 0),           # no entry point
+        (e, h, [tid]),              # too few arguments
+    ]:
+        assert fast(*args) is None, args
+    assert r.stats()["syncs"] == 0, "none of them called the library"
+
+    for bad, status in [((tid,), None), ([tid], mcguard.MC_ERR_TIMEOUT), ([True], mcguard.MC_ERR_INVALID_ARG),
+                        ([-1], mcguard.MC_ERR_INVALID_ARG), ([], mcguard.MC_ERR_INVALID_ARG)]:
+        if status is None:
+            r.sync_transfers(bad)  # a tuple: checked, and taken (the notice is consumed)
+            continue
+        with pytest.raises(MCGuardError) as err:  # the same id again: its notice was consumed
+            r.sync_transfers(bad)
+        assert err.value.status == status and err.value.message, bad
+    with pytest.raises(MCGuardError) as err:
+        r.sync_transfers([tid], stream=-1)
+    assert err.value.status == mcguard.MC_ERR_INVALID_ARG
+
+
+def test_fast_sync_failures_carry_status_and_message(digest_pair):
+    s, r, src, dst = digest_pair
+    with pytest.raises(MCGuardError) as err:
+        r.sync_transfers([12345])  # no such transfer: no notice comes
+    assert err.value.status == mcguard.MC_ERR_TIMEOUT
+    assert err.value.message
