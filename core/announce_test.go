@@ -70,14 +70,15 @@ func TestNoticeOnItsConnectionOutlivesTheTable(t *testing.T) {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	rep, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, helloRequest{Sender: randomBytes(nonceSize), Transport: "tcp"})
+	sender := randomBytes(nonceSize)
+	rep, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, helloRequest{Sender: sender, Transport: "tcp"})
 	require.NoError(t, err)
 	s := &session{hello: rep}
 	sign := func() []byte {
 		n := wire.Notice{ID: uint64(time.Now().UnixNano()), Total: 1, Descs: []wire.NoticeDesc{{Dst: dst.addr(0), Len: 4096}}}
 		return append([]byte(nil), s.signNotice(n)...)
 	}
-	conn := &transport.ConnAuth{Token: rep.Token, Key: rep.key}
+	conn := &transport.ConnAuth{Token: rep.Token, Key: rep.key, Sender: string(sender)}
 	require.NoError(t, g.takeNotice(sign(), nil, conn), "known to the table")
 
 	othersShakeHands(t, g, 4) // crowds this sender out
@@ -91,4 +92,6 @@ func TestNoticeOnItsConnectionOutlivesTheTable(t *testing.T) {
 	forged[len(forged)-1] ^= 1 // a descriptor's digest: the MAC no longer holds
 	require.ErrorContains(t, g.takeNotice(forged, nil, conn), "MAC")
 	require.NoError(t, g.takeNotice(sign(), nil, conn))
+	// The table's and the connection's notices count as one sender's.
+	require.Equal(t, map[string]noticeLoad{string(sender): {3, 3}}, g.notices.perSender)
 }

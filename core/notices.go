@@ -12,15 +12,21 @@ import (
 	"github.com/mcguard/mcguard/verify"
 )
 
-// Bounds of what peers' notices may hold in a receiver's memory; past
-// them the oldest notices are dropped (a sync for one then says so).
+// Bounds of what peers' notices may hold in a receiver's memory: in all,
+// and per sender, so that one sender whose notices are never synced (or
+// that floods) drops its own oldest, not other senders'. Past a bound the
+// oldest notices are dropped (a sync for one then says so); the notice
+// being added is never dropped, however large.
 const (
-	maxNoticeEntries = 1 << 16
-	maxNoticeDescs   = 1 << 22
+	maxNoticeEntries          = 1 << 16
+	maxNoticeDescs            = 1 << 22
+	maxNoticeEntriesPerSender = maxNoticeEntries / 4
+	maxNoticeDescsPerSender   = maxNoticeDescs / 4
 )
 
 // notice is a transfer's completion notice as the receiver assembles it.
 type notice struct {
+	sender string // the session's sender id, from the handshake the notice proved
 	mode   verify.Mode
 	total  int
 	descs  []wire.NoticeDesc
@@ -32,27 +38,38 @@ func (n *notice) complete() bool { return len(n.descs) == n.total }
 // noticeStore holds the notices a receiving guard was sent until the
 // application syncs them.
 type noticeStore struct {
-	mu      sync.Mutex
-	entries map[uint64]*notice
-	order   []uint64 // arrival order, for eviction
-	evicted map[uint64]bool
-	descs   int
-	waiters []chan struct{} // of the syncs waiting in take: add wakes each
-	free    []*notice       // synced notices, reused: a steady stream allocates none
+	mu        sync.Mutex
+	entries   map[uint64]*notice
+	order     []arrival // for eviction, oldest first
+	evicted   map[uint64]bool
+	descs     int
+	perSender map[string]noticeLoad // of the senders with entries
+	waiters   []chan struct{}       // of the syncs waiting in take: add wakes each
+	free      []*notice             // synced notices, reused: a steady stream allocates none
 }
+
+// arrival is a notice in arrival order.
+type arrival struct {
+	id     uint64
+	sender string
+}
+
+// noticeLoad is what one sender's notices hold.
+type noticeLoad struct{ entries, descs int }
 
 // maxFreeNotices bounds the synced entries kept for reuse (each keeps
 // its buffers' room within maxKeptBuf).
 const maxFreeNotices = 64
 
 func newNoticeStore() *noticeStore {
-	return &noticeStore{entries: map[uint64]*notice{}, evicted: map[uint64]bool{}}
+	return &noticeStore{entries: map[uint64]*notice{}, evicted: map[uint64]bool{}, perSender: map[string]noticeLoad{}}
 }
 
 var errNotice = errors.New("bad notice")
 
-// add records one chunk; chunks of a transfer must come in order.
-func (s *noticeStore) add(n wire.Notice, landed transport.Landed) error {
+// add records one chunk, from sender; chunks of a transfer must come in
+// order, from the sender that began it.
+func (s *noticeStore) add(n wire.Notice, landed transport.Landed, sender string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	mode := verify.Modes[n.Mode]
@@ -60,14 +77,14 @@ func (s *noticeStore) add(n wire.Notice, landed transport.Landed) error {
 	switch {
 	case !ok && n.Base != 0:
 		return fmt.Errorf("%w: transfer %#x: chunk at %d before its first", errNotice, n.ID, n.Base)
-	case ok && (e.complete() || e.total != n.Total || e.mode != mode || n.Base != len(e.descs)):
+	case ok && (e.complete() || e.total != n.Total || e.mode != mode || n.Base != len(e.descs) || e.sender != sender):
 		return fmt.Errorf("%w: transfer %#x: chunk at %d does not continue the notice", errNotice, n.ID, n.Base)
 	}
 	if !ok {
 		e = s.newLocked()
-		e.mode, e.total = mode, n.Total
+		e.sender, e.mode, e.total = sender, mode, n.Total
 		s.entries[n.ID] = e
-		s.order = append(s.order, n.ID)
+		s.order = append(s.order, arrival{n.ID, sender})
 		delete(s.evicted, n.ID)
 	}
 	e.descs = append(e.descs, n.Descs...)
@@ -75,8 +92,23 @@ func (s *noticeStore) add(n wire.Notice, landed transport.Landed) error {
 		e.landed = append(e.landed, landed)
 	}
 	s.descs += len(n.Descs)
-	for (len(s.entries) > maxNoticeEntries || s.descs > maxNoticeDescs) && len(s.order) > 1 {
-		s.evictOldestLocked()
+	load := s.perSender[sender]
+	if !ok {
+		load.entries++
+	}
+	load.descs += len(n.Descs)
+	s.perSender[sender] = load
+	for s.overLocked(sender) && s.evictOldestOfLocked(sender, n.ID) {
+	}
+	for len(s.entries) > maxNoticeEntries || s.descs > maxNoticeDescs {
+		i := 0
+		if s.order[0].id == n.ID { // a transfer's notice continued: older, but being added
+			i = 1
+		}
+		if i >= len(s.order) {
+			break
+		}
+		s.evictLocked(i)
 	}
 	for _, w := range s.waiters {
 		select {
@@ -114,24 +146,64 @@ func (s *noticeStore) freeLocked(e *notice) {
 	}
 }
 
-// evictOldestLocked drops the oldest notice, releasing its landed
-// digests (the landed index's lock nests inside the store's, never the
-// other way) and keeping the entry for reuse: a receiver whose
-// application never syncs allocates no more than one that does.
-func (s *noticeStore) evictOldestLocked() {
-	id := s.order[0]
-	s.order = s.order[1:]
-	if e, ok := s.entries[id]; ok {
-		s.descs -= len(e.descs)
-		delete(s.entries, id)
-		if len(s.evicted) >= maxNoticeEntries {
-			clear(s.evicted)
+// overLocked reports whether sender's notices are past its bounds.
+func (s *noticeStore) overLocked(sender string) bool {
+	load := s.perSender[sender]
+	return load.entries > maxNoticeEntriesPerSender || load.descs > maxNoticeDescsPerSender
+}
+
+// evictOldestOfLocked drops sender's oldest notice other than keep's; false
+// if it has none.
+func (s *noticeStore) evictOldestOfLocked(sender string, keep uint64) bool {
+	for i, a := range s.order {
+		if a.sender == sender && a.id != keep {
+			s.evictLocked(i)
+			return true
 		}
-		s.evicted[id] = true
-		for _, l := range e.landed {
-			l.Release()
-		}
-		s.freeLocked(e)
+	}
+	return false
+}
+
+// evictLocked drops the notice at order[i], releasing its landed digests
+// (the landed index's lock nests inside the store's, never the other
+// way) and keeping the entry for reuse: a receiver whose application
+// never syncs allocates no more than one that does.
+func (s *noticeStore) evictLocked(i int) {
+	id := s.order[i].id
+	s.removeLocked(i)
+	e := s.entries[id]
+	delete(s.entries, id)
+	if len(s.evicted) >= maxNoticeEntries {
+		clear(s.evicted)
+	}
+	s.evicted[id] = true
+	for _, l := range e.landed {
+		l.Release()
+	}
+	s.freeLocked(e)
+}
+
+// removeLocked takes order[i] out of the order and its notice out of
+// the counts (the caller deletes the entry).
+func (s *noticeStore) removeLocked(i int) {
+	a := s.order[i]
+	switch {
+	case i == len(s.order)-1: // the newest, or the only one: its room is kept
+		s.order = s.order[:i]
+	case i == 0: // the oldest (a flood's evictions): nothing copied
+		s.order = s.order[1:]
+	default:
+		s.order = append(s.order[:i], s.order[i+1:]...)
+	}
+	e := s.entries[a.id]
+	s.descs -= len(e.descs)
+	load := s.perSender[a.sender]
+	load.entries--
+	load.descs -= len(e.descs)
+	if load.entries == 0 {
+		delete(s.perSender, a.sender)
+	} else {
+		s.perSender[a.sender] = load
 	}
 }
 
@@ -156,20 +228,19 @@ func (s *noticeStore) take(id uint64, w *noticeWaiter, deadline time.Time, closi
 	for {
 		s.mu.Lock()
 		if e, ok := s.entries[id]; ok && e.complete() {
-			delete(s.entries, id)
-			s.descs -= len(e.descs)
-			for i, o := range s.order {
-				if o == id {
-					s.order = append(s.order[:i], s.order[i+1:]...)
+			for i, a := range s.order {
+				if a.id == id {
+					s.removeLocked(i)
 					break
 				}
 			}
+			delete(s.entries, id)
 			s.mu.Unlock()
 			return e, nil
 		}
 		if s.evicted[id] {
 			s.mu.Unlock()
-			return nil, fmt.Errorf("%w: the notice of transfer %#x was dropped: too many unsynced notices", ErrSession, id)
+			return nil, fmt.Errorf("%w: the notice of transfer %#x was dropped: too many unsynced notices, from its sender or in all", ErrSession, id)
 		}
 		s.waiters = append(s.waiters, w.wake)
 		s.mu.Unlock()

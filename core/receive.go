@@ -40,8 +40,9 @@ func (g *Guard) takeNotice(body []byte, landed transport.Landed, conn *transport
 	defer noticeDescBufs.Put(buf)
 	n, err := wire.DecodeNotice(body, len(verify.Modes), *buf)
 	*buf = keep(n.Descs) // its room, for the next notice
+	var sender string
 	if err == nil {
-		err = g.proveNotice(n, body, conn)
+		sender, err = g.proveNotice(n, body, conn)
 	}
 	if err == nil {
 		for i, d := range n.Descs {
@@ -52,7 +53,7 @@ func (g *Guard) takeNotice(body []byte, landed transport.Landed, conn *transport
 		}
 	}
 	if err == nil {
-		err = g.notices.add(n, landed)
+		err = g.notices.add(n, landed, sender)
 	}
 	if err == nil {
 		g.stats.noticesReceived.Add(1)
@@ -67,25 +68,25 @@ func (g *Guard) takeNotice(body []byte, landed transport.Landed, conn *transport
 // session crowded out of the table (or idle past tokenIdle) goes on over
 // its connection, and a same-host sender, which does not wait for its
 // notice's answer, never has one refused as stale.
-func (g *Guard) proveNotice(n wire.Notice, body []byte, conn *transport.ConnAuth) error {
+func (g *Guard) proveNotice(n wire.Notice, body []byte, conn *transport.ConnAuth) (sender string, err error) {
 	macOK := func(key []byte) bool { m := noticeMAC(key, body); return hmac.Equal(n.MAC, m[:]) }
-	_, err := g.auth.tokens.notice(n.Token, n.Seq, macOK)
+	sender, err = g.auth.tokens.notice(n.Token, n.Seq, macOK)
 	onConn := conn != nil && len(conn.Token) > 0 && hmac.Equal(n.Token, conn.Token)
 	switch {
 	case err == nil:
 		if onConn {
 			conn.LastSeq = max(conn.LastSeq, n.Seq)
 		}
-		return nil
+		return sender, nil
 	case !onConn || !errors.Is(err, errUnknownNoticeToken):
-		return err
+		return "", err
 	case !macOK(conn.Key):
-		return fmt.Errorf("the MAC is wrong: not from the sender that shook hands")
+		return "", fmt.Errorf("the MAC is wrong: not from the sender that shook hands")
 	case n.Seq <= conn.LastSeq:
-		return fmt.Errorf("the sequence number %d is not above %d: a replay", n.Seq, conn.LastSeq)
+		return "", fmt.Errorf("the sequence number %d is not above %d: a replay", n.Seq, conn.LastSeq)
 	}
 	conn.LastSeq = n.Seq
-	return nil
+	return conn.Sender, nil
 }
 
 // noticeDescBufs are decode buffers: the store copies a notice's

@@ -350,8 +350,9 @@ mc_status mc_guard_sync(mc_guard_t g, const uint64_t *addr,
  * settle its ranges as mc_guard_sync does, comparing digests when it was
  * sent in digest mode. Each notice is consumed. Errors:
  * MC_ERR_INVALID_ARG, MC_ERR_TIMEOUT (no notice), MC_ERR_SESSION (the
- * notice was dropped: too many unsynced), MC_ERR_VERIFY (names the
- * transfer and descriptors whose digests differ). */
+ * notice was dropped: too many unsynced, from its sender or in all),
+ * MC_ERR_VERIFY (names the transfer and descriptors whose digests
+ * differ). */
 mc_status mc_guard_sync_transfers(mc_guard_t g, const uint64_t *transfer_ids,
                                   size_t n, const mc_sync_opts *opts);
 

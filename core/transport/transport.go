@@ -34,6 +34,7 @@ var ErrJoinRefused = errors.New("a write of consecutive descriptors crossed the 
 // refused); only the connection's serve loop touches it.
 type ConnAuth struct {
 	Token, Key []byte
+	Sender     string // the sending session's id (Peer.Sender)
 	LastSeq    uint64
 }
 

@@ -331,7 +331,7 @@ func (t *target) hello(l *link, r io.Reader, n uint64, challenge []byte) (wire.S
 		return wire.StatusUnauthorized, ""
 	}
 	if tok := got[:wire.TokenSize:wire.TokenSize]; !bytes.Equal(tok, l.auth.Token) {
-		l.auth = transport.ConnAuth{Token: tok, Key: key} // a hello again under the same handshake keeps its sequence
+		l.auth = transport.ConnAuth{Token: tok, Key: key, Sender: sender} // a hello again under the same handshake keeps its sequence
 	}
 	return wire.StatusOK, sender
 }
