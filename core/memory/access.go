@@ -2,6 +2,7 @@ package memory
 
 import (
 	"fmt"
+	"runtime"
 
 	"github.com/mcguard/mcguard/core/cuda"
 	"github.com/mcguard/mcguard/core/errs"
@@ -32,7 +33,14 @@ func (t *Regions) LoadRanges(addrs, lens []uint64, abort func(), fn func(b []byt
 		if err != nil {
 			return err
 		}
-		for ; i < len(addrs) && r.Contains(addrs[i], lens[i]) && err == nil; i++ {
+		j := i
+		for j < len(addrs) && r.Contains(addrs[j], lens[j]) {
+			j++
+		}
+		if !mem.Device {
+			touch(addrs[i:j], lens[i:j])
+		}
+		for ; i < j && err == nil; i++ {
 			err = t.load(mem, addrs[i], lens[i], fn)
 		}
 		h.Release()
@@ -142,4 +150,18 @@ func (t *Regions) Digest(addr, n uint64) (uint64, error) {
 		}
 	}
 	return h.Sum64(), nil
+}
+
+// touch loads the first and the last byte of each range, in a loop of
+// nothing else, so that the processor fetches many of their cache lines
+// at once: the copies of a read-back of thousands of small ranges then
+// find them in cache, rather than waiting for one miss after another
+// (sample at 4096 x 4 KiB: 1.01-1.13 x as fast in 8 runs of 8, BENCHMARKS.md).
+func touch(addrs, lens []uint64) {
+	var x byte
+	for k, a := range addrs {
+		b := BytesAt(a, lens[k])
+		x += b[0] + b[len(b)-1]
+	}
+	runtime.KeepAlive(x) // the loads are the point
 }
