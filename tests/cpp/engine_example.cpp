@@ -183,7 +183,9 @@ struct Pd {
 };
 
 TEST(EngineExample, OffReturnsBeforeTheBytesLand) {
-    Pd pd(nullptr);
+    // A lag of a second: with 2 ms, a test thread held off the CPU that
+    // long after the call (a loaded machine) saw the bytes delivered.
+    Pd pd(nullptr, std::chrono::seconds(1));
     pd.fill(1);
     ASSERT_EQ(MC_OK, pd.transfer(MC_VERIFY_OFF)) << last_error(pd.prefill);
     EXPECT_NE(0, memcmp(pd.src.data(), pd.dst.data(), kSize)) << "the engine's complete is not delivered";
