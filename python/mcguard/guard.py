@@ -10,9 +10,11 @@ import threading
 from . import _lib
 
 try:  # mc_guard_transfer and _sync_transfers without ctypes for the plain case (_fastcall.c); ctypes alone without it
-    from ._fastcall import transfer as _fast_transfer, sync_transfers as _fast_sync_transfers
+    from . import _fastcall
 except ImportError:
-    _fast_transfer = _fast_sync_transfers = None
+    _fastcall = None
+_fast_transfer = getattr(_fastcall, "transfer", None)
+_fast_sync_transfers = getattr(_fastcall, "sync_transfers", None)  # None in a module built before it
 
 STATUS_NAMES = {
     0: "MC_OK",
@@ -236,7 +238,8 @@ class Guard:
         self._fast_entry = self._fast_sync_entry = 0
         if _fast_transfer is not None and self._callbacks is None and not os.environ.get("MCGUARD_NO_FASTCALL"):
             self._fast_entry = ctypes.cast(self._lib.mc_guard_transfer, ctypes.c_void_p).value or 0
-            self._fast_sync_entry = ctypes.cast(self._lib.mc_guard_sync_transfers, ctypes.c_void_p).value or 0
+            if _fast_sync_transfers is not None:
+                self._fast_sync_entry = ctypes.cast(self._lib.mc_guard_sync_transfers, ctypes.c_void_p).value or 0
         self._lock = threading.Lock()
         buf = ctypes.create_string_buffer(256)
         self._check(self._lib.mc_guard_endpoint(self._handle, buf, len(buf)))

@@ -178,3 +178,13 @@ def test_fast_sync_failures_carry_status_and_message(digest_pair):
         r.sync_transfers([12345])  # no such transfer: no notice comes
     assert err.value.status == mcguard.MC_ERR_TIMEOUT
     assert err.value.message
+
+
+def test_a_module_built_before_the_fast_sync_leaves_sync_to_ctypes(monkeypatch, pair):
+    """An older _fastcall (transfer only) still serves transfers; syncs
+    then take ctypes."""
+    monkeypatch.setattr(guard_module, "_fast_sync_transfers", None)
+    s, r, src, dst = pair({"verify": "digest"})
+    assert r._fast_sync_entry == 0
+    r.sync_transfers([s.transfer(r.endpoint, [src.addr], [dst.addr], [4096]).id])
+    assert dst.bytes(0, 4096) == src.bytes(0, 4096)

@@ -41,10 +41,11 @@ def test_the_installed_package_uses_its_own_library(installed):
     version, path = out.split()
     assert version == run([str(bin_dir / "mcguard"), "version"], cwd=away, env=env).strip()
     assert path.startswith(str(bin_dir.parent)), "the library inside the installed package"
-    fast = run([str(bin_dir / "python"), "-c", "import mcguard.guard as g; print(g._fast_transfer is not None)"],
+    fast = run([str(bin_dir / "python"), "-c", "import mcguard.guard as g; "
+                "print(g._fast_transfer is not None and g._fast_sync_transfers is not None)"],
                cwd=away, env=env).strip()
     if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
-        assert fast == "True", "the wheel carries mcguard._fastcall where Python's headers are"
+        assert fast == "True", "the wheel carries mcguard._fastcall (transfer and sync) where Python's headers are"
     plugins = run([str(bin_dir / "python"), "-c", "from importlib.metadata import entry_points; "
                    "print([e.value for e in entry_points(group='vllm.general_plugins')])"], cwd=away, env=env)
     assert "mcguard.vllm_plugin:register" in plugins, "vLLM finds the plugin"
