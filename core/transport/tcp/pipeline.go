@@ -74,37 +74,20 @@ func (t *conn) ReadPosting(ctx context.Context, ranges []verify.Range, out []byt
 		t.cut() // the poster may be blocked writing to a target that stopped reading
 	}
 	postErr := <-t.poster.done
-	for _, o := range mine {
-		if o.release != nil { // none: pulled writes are declined; kept as collectFirst does
-			o.release()
-		}
-	}
-	clear(mine)
-	t.spareOwed = mine[:0]
+	t.spareOwed = mine[:0] // no sources to let go: pulled writes are declined
 	if err != nil {
 		return false, err
 	}
 	if postErr != nil {
 		return false, postErr
 	}
-	t.unfenced = true // next's writes
-	return true, nil
+	return true, nil // next's writes left the connection unfenced (sendWrites)
 }
 
 // readAnswered reads the replies owed before a pipelined read-back, its
 // fence's and its own, the bytes into out.
 func (t *conn) readAnswered(owed []owedAck, fenceID, readID uint64, out []byte, arrived func(uint64)) error {
-	if err := firstErr(t.collect(owed)); err != nil {
-		return err
-	}
-	f, err := t.recv(wire.OpFence, fenceID)
-	if err != nil {
-		return err
-	}
-	if err := fenceErr(f); err != nil {
-		return err
-	}
-	h, err := t.recv(wire.OpRead, readID)
+	h, err := t.fencedReply(owed, fenceID, readID)
 	if err != nil {
 		return err
 	}

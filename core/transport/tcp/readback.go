@@ -24,8 +24,25 @@ func (t *conn) fencedRequest(ctx context.Context, fenceID uint64, payload []byte
 	if err := t.w.Flush(); err != nil {
 		return wire.Header{}, ioErr("send", err)
 	}
-	f, refused := t.owedThen(wire.OpFence, fenceID)
-	if refused != nil {
+	h, err := t.fencedReply(t.owed, fenceID, t.nextID)
+	t.dropOwed(len(t.owed))
+	return h, err
+}
+
+// fencedReply reads the replies to the frames owed before fence fenceID,
+// the fence's, and the header of read readID's: an I/O error, else the
+// first refusal among the owed, else the fence's failure, else the read's
+// header. Shared by the plain and the pipelined read-back.
+func (t *conn) fencedReply(owed []owedAck, fenceID, readID uint64) (wire.Header, error) {
+	refused, err := t.collect(owed)
+	if err != nil {
+		return wire.Header{}, err
+	}
+	f, err := t.recv(wire.OpFence, fenceID)
+	switch {
+	case err != nil:
+		return wire.Header{}, err
+	case refused != nil:
 		// A refused write: the read's reply still comes; the caller drops
 		// the connection anyway (the error is not a mismatch).
 		return wire.Header{}, refused
@@ -33,7 +50,7 @@ func (t *conn) fencedRequest(ctx context.Context, fenceID uint64, payload []byte
 	if err := fenceErr(f); err != nil {
 		return wire.Header{}, err
 	}
-	return t.recv(wire.OpRead, t.nextID)
+	return t.recv(wire.OpRead, readID)
 }
 
 // fenceErr is what a fence's reply says: nil, or that the target failed it.
@@ -71,7 +88,7 @@ func answerErr(h wire.Header, total uint64) error {
 // Fence asks the target to reply once every earlier write on this
 // connection is applied.
 func (t *conn) Fence(ctx context.Context) error {
-	if !t.unfenced && !slices.ContainsFunc(t.owed, func(o owedAck) bool { return o.op != wire.OpNotice }) {
+	if !t.unfenced && !slices.ContainsFunc(t.owed, notNotice) {
 		// No write went through the socket: pushed writes are in place.
 		// A notice posted after them is sent, and its answer left owed
 		// for the session's next call to read first (SettleNotices): the

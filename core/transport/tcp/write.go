@@ -45,20 +45,25 @@ func (t *conn) collectOwed() (refused, ioErr error) { return t.collectFirst(len(
 // lost, never will) is let go.
 func (t *conn) collectFirst(n int) (refused, ioErr error) {
 	defer func() {
-		done := n
 		if ioErr != nil {
-			done = len(t.owed)
+			n = len(t.owed)
 		}
-		for _, o := range t.owed[:done] {
-			if o.release != nil {
-				o.release()
-			}
-		}
-		left := copy(t.owed, t.owed[done:])
-		clear(t.owed[left:])
-		t.owed = t.owed[:left]
+		t.dropOwed(n)
 	}()
 	return t.collect(t.owed[:n])
+}
+
+// dropOwed takes the oldest n owed frames off the list, letting their
+// sources go: the target answered for them, or the stream is lost.
+func (t *conn) dropOwed(n int) {
+	for _, o := range t.owed[:n] {
+		if o.release != nil {
+			o.release()
+		}
+	}
+	left := copy(t.owed, t.owed[n:])
+	clear(t.owed[left:])
+	t.owed = t.owed[:left]
 }
 
 // collect reads the replies of the posted frames owed, in order: an I/O
