@@ -80,9 +80,18 @@ const (
 // an offset and a length.
 const IPCRefSize = 64 + 8 + 8
 
-// ProveNoGrant is a Prove reply's reason when the target holds no
-// same-host grant for the connection's handshake.
-const ProveNoGrant = 1 << 32
+// A refused Prove's reply says why in its Len: an errno, or one of these
+// (above every errno, within MaxPayload so that the reply decodes). An
+// accepted one says its lease slot in Len (slot+1; 0: none) and the slot's
+// epoch in Addr, where any epoch fits.
+const (
+	// ProveNoGrant: the target holds no same-host grant for the
+	// connection's handshake.
+	ProveNoGrant = 1 << 20
+	// ProveNoIdentity: the sender has not proven its process on the
+	// target's identity socket (kernel credentials).
+	ProveNoIdentity = 1<<20 + 1
+)
 
 // Status is a reply's outcome.
 type Status int32

@@ -91,12 +91,18 @@ func sameHostOffer(setting string) []byte {
 }
 
 // sameHostGrant is what a target keeps of a sender that may use same-host
-// writes: its pid and the nonce its connections must prove.
+// writes: the pid its offer named, the nonce it proves itself with, and
+// its pid as the kernel said it on the identity socket (0 until then: no
+// connection of it may prove itself).
 type sameHostGrant struct {
-	pid   int
-	nonce []byte
-	noIPC bool // opening one of its CUDA IPC handles failed here: it stages
+	claimed int
+	pid     int
+	nonce   []byte
+	noIPC   bool // opening one of its CUDA IPC handles failed here: it stages
 }
+
+// sameHostNonceSize is a grant's nonce.
+const sameHostNonceSize = 16
 
 // maxGrants bounds the grants a target keeps (one per sender's latest
 // handshake); past it the oldest is forgotten and that sender's next
@@ -104,27 +110,49 @@ type sameHostGrant struct {
 const maxGrants = 4096
 
 type grants struct {
-	mu    sync.Mutex
-	m     map[string]sameHostGrant
-	order []string
+	mu      sync.Mutex
+	m       map[string]sameHostGrant
+	byNonce map[string]string // a grant's nonce: its sender
+	order   []string
 }
 
 func (g *grants) put(sender string, gr sameHostGrant) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.m == nil {
-		g.m = map[string]sameHostGrant{}
+		g.m, g.byNonce = map[string]sameHostGrant{}, map[string]string{}
 	}
 	if old, ok := g.m[sender]; !ok {
 		g.order = append(g.order, sender)
 	} else {
 		gr.noIPC = gr.noIPC || old.noIPC
+		delete(g.byNonce, string(old.nonce))
 	}
 	g.m[sender] = gr
+	g.byNonce[string(gr.nonce)] = sender
 	for len(g.order) > maxGrants {
+		delete(g.byNonce, string(g.m[g.order[0]].nonce))
 		delete(g.m, g.order[0])
 		g.order = g.order[1:]
 	}
+}
+
+// prove records that the kernel says the holder of nonce is process pid,
+// where that is the process its offer named; it returns why not, or "".
+func (g *grants) prove(nonce []byte, pid int) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	sender, ok := g.byNonce[string(nonce)]
+	if !ok {
+		return "no same-host grant holds this nonce (forgotten, or crowded out)"
+	}
+	gr := g.m[sender]
+	if gr.claimed != pid {
+		return fmt.Sprintf("the offer named process %d, the kernel says %d", gr.claimed, pid)
+	}
+	gr.pid = pid
+	g.m[sender] = gr
+	return ""
 }
 
 // refuseIPC makes the sender's next handshakes offer no CUDA IPC.
@@ -145,10 +173,15 @@ func (g *grants) get(sender string) (sameHostGrant, bool) {
 }
 
 // sameHostAnswer decides, for a sender's offer, whether it may use
-// same-host writes here: a nonce for it to prove, or why not.
+// same-host writes here: a nonce for it to prove, or why not. The offer
+// is the sender's word; nothing is read from its pid until the identity
+// socket proved it.
 func (t *Transport) sameHostAnswer(sender string, offer []byte) (nonce, why string) {
 	if t.cfg.SameHost == SameHostOff {
 		return "", "the receiver turned same-host transfers off"
+	}
+	if t.target.identity == nil {
+		return "", "the receiver has no identity socket"
 	}
 	var peer hostID
 	if err := json.Unmarshal(offer, &peer); err != nil || peer.Pid <= 0 {
@@ -163,9 +196,9 @@ func (t *Transport) sameHostAnswer(sender string, offer []byte) (nonce, why stri
 	case peer.PidNS != me.PidNS:
 		return "", "another pid namespace"
 	}
-	n := make([]byte, 16)
+	n := make([]byte, sameHostNonceSize)
 	rand.Read(n)
-	t.target.grants.put(sender, sameHostGrant{pid: peer.Pid, nonce: n})
+	t.target.grants.put(sender, sameHostGrant{claimed: peer.Pid, nonce: n})
 	return hex.EncodeToString(n), ""
 }
 
@@ -210,6 +243,8 @@ func errnoText(code uint64) string {
 		return "the nonce read back did not match (not the sending process)"
 	case wire.ProveNoGrant:
 		return "the receiver holds no same-host grant for this handshake (forgotten, or crowded out)"
+	case wire.ProveNoIdentity:
+		return "the sender has not proven its process on the receiver's identity socket"
 	}
 	return fmt.Sprintf("process_vm_readv: %v", syscall.Errno(code))
 }
@@ -229,7 +264,9 @@ func DenySameHostForTest(errno syscall.Errno) (restore func()) {
 func (t *conn) sameHost(ctx context.Context, setting string, a answer) error {
 	why := a.SameHostWhy
 	if a.SameHost != "" {
-		why = grantPtrace(a.Pid)
+		if why = identifyTo(ctx, a); why == "" {
+			why = grantPtrace(a.Pid)
+		}
 	}
 	if a.SameHost != "" && why == "" {
 		var slot int
@@ -260,6 +297,16 @@ func (t *conn) sameHost(ctx context.Context, setting string, a answer) error {
 	return nil
 }
 
+// identifyTo proves this process on the target's identity socket with
+// the answer's nonce; it returns why not, or "".
+func identifyTo(ctx context.Context, a answer) string {
+	nonce, err := hex.DecodeString(a.SameHost)
+	if err != nil || len(nonce) != sameHostNonceSize {
+		return "the receiver's nonce is malformed"
+	}
+	return identify(ctx, a.Identity, nonce, a.Pid)
+}
+
 // prove has the target read the nonce back out of this process; it
 // returns why that failed, or "", and the lease slot the target handed
 // this connection with its epoch (slot -1: none; the target copies every
@@ -282,15 +329,11 @@ func (t *conn) prove(ctx context.Context, nonceHex string) (why string, slot int
 	if h.Status != wire.StatusOK {
 		return errnoText(h.Len), -1, 0
 	}
-	slot, epoch = proveSlot(h.Len)
-	return "", slot, epoch
+	if h.Len > maxLeaseSlots {
+		return "the receiver's lease slot is malformed", -1, 0
+	}
+	return "", int(h.Len) - 1, h.Addr
 }
-
-// A proved connection's reply says its lease slot and epoch in its Len:
-// slot+1 in the low 16 bits (0: none), the epoch above them.
-func proveReply(slot int, epoch uint64) uint64 { return uint64(slot+1) | epoch<<16 }
-
-func proveSlot(n uint64) (slot int, epoch uint64) { return int(n&0xffff) - 1, n >> 16 }
 
 // pullSource decodes a WriteFrom frame's payload, on a connection that
 // proved it comes from a same-host sender.
@@ -312,36 +355,39 @@ func (t *target) pullSource(l *link, r io.Reader, n uint64) (peerSource, wire.St
 
 // prove reads the handshake's nonce at addr in the sender's memory: where
 // it is there, this connection's writes may name source addresses. The
-// reply's Len says why not.
-func (t *target) prove(l *link, addr, n uint64, r io.Reader) (wire.Status, uint64, error) {
+// reply's Len says why not, or the lease slot (slot+1; 0: none), and its
+// Addr the slot's epoch.
+func (t *target) prove(l *link, addr, n uint64, r io.Reader) (st wire.Status, why, epoch uint64, err error) {
 	if n != 0 {
 		_, err := io.CopyN(io.Discard, r, int64(n))
-		return wire.StatusBadRequest, 0, err
+		return wire.StatusBadRequest, 0, 0, err
 	}
 	g, ok := t.grants.get(l.sender)
 	if !ok {
-		return wire.StatusNoAccess, wire.ProveNoGrant, nil
+		return wire.StatusNoAccess, wire.ProveNoGrant, 0, nil
+	}
+	if g.pid == 0 {
+		return wire.StatusNoAccess, wire.ProveNoIdentity, 0, nil
 	}
 	got := make([]byte, len(g.nonce))
 	if err := readPeer(g.pid, addr, got); err != nil {
 		var errno syscall.Errno
 		if errors.As(err, &errno) {
-			return wire.StatusNoAccess, uint64(errno), nil
+			return wire.StatusNoAccess, uint64(errno), 0, nil
 		}
-		return wire.StatusNoAccess, uint64(syscall.EIO), nil
+		return wire.StatusNoAccess, uint64(syscall.EIO), 0, nil
 	}
 	if !hmac.Equal(got, g.nonce) {
-		return wire.StatusNoAccess, 0, nil
+		return wire.StatusNoAccess, 0, 0, nil
 	}
 	t.mu.Lock() // read by other connections' ends (ipcMaps.drop)
 	l.pid = g.pid
 	t.mu.Unlock()
 	if t.lease == nil || l.slot >= 0 {
-		return wire.StatusOK, 0, nil
+		return wire.StatusOK, 0, 0, nil
 	}
-	var epoch uint64
 	l.slot, epoch = t.lease.assign(l.sender, g.pid)
-	return wire.StatusOK, proveReply(l.slot, epoch), nil
+	return wire.StatusOK, uint64(l.slot + 1), epoch, nil
 }
 
 // peerSource is [src, src+n) in process pid.

@@ -54,6 +54,7 @@ type target struct {
 	stop chan struct{} // closed when the target closes: held writes give up
 
 	grants   grants       // same-host senders: their pids and nonces
+	identity *identity    // where same-host senders prove their process; nil: same-host off
 	pulled   atomic.Int64 // bytes copied out of same-host senders' memory
 	ipcs     ipcMaps      // same-host senders' GPU allocations opened here
 	ipcBytes atomic.Int64 // bytes copied out of them
@@ -85,7 +86,13 @@ func serveOn(ln net.Listener, cfg Config) *target {
 	// apply each write: no digests as bytes land, and no fault that holds
 	// writes back (the faults that act on one write at once, senders
 	// inject themselves: pushFaults).
-	if cfg.SameHost != SameHostOff && cfg.SameHostWriter != SameHostWriterReceiver && pushFaults(t.faults) && t.landed == nil {
+	if cfg.SameHost != SameHostOff {
+		var err error
+		if t.identity, err = newIdentity(&t.grants, cfg.Timeout); err != nil {
+			logs.Printf(logs.Info, "same-host transfers not offered: no identity socket: %v", err)
+		}
+	}
+	if t.identity != nil && cfg.SameHostWriter != SameHostWriterReceiver && pushFaults(t.faults) && t.landed == nil {
 		var err error
 		if t.lease, err = newLease(cfg.Timeout); err != nil {
 			logs.Printf(logs.Info, "same-host writes by the sender not offered: no lease file: %v", err)
@@ -170,6 +177,9 @@ func (t *target) close() {
 	if t.lease != nil {
 		t.lease.close()
 	}
+	if t.identity != nil {
+		t.identity.close()
+	}
 }
 
 // serve runs one data connection until it fails or the peer leaves. A
@@ -248,6 +258,7 @@ func (t *target) serve(l *link) {
 		var st wire.Status
 		var payload func(io.Writer) error
 		var n uint64
+		addr := h.Addr // a reply echoes the request's address, but for a Prove's
 		switch {
 		case h.Op == wire.OpHello:
 			var sender string
@@ -282,7 +293,7 @@ func (t *target) serve(l *link) {
 				src.release()
 			}
 		case h.Op == wire.OpProve:
-			st, n, err = t.prove(l, h.Addr, h.Len, r)
+			st, n, addr, err = t.prove(l, h.Addr, h.Len, r)
 		case h.Op == wire.OpFence:
 			st, err = t.fence(r, h.Len, lagged)
 		case h.Op == wire.OpRead:
@@ -302,7 +313,7 @@ func (t *target) serve(l *link) {
 		// may be the next chunk's writes (posted ahead), which would hold
 		// it back until they are all applied.
 		flush := r.Buffered() == 0 || h.Op == wire.OpHello || h.Op == wire.OpRead
-		if err := t.reply(l, w, hdr, wire.Header{Op: h.Op | wire.Reply, Status: st, ID: h.ID, Addr: h.Addr, Len: n}, payload, flush); err != nil {
+		if err := t.reply(l, w, hdr, wire.Header{Op: h.Op | wire.Reply, Status: st, ID: h.ID, Addr: addr, Len: n}, payload, flush); err != nil {
 			return
 		}
 		if h.Op == wire.OpHello && st == wire.StatusOK {

@@ -117,6 +117,10 @@ type answer struct {
 	// with; SameHostWhy says why there is none for an offer.
 	SameHost    string `json:"same_host,omitempty"`
 	SameHostWhy string `json:"same_host_why,omitempty"`
+	// Identity is the target's identity socket (identity.go), on which
+	// the sender proves its process with the nonce before any connection
+	// of it may prove itself.
+	Identity string `json:"identity,omitempty"`
 	// Pid is the target's process, which the sender lets read its memory
 	// (Yama) and which cannot open its own CUDA IPC handles. CudaIPC: the
 	// target opens CUDA IPC handles of same-host senders' GPU memory.
@@ -174,6 +178,7 @@ func (t *Transport) Accept(peer transport.Peer, offer []byte, _ []memory.Region)
 	if len(offer) != 0 {
 		a.SameHost, a.SameHostWhy = t.sameHostAnswer(peer.Sender, offer)
 		if a.SameHost != "" {
+			a.Identity = t.target.identity.name()
 			a.Pid = os.Getpid() // the sender lets it read its memory (Yama)
 			gr, _ := t.target.grants.get(peer.Sender)
 			a.CudaIPC = t.cfg.Regions.GPU() != nil && !gr.noIPC

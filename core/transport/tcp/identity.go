@@ -1,0 +1,166 @@
+package tcp
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mcguard/mcguard/core/logs"
+)
+
+// Same-host identity: which process a same-host sender is, in the
+// kernel's words rather than its own. Its handshake offer names a pid, but
+// anything may be written there, and a target that copied "the sender's"
+// memory out of whatever process was named would hand a peer the bytes of
+// any process it may read, its own included. So the target listens on a
+// Unix socket (abstract: nothing on disk, nothing left behind) and a
+// sender connects to it and sends its grant's nonce: the kernel tells the
+// target the connecting process (SO_PEERCRED), and only a pid proven so
+// is ever read. It works both ways: the sender learns the listening
+// process from the kernel too, and lets only that one read its memory.
+
+// maxIdentityConns bounds the identity connections served at once; past
+// it a new one is closed before anything is read or allocated.
+const maxIdentityConns = 64
+
+// identity is a target's identity socket.
+type identity struct {
+	ln      *net.UnixListener
+	grants  *grants
+	timeout time.Duration
+	busy    chan struct{}
+	wg      sync.WaitGroup
+}
+
+// newIdentity listens on a fresh abstract Unix socket.
+func newIdentity(g *grants, timeout time.Duration) (*identity, error) {
+	name := make([]byte, 12)
+	rand.Read(name)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@mcguard-" + hex.EncodeToString(name), Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	id := &identity{ln: ln, grants: g, timeout: timeout, busy: make(chan struct{}, maxIdentityConns)}
+	id.wg.Add(1)
+	go id.accept()
+	return id, nil
+}
+
+// name is the socket's address, for the handshake's answer.
+func (id *identity) name() string { return id.ln.Addr().String() }
+
+func (id *identity) close() {
+	id.ln.Close()
+	id.wg.Wait()
+}
+
+// accept serves identity connections until the listener closes, waiting
+// out any other error as the data listener does.
+func (id *identity) accept() {
+	defer id.wg.Done()
+	backoff := acceptBackoff(0)
+	for {
+		c, err := id.ln.AcceptUnix()
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
+		if err != nil {
+			logs.Printf(logs.Info, "same-host identity socket: accept: %v (retrying in %v)", err, backoff)
+			time.Sleep(backoff)
+			backoff = acceptBackoff(backoff)
+			continue
+		}
+		backoff = acceptBackoff(0)
+		select {
+		case id.busy <- struct{}{}:
+		default:
+			c.Close() // a flood: honest senders try again on their next connection
+			continue
+		}
+		id.wg.Add(1)
+		go func() {
+			defer id.wg.Done()
+			defer func() { <-id.busy }()
+			defer c.Close()
+			id.serve(c)
+		}()
+	}
+}
+
+// serve reads one nonce and answers "" (proven) or why not.
+func (id *identity) serve(c *net.UnixConn) {
+	c.SetDeadline(time.Now().Add(id.timeout))
+	cred, err := peerCred(c)
+	if err != nil {
+		return
+	}
+	nonce := make([]byte, sameHostNonceSize)
+	if _, err := io.ReadFull(c, nonce); err != nil {
+		return
+	}
+	why := id.grants.prove(nonce, int(cred.Pid))
+	c.Write(append([]byte{byte(len(why))}, why...))
+}
+
+// peerCred is what the kernel says of the process at the other end of c:
+// for an accepted connection the one that connected, for a dialled one the
+// one that listens.
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return nil, err
+	}
+	return cred, cerr
+}
+
+// identify proves this process to the target listening on name with the
+// grant's nonce, and checks that the target is process pid, as its answer
+// said (it is the process this one then lets read its memory). It returns
+// why not, or "".
+func identify(ctx context.Context, name string, nonce []byte, pid int) string {
+	if name == "" {
+		return "the receiver has no identity socket"
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", name)
+	if err != nil {
+		return fmt.Sprintf("the receiver's identity socket cannot be reached (another network namespace?): %v", err)
+	}
+	c := nc.(*net.UnixConn)
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	}
+	cred, err := peerCred(c)
+	if err != nil {
+		return "SO_PEERCRED: " + err.Error()
+	}
+	if int(cred.Pid) != pid {
+		return fmt.Sprintf("the receiver's answer names process %d but the kernel says its identity socket is process %d", pid, cred.Pid)
+	}
+	if _, err := c.Write(nonce); err != nil {
+		return "proving this process: " + err.Error()
+	}
+	var n [1]byte
+	if _, err := io.ReadFull(c, n[:]); err != nil {
+		return "the receiver did not answer the identity proof: " + err.Error()
+	}
+	why := make([]byte, n[0])
+	if _, err := io.ReadFull(c, why); err != nil {
+		return "the receiver did not answer the identity proof: " + err.Error()
+	}
+	return string(why)
+}

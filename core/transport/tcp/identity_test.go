@@ -1,0 +1,113 @@
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/core/cuda"
+	"github.com/mcguard/mcguard/core/fault"
+	"github.com/mcguard/mcguard/core/internal/testmem"
+	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/wire"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// sameHostTransport is a receiving Transport whose tokens all belong to
+// "sender", with dst registered, and the peer a sender presents to it.
+func sameHostTransport(t *testing.T, dst []byte) (*Transport, transport.Peer) {
+	token, key := make([]byte, wire.TokenSize), []byte("key")
+	rand.Read(token)
+	regions := memory.New(nil)
+	require.NoError(t, regions.Add(memory.AddrOf(dst), uint64(len(dst))))
+	tr, err := New(Config{Host: "127.0.0.1", Timeout: 5 * time.Second, Regions: regions, Faults: fault.Config{Mode: fault.None},
+		SameHost: SameHostAuto, SameHostWriter: SameHostWriterSender,
+		Tokens: func(tok []byte) (string, []byte, bool) { return "sender", key, bytes.Equal(tok, token) }})
+	require.NoError(t, err)
+	t.Cleanup(tr.Close)
+	require.NoError(t, tr.Register(memory.AddrOf(dst), uint64(len(dst)), cuda.Memory{}))
+	return tr, transport.Peer{Sender: "sender", Token: token, Key: key}
+}
+
+// The kernel, not the offer, says which process a sender is: a proof from
+// a process other than the one the offer named is refused, as is a target
+// whose answer names another process than the one listening.
+func TestIdentityIsTheKernels(t *testing.T) {
+	tr, _ := sameHostTransport(t, testmem.Pages(t, 1))
+	nonce := make([]byte, sameHostNonceSize)
+	rand.Read(nonce)
+	ctx := context.Background()
+	name := tr.target.identity.name()
+
+	tr.target.grants.put("mallory", sameHostGrant{claimed: os.Getppid(), nonce: nonce})
+	require.Contains(t, identify(ctx, name, nonce, os.Getpid()), "the kernel says")
+	gr, _ := tr.target.grants.get("mallory")
+	require.Zero(t, gr.pid, "an offer that named another process proves nothing")
+
+	require.Contains(t, identify(ctx, name, nonce, os.Getppid()), "the kernel says its identity socket is process",
+		"a sender lets no process read it that the kernel does not name as the receiver")
+
+	other := make([]byte, sameHostNonceSize)
+	require.Contains(t, identify(ctx, name, other, os.Getpid()), "no same-host grant")
+
+	tr.target.grants.put("sender", sameHostGrant{claimed: os.Getpid(), nonce: nonce})
+	require.Empty(t, identify(ctx, name, nonce, os.Getpid()))
+	gr, _ = tr.target.grants.get("sender")
+	require.Equal(t, os.Getpid(), gr.pid)
+
+	// A grant handed out again (a new handshake) needs a new proof.
+	fresh := make([]byte, sameHostNonceSize)
+	rand.Read(fresh)
+	tr.target.grants.put("sender", sameHostGrant{claimed: os.Getpid(), nonce: fresh})
+	gr, _ = tr.target.grants.get("sender")
+	require.Zero(t, gr.pid)
+	require.Contains(t, identify(ctx, name, nonce, os.Getpid()), "no same-host grant", "the old nonce is forgotten")
+}
+
+// A prove reply carries any slot epoch: a receiver kept same-host for
+// 10,000 connections (the epoch once shared the reply's length with the
+// slot, and past 1,023 connections the reply no longer decoded), and a
+// sender that requires same-host kept being served.
+func TestSameHostConnectionsForTheLifeOfTheProcess(t *testing.T) {
+	conns := 10000
+	if testing.Short() {
+		conns = 1100
+	}
+	src, dst := testmem.Pages(t, 1), testmem.Pages(t, 1)
+	tr, peer := sameHostTransport(t, dst)
+	regions := memory.New(nil)
+	require.NoError(t, regions.Add(memory.AddrOf(src), uint64(len(src))))
+	sender, err := New(Config{Host: "127.0.0.1", Timeout: 5 * time.Second, Regions: regions, Faults: fault.Config{Mode: fault.None},
+		SameHost: SameHostRequired, Tokens: func([]byte) (string, []byte, bool) { return "", nil, false }})
+	require.NoError(t, err)
+	defer sender.Close()
+	d, err := sender.Dial()
+	require.NoError(t, err)
+	answer, err := tr.Accept(peer, d.(dialer).Offer(), nil)
+	require.NoError(t, err)
+	ctx := context.Background()
+	var leased int
+	for i := range conns {
+		c, err := d.Connect(ctx, peer, answer, regions.Snapshot())
+		require.NoError(t, err, "connection %d", i)
+		cn := c.(*conn)
+		require.True(t, cn.pull, "connection %d is a same-host one", i)
+		if cn.lease != nil {
+			leased++
+		}
+		if i%1000 == 0 || i == conns-1 {
+			rand.Read(src)
+			require.NoError(t, c.Write(ctx, []verify.Desc{{Src: memory.AddrOf(src), Dst: memory.AddrOf(dst), Len: uint64(len(src))}}, 0))
+			require.Equal(t, src, dst, "connection %d delivered", i)
+		}
+		c.Close()
+	}
+	require.Greater(t, leased, conns/2, "most connections wrote into the receiver themselves")
+	require.Greater(t, tr.target.lease.epoch, uint64(1<<10))
+}
