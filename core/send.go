@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -138,7 +139,11 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 		return res, callErr(ctx, err)
 	}
 	defer s.mu.Unlock()
-	sent := false // a write may have left: a failure needs the abort
+	if err = s.holdSources(g, descs); err != nil {
+		return res, err
+	}
+	defer s.releaseSources() // after the abort below: nothing of the transfer reads a source once it is let go
+	sent := false            // a write may have left: a failure needs the abort
 	defer func() {
 		if err != nil && sent {
 			res.Abort = g.abortRemote(s)
@@ -272,6 +277,34 @@ func (g *Guard) deliver(ctx context.Context, s *session, vcfg verify.Config, see
 		}
 	}
 	return d, err
+}
+
+// holdSources keeps the region of every source registered until
+// releaseSources: an Unregister meanwhile waits for the transfer, so no
+// part of it (a write, a read-back's comparison, a digest) reads memory
+// that the application freed after Unregister returned.
+func (s *session) holdSources(g *Guard, descs []verify.Desc) error {
+	s.held = s.held[:0]
+	var in memory.Region // the region held last: consecutive sources in it need no hold of their own
+	for i, d := range descs {
+		if d.Src >= in.Addr && d.Src+d.Len <= in.End() && in.Len != 0 {
+			continue
+		}
+		h, r, _, err := g.regions.HoldRegion(d.Src, d.Len, nil)
+		if err != nil {
+			s.releaseSources()
+			return fmt.Errorf("descriptor %d local side: %w", i, err)
+		}
+		s.held, in = append(s.held, h), r
+	}
+	return nil
+}
+
+func (s *session) releaseSources() {
+	for _, h := range s.held {
+		h.Release()
+	}
+	s.held = s.held[:0]
 }
 
 // transferTagger is a connection whose calls can be counted per transfer

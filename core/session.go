@@ -44,7 +44,8 @@ type sendBufs struct {
 	digests     []uint64
 	noticeDescs []wire.NoticeDesc
 	noticeBody  []byte
-	digestJob   digestJob // a chunk's digests taken beside its writes
+	digestJob   digestJob     // a chunk's digests taken beside its writes
+	held        []memory.Held // the transfer's source regions (holdSources)
 }
 
 // connect makes sure the session has a handshake and a data connection
