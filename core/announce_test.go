@@ -25,7 +25,7 @@ func TestRefusedNoticeSurfacesAtALaterCall(t *testing.T) {
 			require.NoError(t, err)
 			// The next transfer reuses the first's id: the receiver, which
 			// holds the first's notice unsynced, refuses the second's.
-			p.send.nextTransfer.Store(first.ID - 1)
+			p.send.ids.next.Add(^uint64(0)) // one back
 			second, err := p.send.Transfer(p.session, p.blocks(1, 4096), TransferOptions{})
 			if plane == "off" {
 				// Over the socket the fence reads the notice's answer in the call.

@@ -120,7 +120,7 @@ func (g *Guard) WaitEngineCalls(id uint64, timeout time.Duration) error {
 	switch {
 	case g.engine == nil:
 		return fmt.Errorf("%w: this guard sends over mcguard's %s data plane, where a failed transfer's abort state says whether more of it can land and the receiver's quiesce makes sure; waiting for engine calls is for guards over an engine", ErrInvalidArg, g.data.Name())
-	case id <= g.firstTransfer || id > g.nextTransfer.Load():
+	case !g.ids.gave(id):
 		return fmt.Errorf("%w: transfer id %#x was not given by this guard", ErrInvalidArg, id)
 	case timeout < 0 || timeout > maxEngineWait:
 		return fmt.Errorf("%w: timeout %v is outside [0, %v]", ErrInvalidArg, timeout, maxEngineWait)

@@ -299,7 +299,7 @@ func TestWaitEngineCallsWaitsForItsTransferOnly(t *testing.T) {
 	}{
 		{0, 0, "not given by this guard"},
 		{a.ID + 1000, 0, "not given by this guard"},
-		{g.firstTransfer, 0, "not given by this guard"},
+		{g.ids.permute(g.ids.next.Load() + 1), 0, "not given by this guard"},
 		{a.ID, -time.Second, "outside"},
 		{a.ID, 25 * time.Hour, "outside"},
 	} {

@@ -3,10 +3,8 @@ package core
 import (
 	"context"
 	"fmt"
-	mrand "math/rand/v2"
 	"net"
 	"sync"
-	"sync/atomic"
 
 	zmq "github.com/pebbe/zmq4"
 
@@ -51,16 +49,14 @@ type Guard struct {
 	inflight sync.WaitGroup
 	allocs   map[uint64]*sharedmem.File // Alloc's, by address
 
-	notices      *noticeStore
-	notifies     notifyQueue
-	auth         *authority
-	cudaState    string        // for stats: why device memory does or does not work
-	nextTransfer atomic.Uint64 // starts at a random value: ids differ across senders
-	// firstTransfer is where nextTransfer started: ids given are above it
-	firstTransfer uint64
-	stats         counters
-	metrics       *guardMetrics
-	digesters     digesters
+	notices   *noticeStore
+	notifies  notifyQueue
+	auth      *authority
+	cudaState string       // for stats: why device memory does or does not work
+	ids       *transferIDs // transfer ids, unpredictable to peers
+	stats     counters
+	metrics   *guardMetrics
+	digesters digesters
 }
 
 // Open starts a guard: its data planes and its control endpoint.
@@ -79,8 +75,7 @@ func open(cfg Config, ops *engine.Ops) (*Guard, error) {
 	}
 	g := &Guard{cfg: cfg, sessions: map[string]*session{}, allocs: map[uint64]*sharedmem.File{}, notices: newNoticeStore(), auth: newAuthority(cfg.Secret),
 		planeState: map[string]string{}, engineOps: ops}
-	g.firstTransfer = mrand.Uint64() >> 1
-	g.nextTransfer.Store(g.firstTransfer)
+	g.ids = newTransferIDs()
 	g.digesters.jobs = make(chan *digestJob)
 	g.metrics = newGuardMetrics(g)
 	if err := g.loadCUDA(); err != nil {

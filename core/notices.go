@@ -42,6 +42,7 @@ type noticeStore struct {
 	entries   map[uint64]*notice
 	order     []arrival // for eviction, oldest first
 	evicted   map[uint64]bool
+	contested map[uint64]bool // ids two senders sent notices for: a sync of one fails
 	descs     int
 	perSender map[string]noticeLoad // of the senders with entries
 	waiters   []chan struct{}       // of the syncs waiting in take: add wakes each
@@ -62,7 +63,7 @@ type noticeLoad struct{ entries, descs int }
 const maxFreeNotices = 64
 
 func newNoticeStore() *noticeStore {
-	return &noticeStore{entries: map[uint64]*notice{}, evicted: map[uint64]bool{}, perSender: map[string]noticeLoad{}}
+	return &noticeStore{entries: map[uint64]*notice{}, evicted: map[uint64]bool{}, contested: map[uint64]bool{}, perSender: map[string]noticeLoad{}}
 }
 
 var errNotice = errors.New("bad notice")
@@ -75,9 +76,17 @@ func (s *noticeStore) add(n wire.Notice, landed transport.Landed, sender string)
 	mode := verify.Modes[n.Mode]
 	e, ok := s.entries[n.ID]
 	switch {
+	case s.contested[n.ID]:
+		return fmt.Errorf("%w: transfer %#x: notices for it came from two senders", errNotice, n.ID)
+	case ok && e.sender != sender:
+		// Another sender's notice under an id a sender holds: one of them
+		// is not the transfer's. Neither is believed, so that a sync of
+		// the id fails rather than takes the one that came first.
+		s.contestLocked(n.ID)
+		return fmt.Errorf("%w: transfer %#x: another sender's notice holds this id; neither is kept", errNotice, n.ID)
 	case !ok && n.Base != 0:
 		return fmt.Errorf("%w: transfer %#x: chunk at %d before its first", errNotice, n.ID, n.Base)
-	case ok && (e.complete() || e.total != n.Total || e.mode != mode || n.Base != len(e.descs) || e.sender != sender):
+	case ok && (e.complete() || e.total != n.Total || e.mode != mode || n.Base != len(e.descs)):
 		return fmt.Errorf("%w: transfer %#x: chunk at %d does not continue the notice", errNotice, n.ID, n.Base)
 	}
 	if !ok {
@@ -164,23 +173,40 @@ func (s *noticeStore) evictOldestOfLocked(sender string, keep uint64) bool {
 	return false
 }
 
+// contestLocked drops id's notice and marks the id contested.
+func (s *noticeStore) contestLocked(id uint64) {
+	if i := slices.IndexFunc(s.order, func(a arrival) bool { return a.id == id }); i >= 0 {
+		s.dropLocked(i)
+	}
+	if len(s.contested) >= maxNoticeEntries {
+		clear(s.contested)
+	}
+	s.contested[id] = true
+}
+
 // evictLocked drops the notice at order[i], releasing its landed digests
 // (the landed index's lock nests inside the store's, never the other
 // way) and keeping the entry for reuse: a receiver whose application
 // never syncs allocates no more than one that does.
 func (s *noticeStore) evictLocked(i int) {
-	id := s.order[i].id
-	s.removeLocked(i)
-	e := s.entries[id]
-	delete(s.entries, id)
+	id := s.dropLocked(i)
 	if len(s.evicted) >= maxNoticeEntries {
 		clear(s.evicted)
 	}
 	s.evicted[id] = true
+}
+
+// dropLocked forgets the notice at order[i] and returns its id.
+func (s *noticeStore) dropLocked(i int) uint64 {
+	id := s.order[i].id
+	s.removeLocked(i)
+	e := s.entries[id]
+	delete(s.entries, id)
 	for _, l := range e.landed {
 		l.Release()
 	}
 	s.freeLocked(e)
+	return id
 }
 
 // removeLocked takes order[i] out of the order and its notice out of
@@ -237,6 +263,10 @@ func (s *noticeStore) take(id uint64, w *noticeWaiter, deadline time.Time, closi
 			delete(s.entries, id)
 			s.mu.Unlock()
 			return e, nil
+		}
+		if s.contested[id] {
+			s.mu.Unlock()
+			return nil, fmt.Errorf("%w: notices for transfer %#x came from two senders; neither is believed", ErrSession, id)
 		}
 		if s.evicted[id] {
 			s.mu.Unlock()

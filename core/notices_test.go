@@ -111,13 +111,25 @@ func TestNoticesAreBoundedPerSender(t *testing.T) {
 	require.Empty(t, s.order)
 }
 
-// A chunk from another sender does not continue a transfer's notice.
-func TestANoticeContinuesOnlyFromItsSender(t *testing.T) {
-	s := newNoticeStore()
-	one := []wire.NoticeDesc{{Dst: 4096, Len: 64}}
-	require.NoError(t, s.add(wire.Notice{ID: 7, Total: 2, Descs: one}, nil, "a"))
-	require.ErrorIs(t, s.add(wire.Notice{ID: 7, Total: 2, Base: 1, Descs: one}, nil, "b"), errNotice)
-	require.NoError(t, s.add(wire.Notice{ID: 7, Total: 2, Base: 1, Descs: one}, nil, "a"))
+// A chunk from another sender under an id a sender holds, its first or
+// a continuation, is refused, and neither sender's notice is believed: a
+// sync of the id fails rather than take the one that came first.
+func TestAnIDTwoSendersClaimIsBelievedOfNeither(t *testing.T) {
+	for _, base := range []int{0, 1} {
+		s := newNoticeStore()
+		one := []wire.NoticeDesc{{Dst: 4096, Len: 64}}
+		require.NoError(t, s.add(wire.Notice{ID: 7, Total: 2, Descs: one}, nil, "a"))
+		require.ErrorIs(t, s.add(wire.Notice{ID: 7, Total: 2, Base: base, Descs: one}, nil, "b"), errNotice)
+		require.ErrorIs(t, s.add(wire.Notice{ID: 7, Total: 2, Base: 1, Descs: one}, nil, "a"), errNotice)
+		w := newNoticeWaiter()
+		_, err := s.take(7, &w, time.Now().Add(time.Second), nil)
+		require.ErrorIs(t, err, ErrSession)
+		require.Contains(t, err.Error(), "two senders")
+		require.Empty(t, s.entries)
+		require.Empty(t, s.perSender)
+		require.Zero(t, s.descs)
+		require.NoError(t, s.add(wire.Notice{ID: 8, Total: 1, Descs: one}, nil, "a"), "other ids go on")
+	}
 }
 
 // At the bound in all, a transfer's notice whose next chunk arrives is

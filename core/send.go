@@ -149,7 +149,7 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 			res.Abort = g.abortRemote(s)
 		}
 	}()
-	res.ID = g.nextTransfer.Add(1)
+	res.ID = g.ids.give()
 	if g.engine != nil {
 		if t, ok := s.conn.(transferTagger); ok {
 			// Over an engine, calls count for this transfer until they

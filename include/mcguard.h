@@ -348,9 +348,15 @@ mc_status mc_guard_sync(mc_guard_t g, const uint64_t *addr,
 /* Receiver side, for transfers announced by completion notices: wait (up
  * to sync_timeout_ms) for the notice of each of the n transfer ids, then
  * settle its ranges as mc_guard_sync does, comparing digests when it was
- * sent in digest mode. Each notice is consumed. Errors:
- * MC_ERR_INVALID_ARG, MC_ERR_TIMEOUT (no notice), MC_ERR_SESSION (the
- * notice was dropped: too many unsynced, from its sender or in all),
+ * sent in digest mode. Each notice is consumed. A transfer is named by the
+ * id the sender's mc_guard_transfer returned (opts->transfer_id), which
+ * the application forwards in its own "done" message: ids never repeat
+ * within a sending guard and cannot be predicted by another peer, and a
+ * notice is kept under the sender whose handshake it proved. Where two
+ * senders sent notices under one id, neither is believed: the sync of it
+ * fails with MC_ERR_SESSION. Errors: MC_ERR_INVALID_ARG, MC_ERR_TIMEOUT
+ * (no notice), MC_ERR_SESSION (the notice was dropped: too many unsynced,
+ * from its sender or in all; or two senders claimed the id),
  * MC_ERR_VERIFY (names the transfer and descriptors whose digests
  * differ). */
 mc_status mc_guard_sync_transfers(mc_guard_t g, const uint64_t *transfer_ids,
