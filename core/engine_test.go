@@ -383,34 +383,98 @@ func TestOpenWithEngineRefusesBadSettings(t *testing.T) {
 	g.Close()
 }
 
-func TestEngineCallWithoutADeadlineRunsInlineAndCancelTakesEffectAfter(t *testing.T) {
+// A transfer with no deadline of its own still gives up on an engine call
+// at timeout_ms: a write callback that sleeps 3 s returned MC_OK after
+// 3 s. The late call's result is dropped, it counts as in flight until it
+// returns, and a cancel ends the transfer at once, not after the engine.
+func TestEngineCallEndsAtTimeoutAndCancelAtOnce(t *testing.T) {
 	f := newFakeEngines()
-	entered, release := make(chan struct{}, 1), make(chan struct{})
+	entered, release, finished := make(chan struct{}, 2), make(chan struct{}), make(chan struct{}, 2)
 	ops := f.ops("prefill", "fake")
 	write := ops.Write
 	ops.Write = func(session string, local, remote, n []uint64) error {
 		entered <- struct{}{}
+		defer func() { finished <- struct{}{} }()
 		<-release
 		return write(session, local, remote, n)
 	}
-	g, err := OpenWithEngine(testConfig(t, ""), ops)
+	g, err := OpenWithEngine(testConfig(t, `{"timeout_ms": 300}`), ops)
 	require.NoError(t, err)
 	defer g.Close()
 	m := newMem(t, 4096)
 	require.NoError(t, g.Register(m.addr(0), 4096))
 	require.NoError(t, f.register("decode:1", m.addr(0), 4096))
+	desc := []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}
+
+	start := time.Now()
+	res, err := g.Transfer("decode:1", desc, TransferOptions{})
+	took := time.Since(start)
+	require.ErrorIs(t, err, ErrTimeout)
+	require.Contains(t, err.Error(), "timeout_ms")
+	require.GreaterOrEqual(t, took, 300*time.Millisecond)
+	require.Less(t, took, 2*time.Second, "at timeout_ms, not when the engine returns")
+	require.ErrorIs(t, g.WaitEngineCalls(res.ID, 0), ErrTimeout, "the abandoned call still runs")
+
 	done := make(chan error, 1)
 	go func() {
-		_, err := g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{})
+		_, err := g.Transfer("decode:1", desc, TransferOptions{})
 		done <- err
 	}()
 	<-entered
+	<-entered
+	start = time.Now()
 	require.NoError(t, g.Cancel("decode:1"))
-	select {
-	case err := <-done:
-		t.Fatalf("returned while the engine still held the call: %v", err)
-	case <-time.After(100 * time.Millisecond):
-	}
+	require.ErrorIs(t, <-done, ErrCancelled)
+	require.Less(t, time.Since(start), time.Second, "a cancel does not wait for the engine")
 	close(release)
-	require.ErrorIs(t, <-done, ErrCancelled, "once the engine returned")
+	<-finished
+	<-finished
+	require.NoError(t, g.WaitEngineCalls(res.ID, 2*time.Second))
+}
+
+// With engine_inline_calls the callback runs on the caller's thread: a
+// call that returns past timeout_ms fails then, never reports success.
+func TestEngineInlineCallPastItsDeadlineFails(t *testing.T) {
+	f := newFakeEngines()
+	ops := f.ops("prefill", "fake")
+	write := ops.Write
+	ops.Write = func(session string, local, remote, n []uint64) error {
+		time.Sleep(400 * time.Millisecond)
+		return write(session, local, remote, n)
+	}
+	g, err := OpenWithEngine(testConfig(t, `{"timeout_ms": 200, "engine_inline_calls": true}`), ops)
+	require.NoError(t, err)
+	defer g.Close()
+	require.Equal(t, true, stats(t, g)["engine_inline_calls"])
+	m := newMem(t, 4096)
+	require.NoError(t, g.Register(m.addr(0), 4096))
+	require.NoError(t, f.register("decode:1", m.addr(0), 4096))
+	start := time.Now()
+	_, err = g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{})
+	require.ErrorIs(t, err, ErrTimeout)
+	require.GreaterOrEqual(t, time.Since(start), 400*time.Millisecond, "inline: once the callback returned")
+	require.Zero(t, g.engine.InFlight())
+}
+
+// An engine that keeps writes to itself and answers reads of them from
+// its own copy (inject "lie") passes every read-back: they trust the
+// engine's read path. Digest mode, compared by the receiver's guard in
+// the receiver's memory, does not.
+func TestALyingEngineFoolsReadBacksAndNotTheReceiversDigest(t *testing.T) {
+	f := newFakeEngines()
+	p := newEnginePair(t, `{"inject": "lie", "inject_rate": 1}`, "", 8*4096, f)
+	for _, mode := range []verify.Mode{verify.Tail, verify.Sample, verify.Full} {
+		fill(p.src.b)
+		_, err := p.send.Transfer(p.session, p.blocks(8, 4096), TransferOptions{Verify: ptr(mode)})
+		require.NoError(t, err, "%s trusts what the engine reads back", mode)
+		require.False(t, bytes.Equal(p.src.b, p.dst.b), "%s: and the receiver never got the bytes", mode)
+	}
+	fill(p.src.b)
+	res, err := p.send.Transfer(p.session, p.blocks(8, 4096), TransferOptions{Verify: ptr(verify.Digest)})
+	require.NoError(t, err)
+	err = p.recv.SyncTransfers([]uint64{res.ID}, 0)
+	require.ErrorIs(t, err, ErrVerify, "the receiver's digests see the missing bytes")
+
+	_, err = Open(testConfig(t, `{"inject": "lie"}`))
+	require.ErrorIs(t, err, ErrConfig, "lie is an engine's fault")
 }

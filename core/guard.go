@@ -8,6 +8,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/sharedmem"
 	"github.com/mcguard/mcguard/core/transport"
@@ -54,9 +55,12 @@ type Guard struct {
 	auth      *authority
 	cudaState string       // for stats: why device memory does or does not work
 	ids       *transferIDs // transfer ids, unpredictable to peers
-	stats     counters
-	metrics   *guardMetrics
-	digesters digesters
+	// afterChunk, set by tests only, runs after each chunk of a transfer
+	// is delivered (base: its first descriptor).
+	afterChunk func(base int)
+	stats      counters
+	metrics    *guardMetrics
+	digesters  digesters
 }
 
 // Open starts a guard: its data planes and its control endpoint.
@@ -75,6 +79,9 @@ func open(cfg Config, ops *engine.Ops) (*Guard, error) {
 	}
 	g := &Guard{cfg: cfg, sessions: map[string]*session{}, allocs: map[uint64]*sharedmem.File{}, notices: newNoticeStore(), auth: newAuthority(cfg.Secret),
 		planeState: map[string]string{}, engineOps: ops}
+	if cfg.Inject.Mode == fault.Lie && ops == nil {
+		return nil, fmt.Errorf("%w: inject lie is an engine's fault (its reads answered from its own copy): it needs a guard over an engine", ErrConfig)
+	}
 	g.ids = newTransferIDs()
 	g.digesters.jobs = make(chan *digestJob)
 	g.metrics = newGuardMetrics(g)

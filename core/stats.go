@@ -57,6 +57,7 @@ func (g *Guard) Stats() ([]byte, error) {
 		"rdma_qps":            g.cfg.RDMAQPs,
 		"tcp_stripes":         g.cfg.TCPStripes,
 		"post_ahead":          g.cfg.PostAhead,
+		"engine_inline_calls": g.cfg.EngineInlineCalls,
 		"busy_poll_us":        g.cfg.BusyPoll.Microseconds(),
 		"verify_failures":     g.stats.verifyFailures.Load(),
 		"probed_bytes":        g.stats.probed.Load(),

@@ -26,7 +26,7 @@ var dataPlanes = []struct {
 		if g.engineOps == nil {
 			return nil, fmt.Errorf("%w: transport engine is the application's own engine, handed over with mc_guard_open_with_transport", ErrConfig)
 		}
-		p, err := engine.Open(engine.Config{Ops: *g.engineOps, Faults: g.cfg.Inject, Linger: g.cfg.Timeout})
+		p, err := engine.Open(engine.Config{Ops: *g.engineOps, Faults: g.cfg.Inject, Linger: g.cfg.Timeout, Timeout: g.cfg.Timeout, Inline: g.cfg.EngineInlineCalls})
 		if err == nil {
 			g.engine = p
 		}

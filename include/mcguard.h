@@ -136,12 +136,19 @@ typedef struct mc_sync_opts {
  * most msg_len bytes into msg. The arrays are valid during the call only.
  * Calls for different sessions may run at once; calls for one session
  * come one at a time, except writes that fault injection (inject) holds
- * back. A transfer without deadline_ms calls on the thread that called
- * mc_guard_transfer (fastest): mc_guard_cancel and mc_guard_close then take
- * effect once the callback returns, so give the engine its own timeouts.
- * With deadline_ms the callbacks run on the library's own threads and the
- * transfer fails at its deadline (MC_ERR_TIMEOUT, bytes may still land)
- * while the call finishes on its own. */
+ * back. The callbacks run on the library's own threads, and a transfer
+ * fails at its deadline_ms, or timeout_ms after a call began where it has
+ * none, or at mc_guard_cancel (MC_ERR_TIMEOUT / MC_ERR_CANCELLED, bytes may
+ * still land) while the call finishes on its own and its result is
+ * dropped, even one that never returns. With engine_inline_calls they run
+ * on the thread that called mc_guard_transfer instead (no hand-off), and a
+ * call that returns past its deadline fails then: cancel and close take
+ * effect once it returns.
+ * What the engine is trusted with: read-back modes (tail, sample, full)
+ * read the destination back through the engine, so they prove what its
+ * read path returns; digest mode with the receiver's
+ * mc_guard_sync_transfers is checked in the receiver's memory by its
+ * guard, and does not trust the engine. */
 
 /* Move n ranges: len[i] bytes between local[i] (this process's memory,
  * registered with the engine) and remote[i] at session (the engine's name

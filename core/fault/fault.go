@@ -36,10 +36,16 @@ const (
 	// acknowledging them only once applied: a sender gives up, and the
 	// bytes arrive after it did (the abort hole).
 	Hold = "hold"
+	// Lie, over an engine only, never hands a Rate fraction of writes to
+	// the engine and answers later reads of their ranges from a copy of
+	// their bytes: an engine whose read path is not the receiver's memory.
+	// Every read-back trusts that path; only a check at the receiver
+	// (digest, with the receiver's sync) sees through it.
+	Lie = "lie"
 )
 
 // Modes lists the fault modes, none first.
-var Modes = []string{None, Lag, Drop, Tear, Reorder, Stale, Hold}
+var Modes = []string{None, Lag, Drop, Tear, Reorder, Stale, Hold, Lie}
 
 // Delivery lists the modes in which a target does not deliver what it
 // acknowledges: what verification must catch (the detection matrix).
@@ -98,6 +104,9 @@ func (f *Injector) prefix(n uint64) uint64 {
 	defer f.mu.Unlock()
 	return uint64(f.rng.Int63n(int64(n)))
 }
+
+// Lies reports whether this write is one a lying engine keeps to itself.
+func (f *Injector) Lies() bool { return f != nil && f.mode == Lie && f.hit() }
 
 // Holds reports whether the mode keeps writes back to apply them later.
 func (f *Injector) Holds() bool { return f != nil && (f.mode == Lag || f.mode == Reorder) }

@@ -127,9 +127,12 @@ class Callbacks:
             self.ops.fence = _lib.FENCE_FN(self._own(
                 lambda _ctx, session, msg, msg_len: self._call("fence", (session.decode(),), msg, msg_len)))
         # KeyboardInterrupt or SystemExit raised inside a callback (a signal
-        # handler runs in whatever Python code the main thread is in): kept
-        # per thread and raised again by the Guard call that made it.
-        self._interrupted = threading.local()
+        # handler runs in whatever Python code the main thread is in, and
+        # SystemExit may come from anywhere): kept, and raised again by the
+        # next Guard call to end. Callbacks run on the library's threads,
+        # not the caller's, so the slot is the guard's, not a thread's.
+        self._interrupt_lock = threading.Lock()
+        self._interrupt = None
 
     def _own(self, fn):
         """fn, marked as one of this object's callbacks for _unraisable."""
@@ -168,14 +171,16 @@ class Callbacks:
         return _MC_ERR_PEER
 
     def interrupted(self, exc):
-        """Keep exc for this thread's take_interrupt."""
-        self._interrupted.exc = exc
+        """Keep exc (the first one) for take_interrupt."""
+        with self._interrupt_lock:
+            if self._interrupt is None:
+                self._interrupt = exc
 
     def take_interrupt(self):
-        """The KeyboardInterrupt or SystemExit a callback on this thread
-        caught since the last call, or None."""
-        exc = getattr(self._interrupted, "exc", None)
-        self._interrupted.exc = None
+        """The KeyboardInterrupt or SystemExit a callback caught since it
+        was last taken, or None."""
+        with self._interrupt_lock:
+            exc, self._interrupt = self._interrupt, None
         return exc
 
     def detach(self):

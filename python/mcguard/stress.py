@@ -51,15 +51,19 @@ def _status_of(name):
 
 AUTHKEY = b"mcguard-stress"
 MODES = [m for m in VERIFY_MODES if m is not None]  # the header's order
-FAULTS = ["none", "lag", "drop", "tear", "reorder", "stale", "hold"]
+FAULTS = ["none", "lag", "drop", "tear", "reorder", "stale", "hold", "lie"]
 DELIVERY_FAULTS = FAULTS[1:6]  # what verification must catch; hold makes the abort race
+# Over an engine (--transport mooncake): stale needs the destination's
+# bytes, which the callbacks do not see; lie is the engine's own fault
+# (its reads answered from a copy of writes it never made).
+ENGINE_DELIVERY_FAULTS = [f for f in DELIVERY_FAULTS if f != "stale"] + ["lie"]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python3 -m mcguard.stress", description=__doc__.splitlines()[0])
     p.add_argument("--verify", choices=MODES, default="tail")
     p.add_argument("--inject", choices=FAULTS, default="none")
-    p.add_argument("--inject-rate", type=float, default=0.1, help="drop, tear, stale: fraction of writes hit")
+    p.add_argument("--inject-rate", type=float, default=0.1, help="drop, tear, stale, lie: fraction of writes hit")
     p.add_argument("--lag-max-ms", type=float, default=20.0, help="lag, reorder: the longest delay before a write lands")
     p.add_argument("--zero-tail", type=int, default=None,
                    help="zero the last N bytes of every block, as padded KV pages are "
@@ -116,6 +120,8 @@ def parse_args(argv=None):
                 % (a.blocks, a.threads * a.batch))
     if not 1 <= a.rdma_qps <= 16:
         p.error("--rdma-qps must be 1 to 16")
+    if a.inject == "lie" and a.transport != "mooncake":
+        p.error("--inject lie is an engine's fault (reads answered from its own copy): use it with --transport mooncake")
     if a.transport == "rdma-model" and a.inject not in ("none", "lag"):
         p.error("--transport rdma-model injects only lag (the NIC model's delayed visibility)")
     if a.transport == "mooncake":
@@ -639,7 +645,7 @@ SUMMARY_COLUMNS = ("verify", "inject", "transport", "transfers", "ok", "failed",
 def expected_mismatches(inject, verify):
     """What docs/VERIFICATION.md expects of a cell: True when the cell must
     show mismatches (the mode cannot see the fault), False when none."""
-    return verify == "off" or (verify == "tail" and inject == "stale")
+    return verify == "off" or (verify == "tail" and inject == "stale") or (inject == "lie" and verify != "digest")
 
 
 ABORT_COLUMNS = ("inject", "transport", "quiesce", "transfers", "ok", "failed", "decode_aborts", "reused_blocks",
@@ -651,7 +657,7 @@ MATRIX_COLUMNS = ("inject", "verify", "transfers", "ok", "failed", "mismatches",
 
 def run_matrix(args):
     rows = []
-    faults = [f for f in DELIVERY_FAULTS if not (args.transport == "mooncake" and f == "stale")]
+    faults = ENGINE_DELIVERY_FAULTS if args.transport == "mooncake" else DELIVERY_FAULTS
     cells = [(f, m) for f in faults for m in MODES]
     for k, (fault, mode) in enumerate(cells):
         cell = argparse.Namespace(**vars(args))

@@ -97,6 +97,10 @@ def test_detection_matrix_over_mooncake():
     out = run_with_mooncake("-m", "mcguard.stress", "--transport", "mooncake", "--matrix", "--seconds", "1",
                             *SMALL_STRESS, timeout=600)
     rows = last_json(out)["matrix"]
-    assert len(rows) == 20, "lag, drop, tear, reorder x five modes (stale needs the destination's bytes)"
+    assert len(rows) == 25, "lag, drop, tear, reorder, lie x five modes (stale needs the destination's bytes)"
+    lie = {r["verify"]: r for r in rows if r["inject"] == "lie"}
+    assert all(lie[m]["mismatches"] > 0 for m in ("tail", "sample", "full")), \
+        "a lying engine passes every read-back: they trust its read path"
+    assert lie["digest"]["mismatches"] == 0, "the receiver's digests do not"
     assert all(r["as_expected"] for r in rows), rows
     assert all(r["ok"] > 0 for r in rows if r["verify"] != "digest"), rows

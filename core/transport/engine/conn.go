@@ -6,6 +6,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/verify"
@@ -39,6 +40,13 @@ func (p *Plane) Conn(session string) transport.Conn {
 func (c *conn) Write(ctx context.Context, descs []verify.Desc, _ int) error {
 	local, remote, n := make([]uint64, 0, len(descs)), make([]uint64, 0, len(descs)), make([]uint64, 0, len(descs))
 	for _, d := range descs {
+		if c.p.faults.Mode() == fault.Lie {
+			if c.p.faults.Lies() {
+				c.p.lies.keep(c.session, d.Dst, d.Src, d.Len)
+				continue
+			}
+			c.p.lies.forget(c.session, d.Dst, d.Len)
+		}
 		k, held := d.Len, false
 		if c.p.faults != nil {
 			k, held = c.p.faults.Cut(d.Len)
@@ -97,6 +105,13 @@ func (c *conn) Read(ctx context.Context, ranges []verify.Range, out []byte, fenc
 		return err
 	}
 	copy(out, s.mem[:len(out)])
+	if c.p.faults.Mode() == fault.Lie {
+		off = 0
+		for _, r := range ranges {
+			c.p.lies.tell(c.session, r.Addr, out[off:off+r.Len])
+			off += r.Len
+		}
+	}
 	return nil
 }
 

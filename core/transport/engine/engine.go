@@ -9,6 +9,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -56,15 +57,23 @@ type Config struct {
 	// Linger bounds how long Close waits for engine calls still running
 	// (ones a cancelled transfer left behind).
 	Linger time.Duration
+	// Timeout bounds each engine call of a transfer that has no deadline
+	// of its own (timeout_ms).
+	Timeout time.Duration
+	// Inline runs each call on the caller's thread (see call).
+	Inline bool
 }
 
 // Plane is the engine data plane: the sender's side only. The engine
 // delivers to the peer by itself, so this guard has nothing to accept,
 // settle or quiesce for it.
 type Plane struct {
-	ops    Ops
-	faults *fault.Injector
-	linger time.Duration
+	ops     Ops
+	faults  *fault.Injector
+	lies    lies // under fault.Lie: the writes it kept to itself
+	linger  time.Duration
+	timeout time.Duration
+	inline  bool
 
 	mu     sync.Mutex
 	closed bool
@@ -92,7 +101,10 @@ func Open(cfg Config) (*Plane, error) {
 	if cfg.Faults.Mode == fault.Stale {
 		return nil, fmt.Errorf("%w: inject stale needs the destination's bytes, which an engine's callbacks do not show; over an engine use lag, drop, tear, reorder or hold", errs.Config)
 	}
-	p := &Plane{ops: cfg.Ops, linger: cfg.Linger, byTransfer: map[uint64]*transferCalls{}}
+	if cfg.Timeout <= 0 {
+		return nil, fmt.Errorf("%w: an engine data plane needs a timeout for its calls", errs.Config)
+	}
+	p := &Plane{ops: cfg.Ops, linger: cfg.Linger, timeout: cfg.Timeout, inline: cfg.Inline, byTransfer: map[uint64]*transferCalls{}}
 	p.faults = fault.New(cfg.Faults, 0, "the engine callbacks ("+cfg.Ops.Name+")")
 	return p, nil
 }
@@ -259,18 +271,26 @@ func (p *Plane) WaitTransfer(ctx context.Context, transfer uint64) error {
 	}
 }
 
-// call runs one engine call and returns its error. Under a deadline it
-// runs apart and call returns ctx's error once ctx ends: the call itself
-// cannot be interrupted and finishes on its own, after which done runs (to
-// release what it wrote into). Without one it runs here, on the caller's
-// thread: handing a call to another goroutine and back costs 100-200 µs
-// when the caller is a C thread (measured through Python and Mooncake), and
-// a cancel or close then takes effect once the engine returns.
+// call runs one engine call and returns its error. By default the call
+// runs apart, and call returns at ctx's deadline, or timeout_ms after it
+// began where ctx has none, or once ctx is cancelled: a callback that
+// never returns cannot hold the transfer past its deadline. The call
+// itself cannot be interrupted and finishes on its own, after which done
+// runs (to release what it wrote into); its result is dropped, and it
+// counts as in flight (WaitTransfer) until then. Inline (Config.Inline),
+// it runs on the caller's thread, which saves the hand-off to another
+// thread and back (tens of µs on a VM, more where a Python callback needs
+// a thread state), and a call that returns past its deadline fails then.
 func (p *Plane) call(ctx context.Context, transfer uint64, fn func() error, done func()) error {
 	if err := p.begin(transfer); err != nil {
 		return err
 	}
 	if _, bounded := ctx.Deadline(); !bounded {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, p.timeout, errCallTimeout)
+		defer cancel()
+	}
+	if p.inline {
 		defer p.end(transfer)
 		err := fn()
 		if done != nil {
@@ -297,6 +317,10 @@ func (p *Plane) call(ctx context.Context, transfer uint64, fn func() error, done
 		return fmt.Errorf("%w: gave up waiting for the engine (its call goes on and may still land): %v", errs.Timeout, context.Cause(ctx))
 	}
 }
+
+// errCallTimeout is why an engine call was given up on where its transfer
+// had no deadline of its own.
+var errCallTimeout = errors.New("the engine call took longer than timeout_ms")
 
 // hold hands a write to the engine after a delay, as fault injection asks:
 // the transfer was told it completed long before.
