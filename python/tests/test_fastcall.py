@@ -54,7 +54,7 @@ def test_fast_and_ctypes_paths_move_the_same_bytes(fast_pair, n):
         slow = s.transfer(r.endpoint, srcs, dsts, [size] * n)
     finally:
         s._fast_entry = entry
-    assert slow.id > fast.id
+    assert slow.id not in (0, fast.id), "a transfer of its own"
     assert [sha(dst.bytes(d - dst.addr, size)) for d in dsts] == [sha(b) for b in got]
 
 
