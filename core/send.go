@@ -143,7 +143,12 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 		return res, err
 	}
 	defer s.releaseSources() // after the abort below: nothing of the transfer reads a source once it is let go
-	sent := false            // a write may have left: a failure needs the abort
+	if err = s.beginTransfer(ctx); err != nil {
+		s.disconnect()
+		return res, fmt.Errorf("session %s: %w", name, callErr(ctx, err))
+	}
+	defer s.endTransfer()
+	sent := false // a write may have left: a failure needs the abort
 	defer func() {
 		if err != nil && sent {
 			res.Abort = g.abortRemote(s)
@@ -238,6 +243,9 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 		if opts.Digests != nil {
 			copy(opts.Digests[base:], digests)
 		}
+		if g.afterChunk != nil {
+			g.afterChunk(base)
+		}
 	}
 	g.stats.descriptors.Add(int64(len(descs)))
 	g.stats.bytes.Add(int64(total))
@@ -269,14 +277,42 @@ func (g *Guard) deliver(ctx context.Context, s *session, vcfg verify.Config, see
 		// hands again for its table, on a new connection, and write the
 		// chunk once more, each run inside one of its regions now
 		// (digest mode's notice may be out already: it fails instead).
+		epoch, bound := s.epoch()
 		s.disconnect()
-		if err = s.connect(ctx, g); err == nil {
+		if err = s.connect(ctx, g); err == nil && bound {
+			err = s.conn.(transport.TransferBound).Continue(ctx, epoch) // the same transfer: under the quiesces it began under
+		}
+		if err == nil {
 			var again verify.Delivery
 			again, err = verify.Deliver(ctx, vcfg, seed, s.conn, chunk, base, g.view, &s.scratch, announce, nil)
 			d.Add(again)
 		}
 	}
 	return d, err
+}
+
+// beginTransfer puts the transfer's writes under the quiesces the
+// receiver had announced when it began (transport.TransferBound).
+func (s *session) beginTransfer(ctx context.Context) error {
+	if tb, ok := s.conn.(transport.TransferBound); ok {
+		return tb.BeginTransfer(ctx)
+	}
+	return nil
+}
+
+func (s *session) endTransfer() {
+	if tb, ok := s.conn.(transport.TransferBound); ok {
+		tb.EndTransfer()
+	}
+}
+
+// epoch is the quiesce generation the transfer's writes go under, where
+// the connection has one.
+func (s *session) epoch() (uint64, bool) {
+	if tb, ok := s.conn.(transport.TransferBound); ok {
+		return tb.Epoch(), true
+	}
+	return 0, false
 }
 
 // holdSources keeps the region of every source registered until

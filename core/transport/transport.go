@@ -92,6 +92,20 @@ type Transport interface {
 	Close()
 }
 
+// TransferBound is a connection whose target refuses writes sent before a
+// quiesce (TCP). Between BeginTransfer and EndTransfer its writes go under
+// the quiesces it knew of when the transfer began, and no later one: a
+// transfer that began before a quiesce lands nothing in the quiesced
+// ranges once the quiesce returned, however its chunks, resends and
+// reconnects fall. Continue puts a connection opened within a transfer
+// under that transfer's generation (Epoch).
+type TransferBound interface {
+	BeginTransfer(ctx context.Context) error
+	EndTransfer()
+	Epoch() uint64
+	Continue(ctx context.Context, epoch uint64) error
+}
+
 // Dialer is a sender's connection in the making.
 type Dialer interface {
 	// Offer is the sender's part of the handshake request (nil: none).

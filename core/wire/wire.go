@@ -53,7 +53,8 @@ const (
 	// OpMark carries a quiesce generation in Addr: the target pushes it,
 	// unasked, when the receiver quiesced ranges, and the sender echoes it
 	// as a request before its next writes (a Hello's Addr carries the
-	// generation of the sender's handshake).
+	// generation of the sender's handshake). A request with Status
+	// MarkLower sets the connection's generation down to Addr instead.
 	OpMark Op = 6
 	// OpNotice carries a completion notice (EncodeNotice) to the target's
 	// guard, in order after the writes it announces: no round trip of its
@@ -92,6 +93,11 @@ const (
 	// target's identity socket (kernel credentials).
 	ProveNoIdentity = 1<<20 + 1
 )
+
+// MarkLower, as an OpMark request's Status: the connection was opened
+// within a transfer that began under an older generation, whose writes it
+// carries on.
+const MarkLower Status = 1
 
 // Status is a reply's outcome.
 type Status int32

@@ -26,6 +26,10 @@ import (
 // What it holds, all 8-byte words:
 //   - gen: even while the table is stable; odd while the target changes it.
 //     Every unregister, quiesce, settle and abort raises it.
+//   - quiesce: the target's newest quiesce generation, stored before it
+//     waits for writers: a sender whose transfer began under an older one
+//     stops writing itself and sends the rest through the socket, where
+//     the target refuses what falls into the quiesced ranges.
 //   - the table: the target's registered host regions (address, length),
 //     and for one inside a shared allocation (core/sharedmem) the
 //     allocation's address, size, descriptor and inode, for the sender to
@@ -54,6 +58,7 @@ const (
 	leaseNonceSize  = 16
 	leaseGenOff     = 16
 	leaseCountOff   = 24
+	leaseQuiesceOff = 32 // the target's newest quiesce generation
 	leaseTableOff   = 64
 	maxLeaseRegions = 1024 // registered host regions past it are written through the socket
 	leaseEntrySize  = 48   // addr, n, then base, size, fd, ino of a shared allocation (ino 0: none)
@@ -70,6 +75,10 @@ func (m leaseWords) word(off int) *uint64 { return (*uint64)(unsafe.Pointer(&m[o
 
 func (m leaseWords) gen() *uint64   { return m.word(leaseGenOff) }
 func (m leaseWords) count() *uint64 { return m.word(leaseCountOff) }
+
+// quiesce is the target's newest quiesce generation: a sender's transfer
+// that began before it writes through the socket from then on.
+func (m leaseWords) quiesce() *uint64 { return m.word(leaseQuiesceOff) }
 func (m leaseWords) entry(i int) (a, n *uint64) {
 	return m.field(i, 0), m.field(i, 1)
 }
@@ -202,6 +211,16 @@ func (l *lease) remove(addr uint64) error {
 	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
 	defer cancel()
 	return l.waitOlder(ctx, g, "")
+}
+
+// quiesced publishes quiesce generation g to the senders.
+func (l *lease) quiesced(g uint64) {
+	for {
+		old := atomic.LoadUint64(l.mem.quiesce())
+		if g <= old || atomic.CompareAndSwapUint64(l.mem.quiesce(), old, g) {
+			return
+		}
+	}
 }
 
 // settle raises gen and waits for the writers that entered before: after

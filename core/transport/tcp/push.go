@@ -40,8 +40,13 @@ type pushLease struct {
 	mem   leaseWords
 	slot  int
 	epoch uint64 // the slot's owner while it is this connection's
-	pid   int    // the target
-	pidfd int    // the target process, to see that it was alive when a memcpy into its memory ended
+	// within: a transfer is under way that began under quiesce generation
+	// since; a newer one at the target ends this connection's own writes
+	// for it (enter declines).
+	within bool
+	since  uint64
+	pid    int // the target
+	pidfd  int // the target process, to see that it was alive when a memcpy into its memory ended
 
 	spans    []span                        // the last enter's ranges: the shared allocation each lies in
 	maps     map[uint64]*sharedmem.Mapping // the target's shared allocations mapped here, by inode
@@ -122,6 +127,10 @@ func (p *pushLease) enter(ranges []verify.Range) (ok bool, err error) {
 		if atomic.LoadUint64(p.mem.owner(p.slot)) != p.epoch {
 			atomic.StoreUint64(busy, 0)
 			return false, errRevoked
+		}
+		if p.within && atomic.LoadUint64(p.mem.quiesce()) > p.since {
+			atomic.StoreUint64(busy, 0) // quiesced since the transfer began: the socket, where the target checks
+			return false, nil
 		}
 		covered := p.covers(ranges)
 		if atomic.LoadUint64(p.mem.gen()) != g {

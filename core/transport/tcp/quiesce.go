@@ -108,11 +108,31 @@ func (l *link) catchUp(g, current uint64) {
 	}
 }
 
+// lower sets the link's generation down to g: its sender carries on a
+// transfer that began under g on this new connection.
+func (l *link) lower(g uint64) {
+	for {
+		old := l.ack.Load()
+		if g >= old || l.ack.CompareAndSwap(old, g) {
+			return
+		}
+	}
+}
+
 // quiesce refuses from now on every write into ranges from a link that
-// has not caught up with this quiesce, pushes the new generation to every
-// link, and waits for the writes into ranges in progress.
+// has not caught up with this quiesce, and from a same-host sender's
+// transfer that began before it (the lease's quiesce word: its writes go
+// through the socket from then on, where this check meets them), waits
+// for same-host writes in progress, pushes the new generation to every
+// link, and waits for the writes into ranges being applied.
 func (t *target) quiesce(ctx context.Context, ranges []memory.Region) error {
 	g := t.q.add(ranges)
+	if t.lease != nil {
+		t.lease.quiesced(g)
+	}
+	if err := t.settleWriters(ctx); err != nil {
+		return err
+	}
 	t.mu.Lock()
 	links := make([]*link, 0, len(t.conns))
 	for _, l := range t.conns {

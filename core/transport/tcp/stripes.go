@@ -68,6 +68,11 @@ func (s *striped) open(ctx context.Context) {
 	}
 	for i := len(s.parts); i < s.want; i++ {
 		c, err := s.dial(ctx, i)
+		if err == nil && s.parts[0].within { // opened within a transfer: under its generation
+			if err = c.Continue(ctx, s.parts[0].epoch); err != nil {
+				c.Close()
+			}
+		}
 		if err != nil {
 			s.dialErr = err
 			logs.Printf(logs.Warn, "could not open data connection %d of tcp_stripes %d; striping over %d: %v", i+1, s.want, len(s.parts), err)
@@ -75,6 +80,37 @@ func (s *striped) open(ctx context.Context) {
 		}
 		s.parts = append(s.parts, c)
 	}
+}
+
+// BeginTransfer puts every part's writes under the first's generation
+// (transport.TransferBound).
+func (s *striped) BeginTransfer(ctx context.Context) error {
+	if err := s.parts[0].BeginTransfer(ctx); err != nil {
+		return err
+	}
+	for _, c := range s.parts[1:] {
+		if err := c.Continue(ctx, s.parts[0].epoch); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *striped) EndTransfer() {
+	for _, c := range s.parts {
+		c.EndTransfer()
+	}
+}
+
+func (s *striped) Epoch() uint64 { return s.parts[0].Epoch() }
+
+func (s *striped) Continue(ctx context.Context, epoch uint64) error {
+	for _, c := range s.parts {
+		if err := c.Continue(ctx, epoch); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // share cuts descs into one run per open part (s.runs): contiguous, of

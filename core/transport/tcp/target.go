@@ -272,6 +272,12 @@ func (t *target) serve(l *link) {
 			}
 		case !bound:
 			st = wire.StatusUnauthorized
+		case h.Op == wire.OpMark && h.Status == wire.MarkLower:
+			l.lower(h.Addr)
+			if h.Len != 0 {
+				st = wire.StatusBadRequest
+				_, err = io.CopyN(io.Discard, r, int64(h.Len))
+			}
 		case h.Op == wire.OpMark:
 			l.catchUp(h.Addr, t.q.gen.Load())
 			if h.Len != 0 {

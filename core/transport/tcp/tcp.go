@@ -226,9 +226,6 @@ func (t *Transport) Settle(ctx context.Context, ranges []memory.Region) error {
 // target or by same-host senders writing themselves (those that begin
 // after it are writes sent after the call).
 func (t *Transport) Quiesce(ctx context.Context, ranges []memory.Region) error {
-	if err := t.target.settleWriters(ctx); err != nil {
-		return err
-	}
 	return t.target.quiesce(ctx, ranges)
 }
 
@@ -313,8 +310,10 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, re
 }
 
 var (
-	_ transport.Transport = (*Transport)(nil)
-	_ transport.Conn      = (*conn)(nil)
+	_ transport.Transport     = (*Transport)(nil)
+	_ transport.Conn          = (*conn)(nil)
+	_ transport.TransferBound = (*conn)(nil)
+	_ transport.TransferBound = (*striped)(nil)
 )
 
 // pushFaultConns numbers the connections that inject a target's faults
