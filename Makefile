@@ -116,12 +116,12 @@ test: deps build test-go test-c test-python
 
 # The tests that skip under the race detector (it allocates and grows RSS
 # for its own bookkeeping), run again without it: every one of them.
-NORACE_TESTS := TestSoak|TestEndurance|TestSmallTransferAllocatesNothing|TestBatchedTransferAllocatesNothing|TestLandingAllocatesLittlePerDescriptor|TestControlFloodIsBounded
+NORACE_TESTS := TestSoak|TestEndurance|TestSmallTransferAllocatesNothing|TestBatchedTransferAllocatesNothing|TestLandingAllocatesLittlePerDescriptor|TestControlFloodIsBounded|TestHonestSessionsGetInDuringAHelloFlood
 
 test-go: $(CUDA_MODEL) $(NIC_MODEL)
 	$(GO) vet -unsafeptr=false ./...
 	$(GO) test -race -count=1 ./...
-	$(GO) test -count=1 -run '^($(NORACE_TESTS))$$' -v ./core/
+	MCG_FLOOD_SECONDS=60 $(GO) test -count=1 -run '^($(NORACE_TESTS))$$' -v ./core/
 
 ## endurance: one receiver through 10^5 handshakes from churning senders,
 ## descriptor exhaustion, control floods and stalled peers, while long-lived

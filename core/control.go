@@ -17,10 +17,10 @@ import (
 )
 
 // Bounds of the control endpoint, so that no flood of peers can grow a
-// guard without limit: at most maxControlConns connections (more are shut
-// down as they are accepted), and per connection at most controlHWM
-// messages queued each way (replies to a peer that does not read them are
-// dropped). An honest peer has one request in flight.
+// guard without limit: at most maxControlConns connections (past it the
+// oldest is shut down for each new one), and per connection at most
+// controlHWM messages queued each way (replies to a peer that does not
+// read them are dropped). An honest peer has one request in flight.
 const (
 	maxControlConns = 1024
 	controlHWM      = 4
@@ -98,7 +98,7 @@ func (s *controlServer) serve(sock, events *zmq.Socket, handle func(peer, body [
 	poller := zmq.NewPoller()
 	poller.Add(sock, zmq.POLLIN)
 	poller.Add(events, zmq.POLLIN)
-	conns := &controlConns{fds: map[int]bool{}}
+	conns := &controlConns{fds: map[int]string{}}
 	for {
 		select {
 		case <-s.done:
@@ -117,43 +117,62 @@ func (s *controlServer) serve(sock, events *zmq.Socket, handle func(peer, body [
 				capConnections(events, conns)
 				continue
 			}
-			msg, err := sock.RecvMessageBytes(zmq.DONTWAIT)
-			// A REQ peer's message is [identity, "", body].
-			if err != nil || len(msg) != 3 || len(msg[1]) != 0 {
-				continue
-			}
-			if _, err := sock.SendMessage(msg[0], "", handle(msg[0], msg[2])); err != nil {
-				logs.Printf(logs.Info, "control reply failed: %v", err)
-			}
+			answer(sock, handle)
 		}
 	}
 }
 
-// controlConns are a control socket's connections, by descriptor, and the
-// most it had since its heap was last trimmed.
+// answerBatch bounds the requests answered per poll: enough that a flood
+// of connection events (a crowd connecting and being shut) cannot starve
+// the requests, few enough that the events are read in time.
+const answerBatch = 256
+
+// answer answers the requests waiting on sock, up to answerBatch of them
+// (ZeroMQ hands them over fairly, connection by connection).
+func answer(sock *zmq.Socket, handle func(peer, body []byte) []byte) {
+	for range answerBatch {
+		msg, err := sock.RecvMessageBytes(zmq.DONTWAIT)
+		if err != nil {
+			return
+		}
+		// A REQ peer's message is [identity, "", body].
+		if len(msg) != 3 || len(msg[1]) != 0 {
+			continue
+		}
+		if _, err := sock.SendMessageDontwait(msg[0], "", handle(msg[0], msg[2])); err != nil {
+			logs.Printf(logs.Info, "control reply failed: %v", err)
+		}
+	}
+}
+
+// controlConns are a control socket's connections, by descriptor, with
+// the peer each was accepted from, in the order they came, and the most
+// it had since its heap was last trimmed.
 type controlConns struct {
-	fds  map[int]bool
-	peak int
+	fds   map[int]string
+	order []int // oldest first; descriptors since closed are skipped
+	peak  int
 }
 
 // capConnections reads the control socket's connection events. A
-// connection accepted past maxControlConns is shut down (ZeroMQ then sees
-// it end and forgets it): the connections held keep working, new ones
-// wait for the flood to end. When a crowd of connections has gone, the C
-// heap they used is given back to the system.
+// connection accepted at maxControlConns shuts down the oldest one
+// (ZeroMQ then sees it end and forgets it): a flood of strangers' sockets
+// cannot keep a newcomer out, and an honest peer, whose request is
+// answered within moments of connecting, is long done by the time its
+// connection is the oldest (a peer that keeps one open reconnects). When
+// a crowd of connections has gone, the C heap they used is given back.
 func capConnections(events *zmq.Socket, conns *controlConns) {
-	for {
+	for range answerBatch * 4 { // the rest at the next poll, after the requests
 		ev, _, fd, err := events.RecvEvent(zmq.DONTWAIT)
 		if err != nil {
 			return
 		}
 		switch ev {
 		case zmq.EVENT_ACCEPTED:
-			if len(conns.fds) >= maxControlConns {
-				syscall.Shutdown(fd, syscall.SHUT_RDWR)
-				continue
+			for len(conns.fds) >= maxControlConns && conns.shutOldest() {
 			}
-			conns.fds[fd] = true
+			conns.fds[fd] = peerName(fd)
+			conns.order = append(conns.order, fd)
 			conns.peak = max(conns.peak, len(conns.fds))
 		case zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED:
 			delete(conns.fds, fd)
@@ -162,7 +181,53 @@ func capConnections(events *zmq.Socket, conns *controlConns) {
 				conns.peak = len(conns.fds)
 			}
 		}
+		if len(conns.order) > 2*len(conns.fds)+64 { // closed ones pile up in order: keep the live
+			live := conns.order[:0]
+			for _, fd := range conns.order {
+				if _, ok := conns.fds[fd]; ok {
+					live = append(live, fd)
+				}
+			}
+			conns.order = live
+		}
 	}
+}
+
+// shutOldest shuts the oldest connection down and forgets it; false where
+// none is left. A descriptor whose peer is no longer the one it was
+// accepted from (closed, its number reused by another socket since) is
+// forgotten without touching it.
+func (c *controlConns) shutOldest() bool {
+	for len(c.order) > 0 {
+		fd := c.order[0]
+		c.order = c.order[1:]
+		peer, ok := c.fds[fd]
+		if !ok {
+			continue
+		}
+		delete(c.fds, fd)
+		if peer != "" && peerName(fd) == peer {
+			syscall.Shutdown(fd, syscall.SHUT_RDWR)
+		}
+		return true
+	}
+	return false
+}
+
+// peerName is the address at the other end of socket fd, "" where it has
+// none.
+func peerName(fd int) string {
+	sa, err := syscall.Getpeername(fd)
+	if err != nil {
+		return ""
+	}
+	switch a := sa.(type) {
+	case *syscall.SockaddrInet4:
+		return fmt.Sprintf("%v:%d", net.IP(a.Addr[:]), a.Port)
+	case *syscall.SockaddrInet6:
+		return fmt.Sprintf("[%v]:%d", net.IP(a.Addr[:]), a.Port)
+	}
+	return ""
 }
 
 // stop tells the serve goroutine to end; terminating the context (which

@@ -18,7 +18,9 @@ import (
 // TestHelperControlFlood is not a test: run as a child process by the
 // flood tests, it opens MCG_FLOOD_SOCKETS DEALER sockets to
 // MCG_FLOOD_ENDPOINT, sends MCG_FLOOD_HELLOS hellos on each without reading
-// a reply, and holds them open for MCG_FLOOD_HOLD_MS.
+// a reply (and more for MCG_FLOOD_FOR_MS), and holds them open for
+// MCG_FLOOD_HOLD_MS; with MCG_FLOOD_DATA, as many raw connections to that
+// data port (floodData) meanwhile.
 func TestHelperControlFlood(t *testing.T) {
 	ep := os.Getenv("MCG_FLOOD_ENDPOINT")
 	if ep == "" {
@@ -45,7 +47,26 @@ func TestHelperControlFlood(t *testing.T) {
 			s.SendMessage("", body)
 		}
 	}
+	var data *sync.WaitGroup
+	stop := make(chan struct{})
+	if addr := os.Getenv("MCG_FLOOD_DATA"); addr != "" {
+		data = floodData(addr, sockets, stop)
+	}
+	if forMs, _ := strconv.Atoi(os.Getenv("MCG_FLOOD_FOR_MS")); forMs > 0 {
+		// Hellos on every socket for as long, never reading a reply: a
+		// socket the receiver shut reconnects by itself (ZeroMQ).
+		for end := time.Now().Add(time.Duration(forMs) * time.Millisecond); time.Now().Before(end); {
+			for _, s := range socks {
+				s.SendMessage("", body, zmq.DONTWAIT)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 	time.Sleep(time.Duration(hold) * time.Millisecond)
+	close(stop)
+	if data != nil {
+		data.Wait()
+	}
 	for _, s := range socks {
 		s.Close()
 	}

@@ -21,7 +21,8 @@ import (
 	"github.com/mcguard/mcguard/core/wire"
 )
 
-// maxTargetConns bounds the data connections a target serves at once.
+// maxTargetConns bounds the data connections a target serves at once;
+// past it a stranger's (no valid hello yet) is shut for a newcomer.
 const maxTargetConns = 1024
 
 // target is the receiving half of the TCP data plane: it applies peers'
@@ -60,11 +61,12 @@ type target struct {
 	ipcBytes atomic.Int64 // bytes copied out of them
 	lease    *lease       // same-host senders write host memory themselves; nil: off
 
-	ln      net.Listener
-	mu      sync.Mutex
-	conns   map[net.Conn]*link
-	senders map[string]net.Conn // each sender's current data connection
-	wg      sync.WaitGroup
+	ln        net.Listener
+	mu        sync.Mutex
+	conns     map[net.Conn]*link
+	strangers []*link             // links in the order they came, until they said a valid hello (some since did, or went)
+	senders   map[string]net.Conn // each sender's current data connection
+	wg        sync.WaitGroup
 }
 
 func newTarget(cfg Config) (*target, error) {
@@ -129,16 +131,51 @@ func (t *target) accept() {
 			c.Close()
 			return
 		}
-		if len(t.conns) >= maxTargetConns { // a flood of connections: refuse, keep serving the rest
+		if len(t.conns) >= maxTargetConns && !t.shutOldestStrangerLocked() {
 			t.mu.Unlock()
-			c.Close()
+			c.Close() // every one is a sender's: refuse the newcomer, keep serving them
 			continue
 		}
 		l := &link{c: c, slot: -1}
 		t.conns[c] = l
+		t.keepStrangerLocked(l)
 		t.wg.Add(1)
 		t.mu.Unlock()
 		go t.serve(l)
+	}
+}
+
+// shutOldestStrangerLocked shuts the oldest connection that has not said
+// a valid hello, for a newcomer at maxTargetConns: a flood of sockets that
+// never say one cannot keep an honest sender out, and cannot touch a
+// bound sender's connection. false where there is none.
+func (t *target) shutOldestStrangerLocked() bool {
+	for len(t.strangers) > 0 {
+		l := t.strangers[0]
+		t.strangers = t.strangers[1:]
+		if l.bound.Load() || t.conns[l.c] != l {
+			continue // said its hello, or gone
+		}
+		l.c.Close() // its serve loop ends and lets go of it
+		return true
+	}
+	return false
+}
+
+// keepStrangerLocked queues a new link for shutOldestStrangerLocked,
+// dropping the queue's links that said their hello or are gone once they
+// outnumber the live ones.
+func (t *target) keepStrangerLocked(l *link) {
+	t.strangers = append(t.strangers, l)
+	if len(t.strangers) > 2*len(t.conns)+64 {
+		live := t.strangers[:0]
+		for _, s := range t.strangers {
+			if !s.bound.Load() && t.conns[s.c] == s {
+				live = append(live, s)
+			}
+		}
+		clear(t.strangers[len(live):])
+		t.strangers = live
 	}
 }
 

@@ -124,3 +124,29 @@ func mustListen(t *testing.T) net.Listener {
 	require.NoError(t, err)
 	return ln
 }
+
+// At maxTargetConns a newcomer shuts the oldest connection that has not
+// said a valid hello, never a bound sender's: strangers cannot keep an
+// honest sender out, nor push one off.
+func TestANewcomerShutsTheOldestStranger(t *testing.T) {
+	token, key := make([]byte, wire.TokenSize), []byte("key")
+	token[0] = 1
+	tg := serveOn(mustListen(t), Config{Timeout: 5 * time.Second, Regions: memory.New(nil), Faults: fault.Config{Mode: fault.None},
+		Tokens: func(tok []byte) (string, []byte, bool) { return "sender", key, bytes.Equal(tok, token) }})
+	defer tg.close()
+	bound, challenge := dialRaw(t, tg.addr())
+	h := bound.request(wire.OpHello, 1, append(append([]byte(nil), token...), transport.ConnectionProof(key, challenge)...))
+	require.Equal(t, wire.StatusOK, h.Status)
+	strangers := make([]rawConn, maxTargetConns-1)
+	for i := range strangers {
+		strangers[i], _ = dialRaw(t, tg.addr())
+	}
+	for i := 0; i < 3; i++ {
+		dialRaw(t, tg.addr()) // the challenge came: served
+		strangers[i].SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err := strangers[i].Read(make([]byte, 1))
+		require.ErrorIs(t, err, io.EOF, "stranger %d, the oldest, was shut for it", i)
+	}
+	h = bound.request(wire.OpFence, 2, nil)
+	require.Equal(t, wire.StatusOK, h.Status, "the bound sender's connection was kept")
+}
