@@ -6,6 +6,7 @@ require (
 	github.com/pebbe/zmq4 v1.4.0
 	github.com/stretchr/testify v1.12.1
 	github.com/zeebo/xxh3 v1.1.0
+	golang.org/x/crypto v0.33.0
 	golang.org/x/sys v0.30.0
 )
 

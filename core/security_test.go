@@ -41,6 +41,27 @@ func TestAuthenticatedPeersTransfer(t *testing.T) {
 	require.True(t, bytes.Equal(p.src.b, p.dst.b))
 }
 
+// With a secret, the replies verification rests on are tagged: every
+// mode, over the socket (chunks posted ahead, striped connections, notices
+// on the data connection) and on one host, delivers and verifies.
+func TestAuthenticatedRepliesInEveryMode(t *testing.T) {
+	for _, sameHost := range []string{"off", "auto"} {
+		t.Run("same_host "+sameHost, func(t *testing.T) {
+			js := `{` + secretA + `, "same_host": "` + sameHost + `", "max_batch": 8, "tcp_stripes": 2}`
+			p := newPair(t, js, "{"+secretA+"}", 64*(16<<10))
+			for _, mode := range verify.Modes {
+				fill(p.src.b)
+				res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(64, 16<<10), TransferOptions{Verify: ptr(mode)})
+				require.NoError(t, err, mode)
+				if mode == verify.Digest {
+					require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0))
+				}
+				require.True(t, bytes.Equal(p.src.b, p.dst.b), mode)
+			}
+		})
+	}
+}
+
 func TestAuthenticationFailures(t *testing.T) {
 	cases := []struct {
 		name, send, recv, want string

@@ -17,3 +17,13 @@ func ConnectionProof(key, challenge []byte) []byte {
 	m.Write(challenge)
 	return m.Sum(nil)
 }
+
+// ReplyKey is the key a data connection's replies are authenticated under
+// where the guards share a secret (key is then the handshake's, which
+// never crossed the wire): per connection, from its challenge.
+func ReplyKey(key, challenge []byte) []byte {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("mcguard/4 replies"))
+	m.Write(challenge)
+	return m.Sum(nil)
+}

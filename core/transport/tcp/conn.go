@@ -36,6 +36,10 @@ type conn struct {
 	// hostOnly: the target has no CUDA driver, so all it registers is
 	// host memory (joinReach).
 	hostOnly bool
+	// mac checks the tags of the replies verification rests on, where the
+	// guards share a secret (replytag.go); nil: none.
+	mac        *replyMAC
+	macReplies bool // set mac at the hello
 	// mark is the newest quiesce generation the target pushed; echoed, the
 	// newest one echoed back (writes after the echo are taken).
 	mark, echoed uint64
@@ -142,7 +146,7 @@ func dial(ctx context.Context, addr string, peer transport.Peer, table *peerTabl
 		tc.SetNoDelay(true)
 	}
 	t := &conn{c: c, cut: func() { c.Close() }, local: local, w: bufio.NewWriterSize(c, 256<<10), timeout: timeout,
-		mark: gen, echoed: gen, peer: table}
+		mark: gen, echoed: gen, peer: table, macReplies: cfg.MACReplies}
 	t.reach = t.joinReach
 	var src io.Reader = c
 	if pr, err := readerOf(c, &t.until, cfg.BusyPoll, cfg.spins); err == nil {
@@ -275,6 +279,16 @@ func (t *conn) recv(op wire.Op, id uint64) (wire.Header, error) {
 	if (h.Op != op|wire.Reply && !pulled) || h.ID != id {
 		return wire.Header{}, fmt.Errorf("%w: reply out of step (op %#x id %d, want op %#x id %d)", errs.Peer, byte(h.Op), h.ID, byte(op|wire.Reply), id)
 	}
+	if t.mac != nil && tagged(op) {
+		t.mac.begin(hdr)
+		if op != wire.OpRead || h.Status != wire.StatusOK || h.Len == 0 {
+			// No payload: the tag follows the header. A read-back's comes
+			// after its bytes (readReply).
+			if err := t.mac.check(t.r, op); err != nil {
+				return wire.Header{}, err
+			}
+		}
+	}
 	return h, nil
 }
 
@@ -320,6 +334,9 @@ func (t *conn) hello(ctx context.Context, peer transport.Peer, stripe int) error
 	challenge := make([]byte, wire.ChallengeSize)
 	if _, err := io.ReadFull(t.r, challenge); err != nil {
 		return ioErr("receive the challenge", err)
+	}
+	if t.macReplies {
+		t.mac = newReplyMAC(peer.Key, challenge)
 	}
 	payload := append(append(make([]byte, 0, wire.HelloSize), peer.Token...), transport.ConnectionProof(peer.Key, challenge)...)
 	// The hello's Status names the connection's stripe (tcp_stripes): the

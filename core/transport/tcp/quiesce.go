@@ -46,6 +46,8 @@ type link struct {
 	land    landing            // digests taken as its marked writes land (serve loop only)
 	notice  []byte             // its notices' bodies, one at a time (noticeBody; serve loop only)
 	auth    transport.ConnAuth // the handshake its hello proved (serve loop only)
+	mac     *replyMAC          // tags its replies where the guards share a secret (serve loop only)
+	tee     teeWriter          // a reply's payload into the connection and its tag (serve loop only)
 }
 
 type quiesceRecord struct {

@@ -176,22 +176,28 @@ func (t *conn) readRanges(ctx context.Context, ranges []verify.Range, out []byte
 // readReply reads a read-back reply's bytes into b, telling arrived (if
 // not nil) after each piece how many of the read's bytes are in: before
 // came in earlier requests.
+// Where replies are tagged, the tag after the bytes is checked before it
+// returns: what arrived compared is believed only if it returns nil.
 func (t *conn) readReply(b []byte, before uint64, arrived func(uint64)) error {
 	if arrived == nil {
 		if _, err := io.ReadFull(t.r, b); err != nil {
 			return ioErr("receive", err)
 		}
-		return nil
+	} else {
+		for got := 0; got < len(b); {
+			k, err := t.r.Read(b[got:])
+			got += k
+			if k > 0 {
+				arrived(before + uint64(got))
+			}
+			if err != nil && got < len(b) {
+				return ioErr("receive", err)
+			}
+		}
 	}
-	for got := 0; got < len(b); {
-		k, err := t.r.Read(b[got:])
-		got += k
-		if k > 0 {
-			arrived(before + uint64(got))
-		}
-		if err != nil && got < len(b) {
-			return ioErr("receive", err)
-		}
+	if t.mac != nil {
+		t.mac.Write(b)
+		return t.mac.check(t.r, wire.OpRead)
 	}
 	return nil
 }

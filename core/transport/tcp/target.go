@@ -54,12 +54,15 @@ type target struct {
 	q    quiescer
 	stop chan struct{} // closed when the target closes: held writes give up
 
-	grants   grants       // same-host senders: their pids and nonces
-	identity *identity    // where same-host senders prove their process; nil: same-host off
-	pulled   atomic.Int64 // bytes copied out of same-host senders' memory
-	ipcs     ipcMaps      // same-host senders' GPU allocations opened here
-	ipcBytes atomic.Int64 // bytes copied out of them
-	lease    *lease       // same-host senders write host memory themselves; nil: off
+	grants grants // same-host senders: their pids and nonces
+	// macReplies: the guards share a secret; the replies verification
+	// rests on are tagged (replytag.go).
+	macReplies bool
+	identity   *identity    // where same-host senders prove their process; nil: same-host off
+	pulled     atomic.Int64 // bytes copied out of same-host senders' memory
+	ipcs       ipcMaps      // same-host senders' GPU allocations opened here
+	ipcBytes   atomic.Int64 // bytes copied out of them
+	lease      *lease       // same-host senders write host memory themselves; nil: off
 
 	ln        net.Listener
 	mu        sync.Mutex
@@ -80,7 +83,7 @@ func newTarget(cfg Config) (*target, error) {
 // serveOn runs a target on ln.
 func serveOn(ln net.Listener, cfg Config) *target {
 	t := &target{regions: cfg.Regions, tokens: cfg.Tokens, timeout: cfg.Timeout, busyPoll: cfg.BusyPoll, spun: cfg.spins, ln: ln, conns: map[net.Conn]*link{}, senders: map[string]net.Conn{},
-		pending: transport.NewPending(), stop: make(chan struct{}), refused: cfg.Refused, notice: cfg.Notice, faults: fault.New(cfg.Faults, cfg.TailBytes, ln.Addr().String())}
+		pending: transport.NewPending(), stop: make(chan struct{}), refused: cfg.Refused, macReplies: cfg.MACReplies, notice: cfg.Notice, faults: fault.New(cfg.Faults, cfg.TailBytes, ln.Addr().String())}
 	if cfg.DigestAtLanding && t.faults == nil { // under fault injection syncs re-read: faults change bytes after they land
 		t.landed = &landedIndex{}
 	}
@@ -384,6 +387,9 @@ func (t *target) hello(l *link, r io.Reader, n uint64, challenge []byte) (wire.S
 	if !ok || !hmac.Equal(got[wire.TokenSize:], transport.ConnectionProof(key, challenge)) {
 		return wire.StatusUnauthorized, ""
 	}
+	if t.macReplies && l.mac == nil {
+		l.mac = newReplyMAC(key, challenge)
+	}
 	if tok := got[:wire.TokenSize:wire.TokenSize]; !bytes.Equal(tok, l.auth.Token) {
 		l.auth = transport.ConnAuth{Token: tok, Key: key, Sender: sender} // a hello again under the same handshake keeps its sequence
 	}
@@ -400,8 +406,25 @@ func (t *target) reply(l *link, w *bufio.Writer, hdr []byte, rep wire.Header, pa
 	if _, err := w.Write(hdr); err != nil {
 		return err
 	}
+	mac := l.mac
+	if mac != nil && !tagged(rep.Op&^wire.Reply) {
+		mac = nil
+	}
+	if mac != nil {
+		mac.begin(hdr)
+	}
 	if payload != nil {
-		if err := payload(w); err != nil {
+		var to io.Writer = w
+		if mac != nil {
+			l.tee = teeWriter{w, mac}
+			to = &l.tee
+		}
+		if err := payload(to); err != nil {
+			return err
+		}
+	}
+	if mac != nil {
+		if _, err := w.Write(mac.tag()); err != nil {
 			return err
 		}
 	}

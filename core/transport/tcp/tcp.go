@@ -61,6 +61,9 @@ type Config struct {
 	// process themselves, push.go) or SameHostWriterReceiver (the target
 	// reads them out of the sender).
 	SameHostWriter string
+	// MACReplies: the guards share a secret, so the replies a sender's
+	// verification rests on are authenticated (replytag.go).
+	MACReplies bool
 	// Pushed, if set, counts the bytes this guard's connections wrote
 	// into same-host targets themselves.
 	Pushed *atomic.Int64
