@@ -81,6 +81,9 @@ func TestSameHostDeniedFallsBackOrFailsAsConfigured(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(p.src.b, p.dst.b))
 	require.Zero(t, pulled(t, p.recv))
+	st := stats(t, p.send)
+	require.EqualValues(t, 1, st["same_host_fallbacks"], "auto fell back, and stats say so")
+	require.Contains(t, st["same_host_fallback_why"], "operation not permitted")
 
 	q := newPair(t, `{"same_host": "required"}`, "", 4*4096)
 	_, err = q.send.Transfer(q.session, q.blocks(4, 4096), TransferOptions{})

@@ -76,6 +76,7 @@ func (g *Guard) Stats() ([]byte, error) {
 		out["same_host_pulled_bytes"] = p.PulledBytes()
 		out["same_host_ipc_bytes"] = p.IPCBytes()
 		out["same_host_writers"] = p.SameHostWriters()
+		out["same_host_fallbacks"], out["same_host_fallback_why"] = p.SameHostFallbacks()
 		spins, paid, spent := p.BusyPolls()
 		out["busy_poll_spins"], out["busy_poll_paid"], out["busy_poll_spent_us"] = spins, paid, spent.Microseconds()
 	}

@@ -39,7 +39,8 @@ type conn struct {
 	// mac checks the tags of the replies verification rests on, where the
 	// guards share a secret (replytag.go); nil: none.
 	mac        *replyMAC
-	macReplies bool // set mac at the hello
+	fallbacks  *fallbacks // counts a same-host fallback (the transport's)
+	macReplies bool       // set mac at the hello
 	// mark is the newest quiesce generation the target pushed; echoed, the
 	// newest one echoed back (writes after the echo are taken).
 	mark, echoed uint64

@@ -13,6 +13,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -293,8 +294,34 @@ func (t *conn) sameHost(ctx context.Context, setting string, a answer) error {
 		return fmt.Errorf("%w: same_host is required and cannot be used with this receiver: %s", errs.Config, why)
 	case setting == SameHostAuto && why != "another host" && why != "another pid namespace":
 		sameHostFallback.Printf(logs.Info, "same-host transfers not used (bytes go through the socket): %s", why)
+		if t.fallbacks != nil {
+			t.fallbacks.count(why)
+		}
 	}
 	return nil
+}
+
+// fallbacks counts the connections to a receiver on this host that sent
+// their bytes through the socket under same_host "auto", and says why the
+// last one did (stats: nothing falls back silently).
+type fallbacks struct {
+	n   atomic.Int64
+	mu  sync.Mutex
+	why string
+}
+
+func (f *fallbacks) count(why string) {
+	f.n.Add(1)
+	f.mu.Lock()
+	f.why = why
+	f.mu.Unlock()
+}
+
+// last is how many fell back, and why the last one did.
+func (f *fallbacks) last() (int64, string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.n.Load(), f.why
 }
 
 // identifyTo proves this process on the target's identity socket with

@@ -77,9 +77,15 @@ type Config struct {
 
 // Transport is the TCP data plane of one guard.
 type Transport struct {
-	cfg    Config
-	target *target
+	cfg       Config
+	target    *target
+	fallbacks fallbacks // same-host connections that sent their bytes through the socket (auto)
 }
+
+// SameHostFallbacks is how many of this guard's connections to a receiver
+// on this host sent their bytes through the socket under same_host
+// "auto", and why the last one did.
+func (t *Transport) SameHostFallbacks() (int64, string) { return t.fallbacks.last() }
 
 // BusyPolls is what busy polling cost and won: spins, those that paid,
 // and the time spent spinning.
@@ -285,7 +291,7 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, re
 			return nil, err
 		}
 		c.finalFence, c.landing, c.hostOnly = a.FinalFence, a.Landing, a.HostOnly
-		c.pushed, c.mapped, c.joined = d.t.cfg.Pushed, d.t.cfg.Mapped, d.t.cfg.Joined
+		c.pushed, c.mapped, c.joined, c.fallbacks = d.t.cfg.Pushed, d.t.cfg.Mapped, d.t.cfg.Joined, &d.t.fallbacks
 		if err = c.sameHost(ctx, d.t.cfg.SameHost, a); err != nil {
 			c.Close()
 			return nil, err
