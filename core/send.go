@@ -148,13 +148,14 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 		return res, fmt.Errorf("session %s: %w", name, callErr(ctx, err))
 	}
 	defer s.endTransfer()
-	sent := false // a write may have left: a failure needs the abort
+	r := chunks{g: g, s: s, ctx: ctx, name: name, descs: descs, opts: opts, vcfg: vcfg, seed: mrand.Uint64()}
 	defer func() {
-		if err != nil && sent {
+		if err != nil && r.sent { // a write may have left: a failure needs the abort
 			res.Abort = g.abortRemote(s)
 		}
 	}()
 	res.ID = g.ids.give()
+	r.id = res.ID
 	if g.engine != nil {
 		if t, ok := s.conn.(transferTagger); ok {
 			// Over an engine, calls count for this transfer until they
@@ -163,85 +164,17 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 			defer t.SetTransfer(0)
 		}
 	}
-	seed := mrand.Uint64()
-	notify := !opts.NoNotice && vcfg.Notifies()
+	r.notify = !opts.NoNotice && vcfg.Notifies()
 	// A read-back mode without notices posts each chunk's writes while the
 	// chunk before it is checked (verify.Pipeline, post_ahead): with
 	// notices, each goes after its chunk's check, before the next chunk's
 	// writes.
-	pipelined := vcfg.Mode.ReadsBack() && !notify && g.cfg.PostAhead
-	var pipe verify.Pipeline
+	r.pipelined = vcfg.Mode.ReadsBack() && !r.notify && g.cfg.PostAhead
 	for base := 0; base < len(descs); base += g.cfg.MaxBatch {
-		chunk := descs[base:min(base+g.cfg.MaxBatch, len(descs))]
-		pipe = verify.Pipeline{Posted: pipe.NextPosted}
-		if next := base + len(chunk); pipelined && next < len(descs) {
-			pipe.Next, pipe.NextBase = descs[next:min(next+g.cfg.MaxBatch, len(descs))], next
-		}
-		// A posted chunk's acknowledgements are owed ahead of any notice's
-		// answer; the chunk before it settled the notices.
-		if !pipe.Posted {
-			if err = g.settleNotices(ctx, s); err != nil {
-				s.disconnect()
-				return res, fmt.Errorf("session %s: %w", name, callErr(ctx, err))
-			}
-		}
-		var digests []uint64
-		var digestErr error
-		var digesting <-chan error // the sources' digests still being taken
-		if vcfg.Mode == verify.Digest || opts.Digests != nil {
-			digests = slices.Grow(keep(s.digests), len(chunk))[:len(chunk)]
-			s.digests = digests
-			if chunkBytes(chunk) <= inlineDigestBytes {
-				// Cheaper than a goroutine hand-off from a C caller's thread.
-				digestErr = g.digestSources(chunk, digests)
-			} else {
-				// Digest the sources while the writes go out: the source
-				// must not change during a transfer, so both see the same bytes.
-				digesting = g.digestInBackground(&s.digestJob, chunk, digests)
-			}
-		}
-		wait := func() error {
-			if digesting != nil {
-				digestErr = <-digesting
-				digesting = nil
-			}
-			return digestErr
-		}
-		var announce func(fenceFollows bool) error
-		if notify {
-			announce = func(fenceFollows bool) error {
-				if err := wait(); err != nil {
-					return err
-				}
-				return g.notify(ctx, s, res.ID, vcfg.Mode, len(descs), base, chunk, digests, fenceFollows)
-			}
-		}
-		sent = true
-		var d verify.Delivery
-		d, err = g.deliver(ctx, s, vcfg, seed, chunk, base, announce, &pipe)
-		if pipe.NextPosted {
-			g.stats.pipelined.Add(1)
-		}
-		res.Retries += d.Retries
-		res.Resends += d.Resends
-		g.stats.retries.Add(int64(d.Retries))
-		g.stats.resends.Add(int64(d.Resends))
-		g.stats.probed.Add(d.Probed)
-		g.metrics.retries.Add(int64(d.Retries))
-		g.metrics.resends.Add(int64(d.Resends))
-		g.metrics.verifySeconds.Observe(d.Checked.Seconds(), string(vcfg.Mode))
-		if err != nil && !isMismatch(err) {
-			s.disconnect() // the connection is in an unknown state
-		}
-		if werr := wait(); err == nil { // never return while the digest goroutine still reads the sources
-			err = werr
-		}
+		err = r.deliver(base)
+		res.Retries, res.Resends = r.retries, r.resends
 		if err != nil {
-			err = fmt.Errorf("session %s: %w", name, callErr(ctx, err))
-			return res, err
-		}
-		if opts.Digests != nil {
-			copy(opts.Digests[base:], digests)
+			return res, fmt.Errorf("session %s: %w", name, callErr(ctx, err))
 		}
 		if g.afterChunk != nil {
 			g.afterChunk(base)
@@ -252,6 +185,107 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 	g.metrics.descriptors.Add(int64(len(descs)), string(vcfg.Mode))
 	g.metrics.bytes.Add(int64(total), string(vcfg.Mode))
 	return res, nil
+}
+
+// chunks is one transfer's run of chunks of at most max_batch
+// descriptors, under its session's lock: each delivered and checked in
+// turn, with its digests and notice.
+type chunks struct {
+	g     *Guard
+	s     *session
+	ctx   context.Context
+	name  string
+	descs []verify.Desc
+	opts  TransferOptions
+	vcfg  verify.Config
+	id    uint64 // the transfer's
+	seed  uint64
+	// retries and resends: the chunks' so far (the transfer's result)
+	retries, resends int
+	// notify: each chunk's notice goes after its check; pipelined: each
+	// chunk's writes go while the chunk before it is checked (pipe).
+	notify, pipelined bool
+	pipe              verify.Pipeline
+	sent              bool // a write may have left
+}
+
+// deliver delivers the chunk that starts at descriptor base.
+func (r *chunks) deliver(base int) error {
+	g, s, descs := r.g, r.s, r.descs
+	chunk := descs[base:min(base+g.cfg.MaxBatch, len(descs))]
+	r.pipe = verify.Pipeline{Posted: r.pipe.NextPosted}
+	if next := base + len(chunk); r.pipelined && next < len(descs) {
+		r.pipe.Next, r.pipe.NextBase = descs[next:min(next+g.cfg.MaxBatch, len(descs))], next
+	}
+	// A posted chunk's acknowledgements are owed ahead of any notice's
+	// answer; the chunk before it settled the notices.
+	if !r.pipe.Posted {
+		if err := g.settleNotices(r.ctx, s); err != nil {
+			s.disconnect()
+			return err
+		}
+	}
+	var digests []uint64
+	var digestErr error
+	var digesting <-chan error // the sources' digests still being taken
+	if r.vcfg.Mode == verify.Digest || r.opts.Digests != nil {
+		digests = slices.Grow(keep(s.digests), len(chunk))[:len(chunk)]
+		s.digests = digests
+		if chunkBytes(chunk) <= inlineDigestBytes {
+			// Cheaper than a goroutine hand-off from a C caller's thread.
+			digestErr = g.digestSources(chunk, digests)
+		} else {
+			// Digest the sources while the writes go out: the source
+			// must not change during a transfer, so both see the same bytes.
+			digesting = g.digestInBackground(&s.digestJob, chunk, digests)
+		}
+	}
+	wait := func() error {
+		if digesting != nil {
+			digestErr = <-digesting
+			digesting = nil
+		}
+		return digestErr
+	}
+	var announce func(fenceFollows bool) error
+	if r.notify {
+		announce = func(fenceFollows bool) error {
+			if err := wait(); err != nil {
+				return err
+			}
+			return g.notify(r.ctx, s, r.id, r.vcfg.Mode, len(descs), base, chunk, digests, fenceFollows)
+		}
+	}
+	r.sent = true
+	d, err := g.deliver(r.ctx, s, r.vcfg, r.seed, chunk, base, announce, &r.pipe)
+	r.count(d)
+	if err != nil && !isMismatch(err) {
+		s.disconnect() // the connection is in an unknown state
+	}
+	if werr := wait(); err == nil { // never return while the digest goroutine still reads the sources
+		err = werr
+	}
+	if err == nil && r.opts.Digests != nil {
+		copy(r.opts.Digests[base:], digests)
+	}
+	return err
+}
+
+// count adds a chunk's delivery to the transfer's result, the stats and
+// the metrics.
+func (r *chunks) count(d verify.Delivery) {
+	g := r.g
+	if r.pipe.NextPosted {
+		g.stats.pipelined.Add(1)
+	}
+	r.retries += d.Retries
+	r.resends += d.Resends
+	g.stats.retries.Add(int64(d.Retries))
+	g.stats.resends.Add(int64(d.Resends))
+	g.stats.probed.Add(d.Probed)
+	g.metrics.retries.Add(int64(d.Retries))
+	g.metrics.resends.Add(int64(d.Resends))
+	g.metrics.verifySeconds.Observe(d.Checked.Seconds(), string(r.vcfg.Mode))
 }
 
 // deliver writes and checks one chunk over s's connection
