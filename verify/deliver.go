@@ -123,17 +123,8 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 	if announce == nil {
 		announce = func(bool) error { return nil }
 	}
-	// Off trusts the write's completion, so it waits for it; every other
-	// mode fences or reads back next, which collects the completions.
-	write := conn.Write
-	if p, ok := conn.(Poster); ok && cfg.Mode != Off {
-		write = p.Post
-	}
-	if m, ok := conn.(DescriptorMarker); ok && cfg.Mode == Digest {
-		write = m.PostMarked
-	}
 	if pipe == nil || !pipe.Posted {
-		if err := write(ctx, chunk, base); err != nil {
+		if err := writeChunk(ctx, conn, cfg.Mode, chunk, base); err != nil {
 			return d, err
 		}
 	}
@@ -143,65 +134,118 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 	case cfg.Mode == Off:
 		return d, announce(false)
 	case !cfg.Mode.ReadsBack():
-		if nc, ok := conn.(NoticeCarrier); ok && nc.CarriesNotices() {
-			// The notice follows the writes on the connection: the fence
-			// reads their replies and its own in one flight.
-			if err := announce(true); err != nil {
-				return d, err
-			}
-			return d, conn.Fence(ctx)
-		}
-		fenced := make(chan error, 1)
-		go func() { fenced <- conn.Fence(ctx) }()
-		notified := announce(false)
-		if err := <-fenced; err != nil {
-			return d, err
-		}
-		return d, notified
+		return d, fenceAnnouncing(ctx, conn, announce)
 	}
-	final := conn.FenceIsFinal()
+	b := readBack{cfg: cfg, seed: seed, conn: conn, base: base, local: local, scratch: scratch, pipeliner: pipeliner}
+	if pipeliner != nil {
+		b.next, b.nextBase = pipe.Next, pipe.NextBase
+	}
+	err = b.run(ctx, chunk, &d)
+	if pipe != nil {
+		pipe.NextPosted = b.nextPosted
+	}
+	if err == nil {
+		err = announce(false)
+	}
+	return d, err
+}
+
+// writeChunk sends descs as mode wants them sent: off trusts the write's
+// completion, so it waits for it; every other mode fences or reads back
+// next, which collects the completions (Poster); digest mode's are marked
+// for the target to digest as they land (DescriptorMarker). (A call, not
+// a method value chosen once: a method value would be allocated.)
+func writeChunk(ctx context.Context, conn Conn, mode Mode, descs []Desc, base int) error {
+	if m, ok := conn.(DescriptorMarker); ok && mode == Digest {
+		return m.PostMarked(ctx, descs, base)
+	}
+	if p, ok := conn.(Poster); ok && mode != Off {
+		return p.Post(ctx, descs, base)
+	}
+	return conn.Write(ctx, descs, base)
+}
+
+// fenceAnnouncing is digest mode's check at the sender: a fence, with the
+// chunk's notice sent meanwhile (the receiver's sync compares).
+func fenceAnnouncing(ctx context.Context, conn Conn, announce func(fenceFollows bool) error) error {
+	if nc, ok := conn.(NoticeCarrier); ok && nc.CarriesNotices() {
+		// The notice follows the writes on the connection: the fence
+		// reads their replies and its own in one flight.
+		if err := announce(true); err != nil {
+			return err
+		}
+		return conn.Fence(ctx)
+	}
+	fenced := make(chan error, 1)
+	go func() { fenced <- conn.Fence(ctx) }()
+	notified := announce(false)
+	if err := <-fenced; err != nil {
+		return err
+	}
+	return notified
+}
+
+// readBack is a read-back mode's check of one chunk: read back (the
+// fence pipelined with the first read), poll where the fence is not
+// final, and re-send what never matched where OnMismatch says so.
+type readBack struct {
+	cfg       Config
+	seed      uint64
+	conn      Conn
+	base      int // the chunk's first descriptor in the batch
+	local     LocalFunc
+	scratch   *Scratch
+	pipeliner Pipeliner // posts next during the first read-back; nil: none
+	// next and nextBase: the chunk after this one (Pipeline.Next); its
+	// writes went out where nextPosted. (Not the Pipeline itself: a
+	// pointer kept here would move the caller's to the heap.)
+	next       []Desc
+	nextBase   int
+	nextPosted bool
+}
+
+// run checks chunk, counting in d, until it matched (nil), a re-send is
+// not allowed any more (a MismatchError naming batch indices) or
+// something else failed.
+func (b *readBack) run(ctx context.Context, chunk []Desc, d *Delivery) error {
+	cfg := b.cfg
+	final := b.conn.FenceIsFinal()
 	if final {
 		cfg.MaxRetries = 0 // re-send or fail at once
 	} else {
-		pipeliner = nil // polling would read the next chunk's bytes too
+		b.pipeliner = nil // polling would read the next chunk's bytes too
 	}
 	// index maps positions in the descriptors being checked to the batch
 	// (nil until a re-send: position i is base+i).
 	todo, index := chunk, []int(nil)
-	streams, _ := conn.(StreamReader)
+	streams, _ := b.conn.(StreamReader)
 	for attempt := 0; ; attempt++ {
 		fenced := false
 		read := func(ctx context.Context, ranges []Range, out []byte, arrived func(uint64)) error {
 			first := !fenced
 			fenced = true
-			if first && attempt == 0 && pipeliner != nil && len(ranges) == scratch.planned() {
-				posted, err := pipeliner.ReadPosting(ctx, ranges, out, arrived, pipe.Next, pipe.NextBase)
-				pipe.NextPosted = posted
+			if first && attempt == 0 && b.pipeliner != nil && len(ranges) == b.scratch.planned() {
+				posted, err := b.pipeliner.ReadPosting(ctx, ranges, out, arrived, b.next, b.nextBase)
+				b.nextPosted = posted
 				return err
 			}
 			if streams != nil {
 				return streams.ReadArriving(ctx, ranges, out, first, arrived)
 			}
-			return conn.Read(ctx, ranges, out, first)
+			return b.conn.Read(ctx, ranges, out, first)
 		}
-		r, err := Check(ctx, cfg, seed, todo, local, read, scratch)
+		r, err := Check(ctx, cfg, b.seed, todo, b.local, read, b.scratch)
 		d.Retries += r.Retries
 		d.Probed += r.Probed
 		if err == nil {
-			return d, announce(false)
+			return nil
 		}
 		me := asMismatch(err)
 		if me == nil {
-			return d, err
+			return err
 		}
-		bad, badIndex := make([]Desc, len(me.Descs)), make([]int, len(me.Descs))
-		for i, k := range me.Descs {
-			bad[i], badIndex[i] = todo[k], base+k
-			if index != nil {
-				badIndex[i] = index[k]
-			}
-		}
-		me.Descs = badIndex
+		var bad []Desc
+		bad, index = b.inBatch(me, todo, index)
 		if cfg.OnMismatch != Resend || attempt >= cfg.MaxResends {
 			switch {
 			case attempt > 0:
@@ -209,14 +253,29 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 			case final:
 				me.Where = "differ at the target after a fence that said every earlier write was applied"
 			}
-			return d, me
+			return me
 		}
 		d.Resends++
-		todo, index = bad, badIndex
-		if err := write(ctx, todo, 0); err != nil {
-			return d, err
+		todo = bad
+		if err := writeChunk(ctx, b.conn, b.cfg.Mode, todo, 0); err != nil {
+			return err
 		}
 	}
+}
+
+// inBatch turns a mismatch's positions in todo (mapped through index, or
+// from base where nil) into batch indices, and returns the descriptors
+// that differed with their batch indices, for a re-send.
+func (b *readBack) inBatch(me *MismatchError, todo []Desc, index []int) ([]Desc, []int) {
+	bad, badIndex := make([]Desc, len(me.Descs)), make([]int, len(me.Descs))
+	for i, k := range me.Descs {
+		bad[i], badIndex[i] = todo[k], b.base+k
+		if index != nil {
+			badIndex[i] = index[k]
+		}
+	}
+	me.Descs = badIndex
+	return bad, badIndex
 }
 
 // Notify settings: when a transfer sends the receiving guard a completion
