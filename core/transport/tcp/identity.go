@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,8 +11,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/mcguard/mcguard/core/logs"
 )
 
 // Same-host identity: which process a same-host sender is, in the
@@ -62,37 +59,25 @@ func (id *identity) close() {
 	id.wg.Wait()
 }
 
-// accept serves identity connections until the listener closes, waiting
-// out any other error as the data listener does.
+// accept serves identity connections until the listener closes.
 func (id *identity) accept() {
 	defer id.wg.Done()
-	backoff := acceptBackoff(0)
-	for {
-		c, err := id.ln.AcceptUnix()
-		if errors.Is(err, net.ErrClosed) {
-			return
-		}
-		if err != nil {
-			logs.Printf(logs.Info, "same-host identity socket: accept: %v (retrying in %v)", err, backoff)
-			time.Sleep(backoff)
-			backoff = acceptBackoff(backoff)
-			continue
-		}
-		backoff = acceptBackoff(0)
+	acceptEach(id.ln, "same-host identity socket", func(c net.Conn) bool {
 		select {
 		case id.busy <- struct{}{}:
 		default:
 			c.Close() // a flood: honest senders try again on their next connection
-			continue
+			return true
 		}
 		id.wg.Add(1)
 		go func() {
 			defer id.wg.Done()
 			defer func() { <-id.busy }()
 			defer c.Close()
-			id.serve(c)
+			id.serve(c.(*net.UnixConn))
 		}()
-	}
+		return true
+	})
 }
 
 // serve reads one nonce and answers "" (proven) or why not.

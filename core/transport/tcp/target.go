@@ -109,42 +109,51 @@ func serveOn(ln net.Listener, cfg Config) *target {
 
 func (t *target) addr() string { return t.ln.Addr().String() }
 
-// accept serves connections until the listener is closed. Any other
-// Accept error (EMFILE, ENFILE, ECONNABORTED, ENOBUFS: a moment of
-// exhaustion that any peer can cause) is waited out with backoff.
-func (t *target) accept() {
-	defer t.wg.Done()
+// acceptEach hands each connection accepted on ln to take until ln is
+// closed or take says to stop. Any other Accept error (EMFILE, ENFILE,
+// ECONNABORTED, ENOBUFS: a moment of exhaustion that any peer can cause)
+// is waited out with backoff, logged as what's.
+func acceptEach(ln net.Listener, what string, take func(c net.Conn) (more bool)) {
 	backoff := acceptBackoff(0)
 	for {
-		c, err := t.ln.Accept()
+		c, err := ln.Accept()
 		if errors.Is(err, net.ErrClosed) {
 			return
 		}
 		if err != nil {
-			logs.Printf(logs.Info, "target %s: accept: %v (retrying in %v)", t.addr(), err, backoff)
+			logs.Printf(logs.Info, "%s: accept: %v (retrying in %v)", what, err, backoff)
 			time.Sleep(backoff)
 			backoff = acceptBackoff(backoff)
 			continue
 		}
 		backoff = acceptBackoff(0)
-		t.mu.Lock()
-		if t.conns == nil {
-			t.mu.Unlock()
-			c.Close()
+		if !take(c) {
 			return
 		}
+	}
+}
+
+// accept serves data connections until the listener is closed.
+func (t *target) accept() {
+	defer t.wg.Done()
+	acceptEach(t.ln, "target "+t.addr(), func(c net.Conn) bool {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.conns == nil {
+			c.Close() // closing
+			return false
+		}
 		if len(t.conns) >= maxTargetConns && !t.shutOldestStrangerLocked() {
-			t.mu.Unlock()
 			c.Close() // every one is a sender's: refuse the newcomer, keep serving them
-			continue
+			return true
 		}
 		l := &link{c: c, slot: -1}
 		t.conns[c] = l
 		t.keepStrangerLocked(l)
 		t.wg.Add(1)
-		t.mu.Unlock()
 		go t.serve(l)
-	}
+		return true
+	})
 }
 
 // shutOldestStrangerLocked shuts the oldest connection that has not said
