@@ -3,8 +3,6 @@ package core
 import (
 	"encoding/json"
 	"sync/atomic"
-
-	"github.com/mcguard/mcguard/core/transport/tcp"
 )
 
 // Counters and the stats JSON.
@@ -72,16 +70,8 @@ func (g *Guard) Stats() ([]byte, error) {
 		"digests_read":        g.stats.digestsRead.Load(),
 		"digest_at":           g.cfg.DigestAt,
 	}
-	if p, ok := g.plane(tcp.Name).(*tcp.Transport); ok {
-		out["same_host_pulled_bytes"] = p.PulledBytes()
-		out["same_host_ipc_bytes"] = p.IPCBytes()
-		out["same_host_writers"] = p.SameHostWriters()
-		out["same_host_fallbacks"], out["same_host_fallback_why"] = p.SameHostFallbacks()
-		spins, paid, spent := p.BusyPolls()
-		out["busy_poll_spins"], out["busy_poll_paid"], out["busy_poll_spent_us"] = spins, paid, spent.Microseconds()
-	}
-	if g.engine != nil {
-		out["engine_calls_in_flight"] = g.engine.InFlight()
+	for _, p := range g.planes {
+		p.Stats(out)
 	}
 	out["same_host_pushed_bytes"] = g.stats.pushed.Load()
 	out["same_host_mapped_bytes"] = g.stats.mapped.Load()

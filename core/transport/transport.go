@@ -86,6 +86,8 @@ type Transport interface {
 	Abort(peer Peer) error
 	// Connections counts the peers' connections served (for metrics).
 	Connections() int
+	// Stats adds what the data plane counts to a guard's stats.
+	Stats(out map[string]any)
 
 	// Close ends the target side and releases everything; the
 	// connections it dialed must be closed first.

@@ -178,6 +178,9 @@ func (p *Plane) Abort(transport.Peer) error { return nil }
 // Connections implements transport.Transport.
 func (p *Plane) Connections() int { return 0 }
 
+// Stats adds the engine calls running to a guard's stats.
+func (p *Plane) Stats(out map[string]any) { out["engine_calls_in_flight"] = p.InFlight() }
+
 // Close waits, up to the linger time, for engine calls still running, and
 // refuses new ones: the application may tear its engine down afterwards.
 func (p *Plane) Close() {

@@ -294,6 +294,10 @@ func (t *Transport) Abort(peer transport.Peer) error {
 	return nil
 }
 
+// Stats: the RDMA data plane adds nothing of its own (its queue pairs
+// count in Connections).
+func (t *Transport) Stats(map[string]any) {}
+
 // Connections counts the queue pairs kept for senders.
 func (t *Transport) Connections() int {
 	t.mu.Lock()

@@ -251,6 +251,17 @@ func (t *Transport) Abort(peer transport.Peer) error {
 	return nil
 }
 
+// Stats adds the same-host copies, the same-host fallbacks and the busy
+// polls to a guard's stats.
+func (t *Transport) Stats(out map[string]any) {
+	out["same_host_pulled_bytes"] = t.PulledBytes()
+	out["same_host_ipc_bytes"] = t.IPCBytes()
+	out["same_host_writers"] = t.SameHostWriters()
+	out["same_host_fallbacks"], out["same_host_fallback_why"] = t.SameHostFallbacks()
+	spins, paid, spent := t.BusyPolls()
+	out["busy_poll_spins"], out["busy_poll_paid"], out["busy_poll_spent_us"] = spins, paid, spent.Microseconds()
+}
+
 // Connections counts the data connections the target serves.
 func (t *Transport) Connections() int {
 	t.target.mu.Lock()
