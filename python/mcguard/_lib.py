@@ -5,6 +5,8 @@ import ctypes
 import logging
 import os
 
+from .abi import LOG_FN, SyncOpts, TransferOpts, TransportOps
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -22,43 +24,6 @@ def library_path():
                   "in the mcguard repository")
 
 
-class TransferOpts(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint32), ("verify", ctypes.c_int32),
-                ("flags", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
-                ("digests", ctypes.POINTER(ctypes.c_uint64)),
-                ("transfer_id", ctypes.c_uint64), ("retries", ctypes.c_uint64),
-                ("resends", ctypes.c_uint64), ("deadline_ms", ctypes.c_uint64),
-                ("abort_state", ctypes.c_int32), ("reserved2", ctypes.c_uint32)]
-
-
-class SyncOpts(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
-                ("stream", ctypes.c_uint64), ("digests", ctypes.POINTER(ctypes.c_uint64))]
-
-
-TRANSFER_NO_NOTICE = 1
-
-# mc_transport_ops: an engine's callbacks (msg is a char buffer, passed as
-# its address so a callback can write into it).
-BATCH_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint64),
-                            ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t,
-                            ctypes.c_void_p, ctypes.c_size_t)
-REGISTER_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p,
-                               ctypes.c_size_t)
-UNREGISTER_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t)
-FENCE_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
-
-
-class TransportOps(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint32), ("reserved", ctypes.c_uint32), ("name", ctypes.c_char_p),
-                ("write", BATCH_FN), ("read", BATCH_FN), ("register_memory", REGISTER_FN),
-                ("unregister_memory", UNREGISTER_FN), ("fence", FENCE_FN)]
-
-ABORT_STATES = {0: None, 1: "confirmed", 2: "unconfirmed"}  # MC_ABORT_*
-
-
-LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_int32, ctypes.c_char_p, ctypes.c_void_p)
-LOG_LEVELS = ["error", "warn", "info", "debug"]  # MC_LOG_*
 _PY_LEVELS = [logging.ERROR, logging.WARNING, logging.INFO, logging.DEBUG]
 
 _u64p = ctypes.POINTER(ctypes.c_uint64)

@@ -16,34 +16,14 @@ except ImportError:
 _fast_transfer = getattr(_fastcall, "transfer", None)
 _fast_sync_transfers = getattr(_fastcall, "sync_transfers", None)  # None in a module built before it
 
-STATUS_NAMES = {
-    0: "MC_OK",
-    -1: "MC_ERR_INVALID_ARG",
-    -2: "MC_ERR_BAD_HANDLE",
-    -3: "MC_ERR_CONFIG",
-    -4: "MC_ERR_NOT_REGISTERED",
-    -5: "MC_ERR_SESSION",
-    -6: "MC_ERR_TIMEOUT",
-    -7: "MC_ERR_PEER",
-    -8: "MC_ERR_VERIFY",
-    -9: "MC_ERR_CLOSED",
-    -10: "MC_ERR_FORKED",
-    -11: "MC_ERR_BUFFER_TOO_SMALL",
-    -12: "MC_ERR_INTERNAL",
-    -13: "MC_ERR_DEVICE",
-    -14: "MC_ERR_QUIESCED",
-    -15: "MC_ERR_CANCELLED",
-    -16: "MC_ERR_NO_MEMORY",
-}
-globals().update({name: code for code, name in STATUS_NAMES.items()})
+from .abi import *  # noqa: F401,F403,E402 - the statuses and modes are mcguard.guard's names too
+from .abi import ABORT_STATES, LOG_LEVELS, STATUS_NAMES, TRANSFER_NO_NOTICE, VERIFY_MODES, SyncOpts, TransferOpts  # noqa: E402
 
 # Callbacks of guards over an engine: live ones, and retired ones kept
 # (small: the engine itself is let go) because a late call may return
 # through them after close.
 _live_callbacks = set()
 _retired_callbacks = []
-
-VERIFY_MODES = {None: -1, "off": 0, "tail": 1, "sample": 2, "full": 3, "digest": 4}
 
 
 class MCGuardError(Exception):
@@ -122,7 +102,7 @@ def _session(session):
 
 _U64_ARRAYS = {}  # n -> ctypes.c_uint64 * n: building the type each call costs as much as filling it
 _U64_ONE = ctypes.c_uint64 * 1
-_TRANSFER_OPTS_SIZE = ctypes.sizeof(_lib.TransferOpts)
+_TRANSFER_OPTS_SIZE = ctypes.sizeof(TransferOpts)
 _U64_LIMIT = 1 << 64
 
 
@@ -218,7 +198,7 @@ class Guard:
         if engine is None:
             self._check(self._lib.mc_guard_open(json.dumps(cfg).encode(), ctypes.byref(handle)), 0)
         else:
-            from .engine import Callbacks
+            from .callbacks import Callbacks
             try:
                 self._callbacks = Callbacks(engine)
             except TypeError as e:
@@ -262,15 +242,15 @@ class Guard:
         buf = ctypes.create_string_buffer(size + 1)
         self._lib.mc_guard_last_error(h, buf, len(buf))
         raise MCGuardError(status, buf.value.decode(errors="replace"),
-                           _lib.ABORT_STATES.get(abort) if abort is not None else None,
+                           ABORT_STATES.get(abort) if abort is not None else None,
                            transfer_id or None)
 
     def _h(self):
         _check_not_forked()
         if self._closed:
             raise MCGuardError(MC_ERR_BAD_HANDLE, "this Guard is closed")
-        if self._callbacks is not None:  # the call may run them: see engine.ensure_unraisable_hook
-            from .engine import ensure_unraisable_hook
+        if self._callbacks is not None:  # the call may run them: see callbacks.ensure_unraisable_hook
+            from .callbacks import ensure_unraisable_hook
             ensure_unraisable_hook()
         return self._handle
 
@@ -320,7 +300,7 @@ class Guard:
         h = self._h()
         if self._fast_entry and not digests and type(deadline_ms) is int and deadline_ms == 0:
             r = _fast_transfer(self._fast_entry, h, session, src, dst, lengths, VERIFY_MODES[verify],
-                               0 if notice else _lib.TRANSFER_NO_NOTICE)
+                               0 if notice else TRANSFER_NO_NOTICE)
             if r is not None:  # else not the plain case: the checked path below says what is wrong
                 st, tid, retries, resends, abort = r
                 if st != MC_OK:
@@ -332,7 +312,7 @@ class Guard:
         if not (ns == nd == nl):
             raise MCGuardError(MC_ERR_INVALID_ARG, "src, dst and lengths differ in length (%d, %d, %d)"
                                % (ns, nd, nl))
-        opts = _lib.TransferOpts(_TRANSFER_OPTS_SIZE, VERIFY_MODES[verify], 0 if notice else _lib.TRANSFER_NO_NOTICE)
+        opts = TransferOpts(_TRANSFER_OPTS_SIZE, VERIFY_MODES[verify], 0 if notice else TRANSFER_NO_NOTICE)
         if type(deadline_ms) is not int or deadline_ms != 0:  # anything but a plain 0 is checked
             opts.deadline_ms = _u64(deadline_ms, "deadline_ms")
         out = None
@@ -366,7 +346,7 @@ class Guard:
         ln, nl, kl = u64_array(lengths)
         if na != nl:
             raise MCGuardError(MC_ERR_INVALID_ARG, "addrs and lengths differ in length")
-        opts = _lib.SyncOpts(ctypes.sizeof(_lib.SyncOpts), 0, address_of(stream))
+        opts = SyncOpts(ctypes.sizeof(SyncOpts), 0, address_of(stream))
         kd = None
         if digests is not None:
             dp, nd, kd = u64_array(digests)
@@ -389,7 +369,7 @@ class Guard:
                 self._check(st)
                 return
         ids, n, keep = u64_array(transfer_ids)
-        opts = _lib.SyncOpts(ctypes.sizeof(_lib.SyncOpts), 0, address_of(stream))
+        opts = SyncOpts(ctypes.sizeof(SyncOpts), 0, address_of(stream))
         st = self._lib.mc_guard_sync_transfers(h, ids, n, ctypes.byref(opts))
         del keep
         self._check(st)
@@ -517,9 +497,9 @@ class Guard:
 def set_log_level(level):
     """The library's log level for the process: "error", "warn" (the
     default), "info" or "debug". Its messages go to logging.getLogger("mcguard")."""
-    if level not in _lib.LOG_LEVELS:
-        raise MCGuardError(MC_ERR_INVALID_ARG, "log level %r is not one of %s" % (level, ", ".join(_lib.LOG_LEVELS)))
-    st = _lib.lib().mc_guard_set_log(_lib.LOG_LEVELS.index(level), _lib._log_sink, None)
+    if level not in LOG_LEVELS:
+        raise MCGuardError(MC_ERR_INVALID_ARG, "log level %r is not one of %s" % (level, ", ".join(LOG_LEVELS)))
+    st = _lib.lib().mc_guard_set_log(LOG_LEVELS.index(level), _lib._log_sink, None)
     if st != MC_OK:
         raise MCGuardError(st, "mc_guard_set_log failed")
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import mcguard
-from mcguard import _lib
+from mcguard import _lib, abi
 from conftest import Buf
 
 L = _lib.lib()
@@ -110,15 +110,15 @@ def test_transfer_bad_arguments(raw):
     for args, status, text in cases:
         assert L.mc_guard_transfer(*args) == status, text
         assert text in last_error(h), (text, last_error(h))
-    bad = _lib.TransferOpts(struct_size=4)
+    bad = abi.TransferOpts(struct_size=4)
     assert L.mc_guard_transfer(h, ep, s, d, n1, 1, ctypes.byref(bad)) == mcguard.MC_ERR_INVALID_ARG
     assert "struct_size" in last_error(h)
-    bad = _lib.TransferOpts(struct_size=ctypes.sizeof(_lib.TransferOpts), verify=42)
+    bad = abi.TransferOpts(struct_size=ctypes.sizeof(abi.TransferOpts), verify=42)
     assert L.mc_guard_transfer(h, ep, s, d, n1, 1, ctypes.byref(bad)) == mcguard.MC_ERR_INVALID_ARG
     assert "MC_VERIFY" in last_error(h)
     # Nothing was written by any refusal; a good call still works.
     assert dst.bytes() == b"\0" * 4096
-    ok = _lib.TransferOpts(struct_size=ctypes.sizeof(_lib.TransferOpts), verify=1)
+    ok = abi.TransferOpts(struct_size=ctypes.sizeof(abi.TransferOpts), verify=1)
     assert L.mc_guard_transfer(h, ep, s, d, n1, 1, ctypes.byref(ok)) == 0
     assert ok.transfer_id > 0
     assert dst.bytes(0, 64) == b"s" * 64 and dst.bytes(64) == b"\0" * 4032
@@ -160,7 +160,7 @@ def test_sync_errors(raw):
     assert L.mc_guard_sync(h, None, arr(1), 1, None) == mcguard.MC_ERR_INVALID_ARG
     assert L.mc_guard_sync(h, arr(src.addr), arr(1), 2**63, None) == mcguard.MC_ERR_INVALID_ARG
     assert L.mc_guard_sync(h, arr(src.addr), arr(4097), 1, None) == mcguard.MC_ERR_NOT_REGISTERED
-    bad = _lib.SyncOpts(1, 0, 0)
+    bad = abi.SyncOpts(1, 0, 0)
     assert L.mc_guard_sync(h, arr(src.addr), arr(1), 1, ctypes.byref(bad)) == mcguard.MC_ERR_INVALID_ARG
 
 
@@ -169,7 +169,7 @@ def test_sync_transfers_errors(raw):
     assert L.mc_guard_sync_transfers(h, None, 1, None) == mcguard.MC_ERR_INVALID_ARG
     assert L.mc_guard_sync_transfers(h, arr(1), 0, None) == mcguard.MC_ERR_INVALID_ARG
     assert L.mc_guard_sync_transfers(h, arr(1), 2**40, None) == mcguard.MC_ERR_INVALID_ARG
-    assert L.mc_guard_sync_transfers(h, arr(1), 1, ctypes.byref(_lib.SyncOpts(2, 0, 0))) == mcguard.MC_ERR_INVALID_ARG
+    assert L.mc_guard_sync_transfers(h, arr(1), 1, ctypes.byref(abi.SyncOpts(2, 0, 0))) == mcguard.MC_ERR_INVALID_ARG
     assert L.mc_guard_sync_transfers(424242, arr(1), 1, None) == mcguard.MC_ERR_BAD_HANDLE
 
 

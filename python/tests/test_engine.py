@@ -231,14 +231,14 @@ def test_an_interrupt_as_a_callback_is_entered_comes_out_of_the_call(pd, monkeyp
     try: ctypes then reports it as unraisable and hands C an undefined
     status, which may read as MC_OK. In off mode nothing would catch the
     bytes that never moved; the call must raise the interrupt instead."""
-    from mcguard import engine as engine_module
+    from mcguard import callbacks as callbacks_module
 
     def entered(self, method):
         def cb(*_):  # stands for a handler run at cb's entry
             raise SystemExit(3)
         return cb if method == "write" else real(self, method)
-    real = engine_module.Callbacks._batch
-    monkeypatch.setattr(engine_module.Callbacks, "_batch", entered)
+    real = callbacks_module.Callbacks._batch
+    monkeypatch.setattr(callbacks_module.Callbacks, "_batch", entered)
     g, eng, src, dst, srcs, dsts = pd(verify="off")
     src.raw = os.urandom(BLOCK * N)
     with pytest.raises(SystemExit) as e:

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 import mcguard
-from mcguard import _lib
-from mcguard.guard import STATUS_NAMES, VERIFY_MODES
+from mcguard import abi
+from mcguard.abi import STATUS_NAMES, VERIFY_MODES
 
 HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "include", "mcguard.h")
 
@@ -43,7 +43,7 @@ def test_verify_modes_are_the_headers():
 
 
 def test_flags_are_the_headers():
-    assert defines("MC_TRANSFER_") == {"MC_TRANSFER_NO_NOTICE": _lib.TRANSFER_NO_NOTICE}
+    assert defines("MC_TRANSFER_") == {"MC_TRANSFER_NO_NOTICE": abi.TRANSFER_NO_NOTICE}
 
 
 def test_version_is_the_headers():
@@ -53,8 +53,8 @@ def test_version_is_the_headers():
 
 C_TYPES = {"uint32_t": ctypes.c_uint32, "int32_t": ctypes.c_int32, "uint64_t": ctypes.c_uint64,
            # the engine callbacks' typedefs, as the binding declares them
-           "mc_transport_batch_fn": _lib.BATCH_FN, "mc_transport_register_fn": _lib.REGISTER_FN,
-           "mc_transport_unregister_fn": _lib.UNREGISTER_FN, "mc_transport_fence_fn": _lib.FENCE_FN}
+           "mc_transport_batch_fn": abi.BATCH_FN, "mc_transport_register_fn": abi.REGISTER_FN,
+           "mc_transport_unregister_fn": abi.UNREGISTER_FN, "mc_transport_fence_fn": abi.FENCE_FN}
 
 
 def struct_fields(name):
@@ -72,8 +72,8 @@ def struct_fields(name):
     return out
 
 
-@pytest.mark.parametrize("name,cls", [("mc_transfer_opts", _lib.TransferOpts), ("mc_sync_opts", _lib.SyncOpts),
-                                      ("mc_transport_ops", _lib.TransportOps)])
+@pytest.mark.parametrize("name,cls", [("mc_transfer_opts", abi.TransferOpts), ("mc_sync_opts", abi.SyncOpts),
+                                      ("mc_transport_ops", abi.TransportOps)])
 def test_struct_layouts_are_the_headers(name, cls, tmp_path):
     declared = struct_fields(name)
     assert cls._fields_ == declared
@@ -97,4 +97,4 @@ def test_the_package_exports_every_status():
 
 def test_log_levels_are_the_headers():
     want = {name[len("MC_LOG_"):].lower(): v for name, v in defines("MC_LOG_").items()}
-    assert want == {name: i for i, name in enumerate(_lib.LOG_LEVELS)}
+    assert want == {name: i for i, name in enumerate(abi.LOG_LEVELS)}
