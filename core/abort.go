@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"time"
 
 	"github.com/mcguard/mcguard/core/memory"
@@ -100,9 +101,9 @@ func (s *session) cancelCalls() int {
 func callErr(ctx context.Context, err error) error {
 	switch context.Cause(ctx) {
 	case errCancelled:
-		return fmt.Errorf("%w: %v", ErrCancelled, err)
+		return fmt.Errorf("%w: %v", errs.Cancelled, err)
 	case errDeadline:
-		return fmt.Errorf("%w: %v: %v", ErrTimeout, errDeadline, err)
+		return fmt.Errorf("%w: %v: %v", errs.Timeout, errDeadline, err)
 	}
 	return err
 }
@@ -187,7 +188,7 @@ func (g *Guard) Quiesce(ranges []SyncRange) error {
 	}
 	defer g.inflight.Done()
 	if len(ranges) > MaxDescriptors {
-		return fmt.Errorf("%w: %d ranges, limit %d per call", ErrInvalidArg, len(ranges), MaxDescriptors)
+		return fmt.Errorf("%w: %d ranges, limit %d per call", errs.InvalidArg, len(ranges), MaxDescriptors)
 	}
 	regions := make([]memory.Region, len(ranges))
 	for i, r := range ranges {
@@ -200,7 +201,7 @@ func (g *Guard) Quiesce(ranges []SyncRange) error {
 	defer cancel()
 	for _, p := range g.planes {
 		if err := p.Quiesce(ctx, regions); err != nil {
-			return fmt.Errorf("%w: %s: quiescing: %v", ErrTimeout, p.Name(), err)
+			return fmt.Errorf("%w: %s: quiescing: %v", errs.Timeout, p.Name(), err)
 		}
 	}
 	g.stats.quiesces.Add(1)

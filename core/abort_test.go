@@ -2,6 +2,7 @@ package core
 
 import (
 	"bytes"
+	"github.com/mcguard/mcguard/core/errs"
 	"io"
 	"net"
 	"testing"
@@ -101,9 +102,9 @@ func TestCancelAndDeadlineCutOffAndConfirm(t *testing.T) {
 			res, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(1, 4096), opts)
 			require.Error(t, err)
 			if how == "deadline" {
-				require.ErrorIs(t, err, ErrTimeout)
+				require.ErrorIs(t, err, errs.Timeout)
 			} else {
-				require.ErrorIs(t, err, ErrCancelled)
+				require.ErrorIs(t, err, errs.Cancelled)
 			}
 			require.Less(t, time.Since(start), 250*time.Millisecond, "it did not wait for the held write")
 			require.Equal(t, AbortConfirmed, res.Abort)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"net"
 	"strconv"
 	"strings"
@@ -36,7 +37,7 @@ func parseHostPort(s string, zeroOK bool) (host string, port int, err error) {
 
 func validSessionName(name string) error {
 	if _, _, err := parseHostPort(name, false); err != nil {
-		return fmt.Errorf("%w: session %q is not \"host:port\" (%v); an IPv6 host goes in brackets: \"[::1]:5000\"", ErrInvalidArg, name, err)
+		return fmt.Errorf("%w: session %q is not \"host:port\" (%v); an IPv6 host goes in brackets: \"[::1]:5000\"", errs.InvalidArg, name, err)
 	}
 	return nil
 }
@@ -53,7 +54,7 @@ func (g *Guard) checkSession(name string) error {
 		return validSessionName(name)
 	}
 	if name == "" || len(name) > maxEngineSession || !utf8.ValidString(name) || strings.ContainsFunc(name, unicode.IsControl) {
-		return fmt.Errorf("%w: session %q: an engine's peer name must be 1 to %d bytes of printable UTF-8", ErrInvalidArg, name, maxEngineSession)
+		return fmt.Errorf("%w: session %q: an engine's peer name must be 1 to %d bytes of printable UTF-8", errs.InvalidArg, name, maxEngineSession)
 	}
 	return nil
 }
@@ -66,7 +67,7 @@ func listenIP(host string) (net.IP, error) {
 	}
 	ips, err := net.DefaultResolver.LookupIP(context.Background(), "ip", host)
 	if err != nil || len(ips) == 0 {
-		return nil, fmt.Errorf("%w: cannot resolve listen host %q: %v", ErrConfig, host, err)
+		return nil, fmt.Errorf("%w: cannot resolve listen host %q: %v", errs.Config, host, err)
 	}
 	return ips[0], nil
 }
@@ -78,13 +79,13 @@ func listenIP(host string) (net.IP, error) {
 func reachControl(ctx context.Context, session string, timeout time.Duration) (string, error) {
 	host, port, err := parseHostPort(session, false)
 	if err != nil {
-		return "", fmt.Errorf("%w: session %q: %v", ErrInvalidArg, session, err)
+		return "", fmt.Errorf("%w: session %q: %v", errs.InvalidArg, session, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	ips, err := net.DefaultResolver.LookupIP(ctx, "ip", host)
 	if err != nil || len(ips) == 0 {
-		return "", fmt.Errorf("%w: session %q: cannot resolve %q: %v", ErrSession, session, host, err)
+		return "", fmt.Errorf("%w: session %q: cannot resolve %q: %v", errs.Session, session, host, err)
 	}
 	var refused error
 	for _, ip := range ips {
@@ -98,10 +99,10 @@ func reachControl(ctx context.Context, session string, timeout time.Duration) (s
 		case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
 			refused = err // try the host's other addresses
 		case ctx.Err() != nil:
-			return "", fmt.Errorf("%w: session %q: no answer to a connection within %v (host down or partitioned?)", ErrTimeout, session, timeout)
+			return "", fmt.Errorf("%w: session %q: no answer to a connection within %v (host down or partitioned?)", errs.Timeout, session, timeout)
 		default:
 			refused = err
 		}
 	}
-	return "", fmt.Errorf("%w: session %q: %v (no guard listening there?)", ErrPeer, session, refused)
+	return "", fmt.Errorf("%w: session %q: %v (no guard listening there?)", errs.Peer, session, refused)
 }

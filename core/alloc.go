@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/sharedmem"
@@ -18,11 +19,11 @@ func (g *Guard) Alloc(n uint64) (uint64, error) {
 	}
 	defer g.inflight.Done()
 	if n == 0 || n > maxAlloc {
-		return 0, fmt.Errorf("%w: allocation of %d bytes (1 to %d)", ErrInvalidArg, n, uint64(maxAlloc))
+		return 0, fmt.Errorf("%w: allocation of %d bytes (1 to %d)", errs.InvalidArg, n, uint64(maxAlloc))
 	}
 	f, err := sharedmem.Alloc(n, g.regions)
 	if err != nil {
-		return 0, fmt.Errorf("%w: allocating %d bytes: %v", ErrNoMemory, n, err)
+		return 0, fmt.Errorf("%w: allocating %d bytes: %v", errs.NoMemory, n, err)
 	}
 	if err := g.Register(f.Addr, f.Len); err != nil {
 		f.Free()
@@ -52,7 +53,7 @@ func (g *Guard) Free(addr uint64) error {
 	delete(g.allocs, addr)
 	g.mu.Unlock()
 	if f == nil {
-		return fmt.Errorf("%w: %#x is not an allocation of this guard (mc_guard_alloc)", ErrInvalidArg, addr)
+		return fmt.Errorf("%w: %#x is not an allocation of this guard (mc_guard_alloc)", errs.InvalidArg, addr)
 	}
 	whole := memory.Region{Addr: f.Addr, Len: f.Len}
 	for _, r := range g.regions.Snapshot() {

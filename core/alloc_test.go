@@ -2,6 +2,7 @@ package core
 
 import (
 	"bytes"
+	"github.com/mcguard/mcguard/core/errs"
 	"testing"
 	"unsafe"
 
@@ -72,19 +73,19 @@ func TestFreeShutsOutTheSenderAndReleasesItsMapping(t *testing.T) {
 func TestAllocAndFreeRefuseBadInput(t *testing.T) {
 	g := openGuard(t, "")
 	_, err := g.Alloc(0)
-	require.ErrorIs(t, err, ErrInvalidArg)
+	require.ErrorIs(t, err, errs.InvalidArg)
 	_, err = g.Alloc(1 << 62)
-	require.ErrorIs(t, err, ErrInvalidArg)
+	require.ErrorIs(t, err, errs.InvalidArg)
 	m := allocated(t, g, 5000)
 	require.Len(t, m.b, 5000)
 	require.Equal(t, make([]byte, 5000), m.b, "zeroed")
-	require.ErrorIs(t, g.Free(m.addr(1)), ErrInvalidArg, "not the start of an allocation")
+	require.ErrorIs(t, g.Free(m.addr(1)), errs.InvalidArg, "not the start of an allocation")
 	other := newMem(t, 4096)
 	require.NoError(t, g.Register(other.addr(0), 4096))
-	require.ErrorIs(t, g.Free(other.addr(0)), ErrInvalidArg, "registered, but not allocated here")
+	require.ErrorIs(t, g.Free(other.addr(0)), errs.InvalidArg, "registered, but not allocated here")
 	require.NoError(t, g.Free(m.addr(0)))
-	require.ErrorIs(t, g.Free(m.addr(0)), ErrInvalidArg, "freed twice")
-	require.ErrorIs(t, g.regions.Check(m.addr(0), 4096), ErrNotRegistered, "freed memory is unregistered")
+	require.ErrorIs(t, g.Free(m.addr(0)), errs.InvalidArg, "freed twice")
+	require.ErrorIs(t, g.regions.Check(m.addr(0), 4096), errs.NotRegistered, "freed memory is unregistered")
 	_, ok := sharedmem.Lookup(m.addr(0), 1, g.regions)
 	require.False(t, ok, "and unmapped")
 }
@@ -97,7 +98,7 @@ func TestFreeUnregistersPartsRegisteredSince(t *testing.T) {
 	require.NoError(t, g.Unregister(m.addr(0)))
 	require.NoError(t, g.Register(m.addr(4096), 4096))
 	require.NoError(t, g.Free(m.addr(0)))
-	require.ErrorIs(t, g.regions.Check(m.addr(4096), 4096), ErrNotRegistered)
+	require.ErrorIs(t, g.regions.Check(m.addr(4096), 4096), errs.NotRegistered)
 	require.Empty(t, g.regions.Snapshot())
 }
 

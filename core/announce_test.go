@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"testing"
 	"time"
 
@@ -29,7 +30,7 @@ func TestRefusedNoticeSurfacesAtALaterCall(t *testing.T) {
 			second, err := p.send.Transfer(p.session, p.blocks(1, 4096), TransferOptions{})
 			if plane == "off" {
 				// Over the socket the fence reads the notice's answer in the call.
-				require.ErrorIs(t, err, ErrSession)
+				require.ErrorIs(t, err, errs.Session)
 				require.Contains(t, err.Error(), "refused the completion notice")
 				return
 			}

@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"testing"
 	"time"
 
@@ -143,7 +144,7 @@ func TestLongChunkRefusedMidway(t *testing.T) {
 			descs := p.blocks(n, size)
 			descs[2000].Dst = p.dst.addr(0) + n*size // past the receiver's region
 			_, err := p.send.Transfer(p.session, descs, TransferOptions{})
-			require.ErrorIs(t, err, ErrNotRegistered)
+			require.ErrorIs(t, err, errs.NotRegistered)
 			require.Contains(t, err.Error(), "descriptor 2000 ")
 			fill(p.src.b)
 			_, err = p.send.Transfer(p.session, p.blocks(n, size), TransferOptions{})

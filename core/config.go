@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"os"
 	"strings"
 	"time"
@@ -158,38 +159,38 @@ func LoadConfig(getenv config.Getenv, configJSON string) (Config, error) {
 	}
 	host, _, err := parseHostPort(c.Listen, true)
 	if err != nil {
-		return Config{}, fmt.Errorf("%w: listen %q is not host:port (%v); an IPv6 host goes in brackets: \"[::1]:0\"", ErrConfig, c.Listen, err)
+		return Config{}, fmt.Errorf("%w: listen %q is not host:port (%v); an IPv6 host goes in brackets: \"[::1]:0\"", errs.Config, c.Listen, err)
 	}
 	if secretFile != "" {
 		if secret != "" {
-			return Config{}, fmt.Errorf("%w: give secret or secret_file, not both", ErrConfig)
+			return Config{}, fmt.Errorf("%w: give secret or secret_file, not both", errs.Config)
 		}
 		b, err := os.ReadFile(secretFile)
 		if err != nil {
-			return Config{}, fmt.Errorf("%w: secret_file: %v", ErrConfig, err)
+			return Config{}, fmt.Errorf("%w: secret_file: %v", errs.Config, err)
 		}
 		secret = strings.TrimRight(string(b), "\r\n")
 	}
 	if secret != "" {
 		if len(secret) < secretMinBytes {
-			return Config{}, fmt.Errorf("%w: the secret must be at least %d bytes (use e.g. `openssl rand -hex 32`)", ErrConfig, secretMinBytes)
+			return Config{}, fmt.Errorf("%w: the secret must be at least %d bytes (use e.g. `openssl rand -hex 32`)", errs.Config, secretMinBytes)
 		}
 		c.Secret = []byte(secret)
 	}
 	if c.Secret == nil && !isLoopback(host) {
 		if !c.AllowInsecure {
-			return Config{}, fmt.Errorf("%w: listen %q reaches beyond this machine, and the guard has no secret: any peer could write into registered memory. Set secret (or secret_file, MC_GUARD_SECRET), or allow_insecure: true to accept that", ErrConfig, c.Listen)
+			return Config{}, fmt.Errorf("%w: listen %q reaches beyond this machine, and the guard has no secret: any peer could write into registered memory. Set secret (or secret_file, MC_GUARD_SECRET), or allow_insecure: true to accept that", errs.Config, c.Listen)
 		}
 		logs.Printf(logs.Warn, "listening on %s without a secret (allow_insecure): any peer that reaches it can read and write registered memory", c.Listen)
 	}
 	if c.RequireRDMA {
 		if c.Transport == "tcp" {
-			return Config{}, fmt.Errorf("%w: transport \"tcp\" and require_rdma true contradict each other: choose transport rdma (or auto with require_rdma), or drop require_rdma", ErrConfig)
+			return Config{}, fmt.Errorf("%w: transport \"tcp\" and require_rdma true contradict each other: choose transport rdma (or auto with require_rdma), or drop require_rdma", errs.Config)
 		}
 		c.Transport = "rdma" // auto that must not fall back is rdma
 	}
 	if c.Timeout <= 0 || c.ConnectTimeout <= 0 || c.SyncTimeout <= 0 {
-		return Config{}, fmt.Errorf("%w: timeout_ms, connect_timeout_ms and sync_timeout_ms must be positive", ErrConfig)
+		return Config{}, fmt.Errorf("%w: timeout_ms, connect_timeout_ms and sync_timeout_ms must be positive", errs.Config)
 	}
 	return c, nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -43,7 +44,7 @@ var controlMonitors atomic.Uint64 // names each control socket's monitor
 func newControlServer(zctx *zmq.Context, listen string, handle func(peer, body []byte) []byte) (*controlServer, error) {
 	sock, err := zctx.NewSocket(zmq.ROUTER)
 	if err != nil {
-		return nil, fmt.Errorf("%w: control socket: %v", ErrConfig, err)
+		return nil, fmt.Errorf("%w: control socket: %v", errs.Config, err)
 	}
 	sock.SetLinger(0)
 	sock.SetMaxmsgsize(maxControlMessage)
@@ -64,25 +65,25 @@ func newControlServer(zctx *zmq.Context, listen string, handle func(peer, body [
 	}
 	monitor := fmt.Sprintf("inproc://mcguard-control-%d", controlMonitors.Add(1))
 	if err := sock.Monitor(monitor, zmq.EVENT_ACCEPTED|zmq.EVENT_DISCONNECTED|zmq.EVENT_CLOSED); err != nil {
-		return fail(fmt.Errorf("%w: control socket monitor: %v", ErrConfig, err))
+		return fail(fmt.Errorf("%w: control socket monitor: %v", errs.Config, err))
 	}
 	events, err := zctx.NewSocket(zmq.PAIR)
 	if err != nil {
-		return fail(fmt.Errorf("%w: control socket monitor: %v", ErrConfig, err))
+		return fail(fmt.Errorf("%w: control socket monitor: %v", errs.Config, err))
 	}
 	events.SetLinger(0)
 	if err := events.Connect(monitor); err != nil {
 		events.Close()
-		return fail(fmt.Errorf("%w: control socket monitor: %v", ErrConfig, err))
+		return fail(fmt.Errorf("%w: control socket monitor: %v", errs.Config, err))
 	}
 	if err := sock.Bind("tcp://" + net.JoinHostPort(ip.String(), port)); err != nil {
 		events.Close()
-		return fail(fmt.Errorf("%w: control channel cannot listen on %s: %v", ErrConfig, listen, err))
+		return fail(fmt.Errorf("%w: control channel cannot listen on %s: %v", errs.Config, listen, err))
 	}
 	last, err := sock.GetLastEndpoint()
 	if err != nil {
 		events.Close()
-		return fail(fmt.Errorf("%w: control endpoint: %v", ErrConfig, err))
+		return fail(fmt.Errorf("%w: control endpoint: %v", errs.Config, err))
 	}
 	_, boundPort, _ := net.SplitHostPort(last[len("tcp://"):])
 	s := &controlServer{endpoint: net.JoinHostPort(host, boundPort), done: make(chan struct{})}
@@ -244,14 +245,14 @@ func newReqSocket(ctx context.Context, zctx *zmq.Context, session string, timeou
 	}
 	sock, err := zctx.NewSocket(zmq.REQ)
 	if err != nil {
-		return nil, "", fmt.Errorf("%w: control socket: %v", ErrSession, err)
+		return nil, "", fmt.Errorf("%w: control socket: %v", errs.Session, err)
 	}
 	sock.SetLinger(0)
 	sock.SetMaxmsgsize(maxControlMessage)
 	sock.SetIpv6(true)
 	if err := sock.Connect("tcp://" + addr); err != nil {
 		sock.Close()
-		return nil, "", fmt.Errorf("%w: session %q: %v", ErrSession, session, err)
+		return nil, "", fmt.Errorf("%w: session %q: %v", errs.Session, session, err)
 	}
 	return sock, addr, nil
 }
@@ -261,7 +262,7 @@ func newReqSocket(ctx context.Context, zctx *zmq.Context, session string, timeou
 // that missed its reply cannot be reused (Lazy Pirate).
 func request(ctx context.Context, sock *zmq.Socket, session, what string, body []byte, timeout time.Duration) ([]byte, error) {
 	if _, err := sock.SendBytes(body, 0); err != nil {
-		return nil, fmt.Errorf("%w: session %q: %s send: %v", ErrSession, session, what, err)
+		return nil, fmt.Errorf("%w: session %q: %s send: %v", errs.Session, session, what, err)
 	}
 	deadline := time.Now().Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
@@ -272,14 +273,14 @@ func request(ctx context.Context, sock *zmq.Socket, session, what string, body [
 	for {
 		left := time.Until(deadline)
 		if left <= 0 {
-			return nil, fmt.Errorf("%w: session %q did not answer the %s within %v (no guard listening there?)", ErrTimeout, session, what, timeout)
+			return nil, fmt.Errorf("%w: session %q did not answer the %s within %v (no guard listening there?)", errs.Timeout, session, what, timeout)
 		}
 		polled, err := poller.Poll(min(left, 50*time.Millisecond))
 		if err != nil {
-			return nil, fmt.Errorf("%w: session %q: %v", ErrSession, session, err)
+			return nil, fmt.Errorf("%w: session %q: %v", errs.Session, session, err)
 		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("%w: %s with %q: %v", ErrClosed, what, session, ctx.Err())
+			return nil, fmt.Errorf("%w: %s with %q: %v", errs.Closed, what, session, ctx.Err())
 		}
 		if len(polled) > 0 {
 			break
@@ -287,7 +288,7 @@ func request(ctx context.Context, sock *zmq.Socket, session, what string, body [
 	}
 	raw, err := sock.RecvBytes(0)
 	if err != nil {
-		return nil, fmt.Errorf("%w: session %q: %s receive: %v", ErrSession, session, what, err)
+		return nil, fmt.Errorf("%w: session %q: %s receive: %v", errs.Session, session, what, err)
 	}
 	return raw, nil
 }

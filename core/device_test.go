@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -106,7 +107,7 @@ func TestDeviceCopyFailureIsAFailedTransfer(t *testing.T) {
 	d := []verify.Desc{{Src: src, Dst: dst, Len: size}}
 	m.FailCopies(1) // the sender's staging copy of the source
 	_, err := send.Transfer(recv.Endpoint(), d, TransferOptions{})
-	require.ErrorIs(t, err, ErrDevice)
+	require.ErrorIs(t, err, errs.Device)
 	_, err = send.Transfer(recv.Endpoint(), d, TransferOptions{})
 	require.NoError(t, err, "and then it works again")
 
@@ -114,7 +115,7 @@ func TestDeviceCopyFailureIsAFailedTransfer(t *testing.T) {
 	require.NoError(t, send.Register(host.addr(0), size))
 	m.FailCopies(1) // now the target's copy into its GPU memory
 	_, err = send.Transfer(recv.Endpoint(), []verify.Desc{{Src: host.addr(0), Dst: dst, Len: size}}, TransferOptions{})
-	require.ErrorIs(t, err, ErrDevice)
+	require.ErrorIs(t, err, errs.Device)
 	require.Contains(t, err.Error(), "the target's GPU copy failed")
 }
 
@@ -142,10 +143,10 @@ func TestNoCUDAMeansHostOnlyAndSaysSo(t *testing.T) {
 	m := newMem(t, 4096)
 	require.NoError(t, g.Register(m.addr(0), 4096), "host memory works without a driver")
 	err := g.RegisterDevice(m.addr(0)+8192, 4096)
-	require.ErrorIs(t, err, ErrDevice)
+	require.ErrorIs(t, err, errs.Device)
 	require.Contains(t, err.Error(), "CUDA is unavailable")
 	_, err = Open(testConfig(t, `{"cuda": "required", "cuda_library": "/nonexistent/libcuda.so.1"}`))
-	require.ErrorIs(t, err, ErrDevice)
+	require.ErrorIs(t, err, errs.Device)
 	off := openGuard(t, `{"cuda": "off"}`)
 	require.Equal(t, "off", stats(t, off)["cuda"])
 }
@@ -156,5 +157,5 @@ func TestRegisterDeviceWithTheModel(t *testing.T) {
 	dev, _ := devAlloc(t, m, 4096)
 	require.NoError(t, g.RegisterDevice(dev, 4096))
 	host := newMem(t, 4096)
-	require.ErrorIs(t, g.RegisterDevice(host.addr(0), 4096), ErrDevice, "host memory is not device memory")
+	require.ErrorIs(t, g.RegisterDevice(host.addr(0), 4096), errs.Device, "host memory is not device memory")
 }

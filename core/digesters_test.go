@@ -1,6 +1,7 @@
 package core
 
 import (
+	"github.com/mcguard/mcguard/core/errs"
 	"runtime"
 	"testing"
 	"time"
@@ -58,7 +59,7 @@ func TestDigestWorkersAreReusedAndEndWithTheGuard(t *testing.T) {
 
 	// A source that is not registered fails the job, not the worker.
 	bad := []verify.Desc{{Src: m.addr(0) + n*size, Len: size}}
-	require.ErrorIs(t, <-g.digestInBackground(&job, bad, got[:1]), ErrNotRegistered)
+	require.ErrorIs(t, <-g.digestInBackground(&job, bad, got[:1]), errs.NotRegistered)
 	require.NoError(t, <-g.digestInBackground(&job, chunk, got))
 
 	require.NoError(t, g.Close())

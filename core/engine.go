@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"os"
 	"strconv"
 	"strings"
@@ -20,10 +21,10 @@ import (
 // digests) and serves TCP to peers that send over mcguard's own.
 func OpenWithEngine(cfg Config, ops engine.Ops) (*Guard, error) {
 	if cfg.RequireRDMA {
-		return nil, fmt.Errorf("%w: require_rdma asks for mcguard's RDMA data plane, and this guard sends through the application's engine: drop require_rdma", ErrConfig)
+		return nil, fmt.Errorf("%w: require_rdma asks for mcguard's RDMA data plane, and this guard sends through the application's engine: drop require_rdma", errs.Config)
 	}
 	if cfg.Transport != "auto" && cfg.Transport != engine.Name {
-		return nil, fmt.Errorf("%w: transport %q names mcguard's own data plane, and this guard sends through the application's engine: leave transport unset", ErrConfig, cfg.Transport)
+		return nil, fmt.Errorf("%w: transport %q names mcguard's own data plane, and this guard sends through the application's engine: leave transport unset", errs.Config, cfg.Transport)
 	}
 	cfg.Transport = engine.Name
 	if cfg.Verify.SliceBytes == verify.SliceAuto {
@@ -86,7 +87,7 @@ func (g *Guard) SetPeerGuard(session, endpoint string) error {
 		return fmt.Errorf("peer guard endpoint: %w", err)
 	}
 	if g.engine == nil {
-		return fmt.Errorf("%w: this guard sends over mcguard's %s data plane, where the session's name is its guard's endpoint; SetPeerGuard is for guards over an engine", ErrInvalidArg, g.data.Name())
+		return fmt.Errorf("%w: this guard sends over mcguard's %s data plane, where the session's name is its guard's endpoint; SetPeerGuard is for guards over an engine", errs.InvalidArg, g.data.Name())
 	}
 	s := g.session(session)
 	s.mu.Lock()
@@ -119,17 +120,17 @@ func (g *Guard) WaitEngineCalls(id uint64, timeout time.Duration) error {
 	defer g.inflight.Done()
 	switch {
 	case g.engine == nil:
-		return fmt.Errorf("%w: this guard sends over mcguard's %s data plane, where a failed transfer's abort state says whether more of it can land and the receiver's quiesce makes sure; waiting for engine calls is for guards over an engine", ErrInvalidArg, g.data.Name())
+		return fmt.Errorf("%w: this guard sends over mcguard's %s data plane, where a failed transfer's abort state says whether more of it can land and the receiver's quiesce makes sure; waiting for engine calls is for guards over an engine", errs.InvalidArg, g.data.Name())
 	case !g.ids.gave(id):
-		return fmt.Errorf("%w: transfer id %#x was not given by this guard", ErrInvalidArg, id)
+		return fmt.Errorf("%w: transfer id %#x was not given by this guard", errs.InvalidArg, id)
 	case timeout < 0 || timeout > maxEngineWait:
-		return fmt.Errorf("%w: timeout %v is outside [0, %v]", ErrInvalidArg, timeout, maxEngineWait)
+		return fmt.Errorf("%w: timeout %v is outside [0, %v]", errs.InvalidArg, timeout, maxEngineWait)
 	}
 	ctx, cancel := context.WithTimeout(g.ctx, timeout)
 	defer cancel()
 	if err := g.engine.WaitTransfer(ctx, id); err != nil {
 		if g.ctx.Err() != nil {
-			return fmt.Errorf("%w while waiting for the engine calls of transfer %#x", ErrClosed, id)
+			return fmt.Errorf("%w while waiting for the engine calls of transfer %#x", errs.Closed, id)
 		}
 		return err
 	}

@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"sync"
 	"testing"
 	"time"
@@ -156,7 +157,7 @@ func TestEngineSliceAwareTailCatchesALostSlice(t *testing.T) {
 	require.NoError(t, g.Register(p.src.addr(0), uint64(len(p.src.b))))
 	fill(p.src.b)
 	_, err = g.Transfer(p.session, p.blocks(4, 256<<10), TransferOptions{})
-	require.ErrorIs(t, err, ErrVerify, "every slice's tail is checked")
+	require.ErrorIs(t, err, errs.Verify, "every slice's tail is checked")
 	require.Contains(t, err.Error(), "4 descriptor(s)")
 }
 
@@ -184,7 +185,7 @@ func TestEngineDigestNeedsThePeersGuardOrForwardedDigests(t *testing.T) {
 	require.NoError(t, g.Register(p.src.addr(0), uint64(len(p.src.b))))
 	fill(p.src.b)
 	_, err = g.Transfer(p.session, p.blocks(8, 4096), TransferOptions{})
-	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, err, errs.Config)
 	require.Contains(t, err.Error(), "mc_guard_set_peer_guard")
 
 	digests := make([]uint64, 8)
@@ -211,7 +212,7 @@ func TestEngineErrorsAreReportedWithTheEnginesMessage(t *testing.T) {
 	err = p.send.Quiesce([]SyncRange{{p.src.addr(0), 64}})
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "quiesce is not available over an engine")
-	require.ErrorIs(t, p.recv.SetPeerGuard("a:1", "b:2"), ErrInvalidArg, "only for guards over an engine")
+	require.ErrorIs(t, p.recv.SetPeerGuard("a:1", "b:2"), errs.InvalidArg, "only for guards over an engine")
 }
 
 func TestEngineHungCallEndsAtTheDeadline(t *testing.T) {
@@ -231,7 +232,7 @@ func TestEngineHungCallEndsAtTheDeadline(t *testing.T) {
 	require.NoError(t, f.register("decode:1", m.addr(0), 4096))
 	start := time.Now()
 	_, err = g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{Deadline: 100 * time.Millisecond})
-	require.ErrorIs(t, err, ErrTimeout)
+	require.ErrorIs(t, err, errs.Timeout)
 	require.Contains(t, err.Error(), "may still land")
 	require.Less(t, time.Since(start), 2*time.Second)
 	require.EqualValues(t, 1, stats(t, g)["engine_calls_in_flight"], "the abandoned call: its blocks are not safe to reuse yet")
@@ -265,7 +266,7 @@ func TestWaitEngineCallsWaitsForItsTransferOnly(t *testing.T) {
 	// Transfer A gives up at its deadline with its write still in the
 	// engine; transfer B, to another session, is still in its write.
 	a, err := g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{Deadline: 100 * time.Millisecond})
-	require.ErrorIs(t, err, ErrTimeout)
+	require.ErrorIs(t, err, errs.Timeout)
 	require.NotZero(t, a.ID, "a failed transfer has an id to wait on")
 	require.Equal(t, "decode:1", <-entered)
 	bDone := make(chan error, 1)
@@ -277,10 +278,10 @@ func TestWaitEngineCallsWaitsForItsTransferOnly(t *testing.T) {
 	require.EqualValues(t, 2, g.engine.InFlight())
 
 	err = g.WaitEngineCalls(a.ID, 0)
-	require.ErrorIs(t, err, ErrTimeout, "A's write is still in the engine")
+	require.ErrorIs(t, err, errs.Timeout, "A's write is still in the engine")
 	require.Contains(t, err.Error(), "1 engine call(s)")
 	start := time.Now()
-	require.ErrorIs(t, g.WaitEngineCalls(a.ID, 50*time.Millisecond), ErrTimeout)
+	require.ErrorIs(t, g.WaitEngineCalls(a.ID, 50*time.Millisecond), errs.Timeout)
 	require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond)
 
 	close(held["decode:1"])
@@ -304,12 +305,12 @@ func TestWaitEngineCallsWaitsForItsTransferOnly(t *testing.T) {
 		{a.ID, 25 * time.Hour, "outside"},
 	} {
 		err := g.WaitEngineCalls(bad.id, bad.timeout)
-		require.ErrorIs(t, err, ErrInvalidArg, bad.why)
+		require.ErrorIs(t, err, errs.InvalidArg, bad.why)
 		require.Contains(t, err.Error(), bad.why)
 	}
 	plain := openGuard(t, "")
 	err = plain.WaitEngineCalls(1, 0)
-	require.ErrorIs(t, err, ErrInvalidArg)
+	require.ErrorIs(t, err, errs.InvalidArg)
 	require.Contains(t, err.Error(), "abort state")
 }
 
@@ -329,7 +330,7 @@ func TestEngineHeldWritesCountForTheirTransfer(t *testing.T) {
 	}
 	require.Equal(t, 20, g.engine.Transfers(), "one entry per transfer with a write held")
 	for _, id := range ids {
-		require.ErrorIs(t, g.WaitEngineCalls(id, 0), ErrTimeout, "its write is held")
+		require.ErrorIs(t, g.WaitEngineCalls(id, 0), errs.Timeout, "its write is held")
 	}
 	for _, id := range ids {
 		require.NoError(t, g.WaitEngineCalls(id, 5*time.Second))
@@ -357,7 +358,7 @@ func TestWaitEngineCallsEndsWhenTheGuardCloses(t *testing.T) {
 	start := time.Now()
 	require.NoError(t, g.Close())
 	err = <-waited
-	require.ErrorIs(t, err, ErrClosed, "a close ends the wait, whose write is still held")
+	require.ErrorIs(t, err, errs.Closed, "a close ends the wait, whose write is still held")
 	require.Contains(t, err.Error(), "while waiting for the engine calls", "the wait began before the close")
 	require.Less(t, time.Since(start), 3*time.Second, "close waits for the held write at most its linger time")
 }
@@ -365,9 +366,9 @@ func TestWaitEngineCallsEndsWhenTheGuardCloses(t *testing.T) {
 func TestOpenWithEngineRefusesBadSettings(t *testing.T) {
 	f := newFakeEngines()
 	for js, want := range map[string]error{
-		`{"transport": "tcp"}`:   ErrConfig,
-		`{"require_rdma": true}`: ErrConfig,
-		`{"inject": "stale"}`:    ErrConfig,
+		`{"transport": "tcp"}`:   errs.Config,
+		`{"require_rdma": true}`: errs.Config,
+		`{"inject": "stale"}`:    errs.Config,
 	} {
 		_, err := OpenWithEngine(testConfig(t, js), f.ops("x", "fake"))
 		require.ErrorIs(t, err, want, js)
@@ -375,7 +376,7 @@ func TestOpenWithEngineRefusesBadSettings(t *testing.T) {
 	ops := f.ops("x", "fake")
 	ops.Read = nil
 	_, err := OpenWithEngine(testConfig(t, ""), ops)
-	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, err, errs.Config)
 	require.Contains(t, err.Error(), "needs both a write and a read callback")
 	g, err := Open(testConfig(t, `{"transport": "auto"}`))
 	require.NoError(t, err, "auto never picks the engine")
@@ -409,11 +410,11 @@ func TestEngineCallEndsAtTimeoutAndCancelAtOnce(t *testing.T) {
 	start := time.Now()
 	res, err := g.Transfer("decode:1", desc, TransferOptions{})
 	took := time.Since(start)
-	require.ErrorIs(t, err, ErrTimeout)
+	require.ErrorIs(t, err, errs.Timeout)
 	require.Contains(t, err.Error(), "timeout_ms")
 	require.GreaterOrEqual(t, took, 300*time.Millisecond)
 	require.Less(t, took, 2*time.Second, "at timeout_ms, not when the engine returns")
-	require.ErrorIs(t, g.WaitEngineCalls(res.ID, 0), ErrTimeout, "the abandoned call still runs")
+	require.ErrorIs(t, g.WaitEngineCalls(res.ID, 0), errs.Timeout, "the abandoned call still runs")
 
 	done := make(chan error, 1)
 	go func() {
@@ -424,7 +425,7 @@ func TestEngineCallEndsAtTimeoutAndCancelAtOnce(t *testing.T) {
 	<-entered
 	start = time.Now()
 	require.NoError(t, g.Cancel("decode:1"))
-	require.ErrorIs(t, <-done, ErrCancelled)
+	require.ErrorIs(t, <-done, errs.Cancelled)
 	require.Less(t, time.Since(start), time.Second, "a cancel does not wait for the engine")
 	close(release)
 	<-finished
@@ -451,7 +452,7 @@ func TestEngineInlineCallPastItsDeadlineFails(t *testing.T) {
 	require.NoError(t, f.register("decode:1", m.addr(0), 4096))
 	start := time.Now()
 	_, err = g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{})
-	require.ErrorIs(t, err, ErrTimeout)
+	require.ErrorIs(t, err, errs.Timeout)
 	require.GreaterOrEqual(t, time.Since(start), 400*time.Millisecond, "inline: once the callback returned")
 	require.Zero(t, g.engine.InFlight())
 }
@@ -473,8 +474,8 @@ func TestALyingEngineFoolsReadBacksAndNotTheReceiversDigest(t *testing.T) {
 	res, err := p.send.Transfer(p.session, p.blocks(8, 4096), TransferOptions{Verify: ptr(verify.Digest)})
 	require.NoError(t, err)
 	err = p.recv.SyncTransfers([]uint64{res.ID}, 0)
-	require.ErrorIs(t, err, ErrVerify, "the receiver's digests see the missing bytes")
+	require.ErrorIs(t, err, errs.Verify, "the receiver's digests see the missing bytes")
 
 	_, err = Open(testConfig(t, `{"inject": "lie"}`))
-	require.ErrorIs(t, err, ErrConfig, "lie is an engine's fault")
+	require.ErrorIs(t, err, errs.Config, "lie is an engine's fault")
 }

@@ -3,6 +3,7 @@ package core
 import (
 	"encoding/json"
 	"errors"
+	"github.com/mcguard/mcguard/core/errs"
 	"testing"
 
 	"github.com/mcguard/mcguard/core/wire"
@@ -58,7 +59,7 @@ func FuzzLoadConfig(f *testing.F) {
 	f.Fuzz(func(t *testing.T, js string) {
 		c, err := LoadConfig(nil, js)
 		if err != nil {
-			if !errors.Is(err, ErrConfig) {
+			if !errors.Is(err, errs.Config) {
 				t.Fatalf("error outside ErrConfig: %v", err)
 			}
 			return

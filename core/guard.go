@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"net"
 	"sync"
 
@@ -72,7 +73,7 @@ func Open(cfg Config) (*Guard, error) {
 func open(cfg Config, ops *engine.Ops) (*Guard, error) {
 	host, _, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
-		return nil, fmt.Errorf("%w: listen %q: %v", ErrConfig, cfg.Listen, err)
+		return nil, fmt.Errorf("%w: listen %q: %v", errs.Config, cfg.Listen, err)
 	}
 	if cfg.Verify.SliceBytes == verify.SliceAuto {
 		cfg.Verify.SliceBytes = 0 // own data planes move a descriptor in order
@@ -80,7 +81,7 @@ func open(cfg Config, ops *engine.Ops) (*Guard, error) {
 	g := &Guard{cfg: cfg, sessions: map[string]*session{}, allocs: map[uint64]*sharedmem.File{}, notices: newNoticeStore(), auth: newAuthority(cfg.Secret),
 		planeState: map[string]string{}, engineOps: ops}
 	if cfg.Inject.Mode == fault.Lie && ops == nil {
-		return nil, fmt.Errorf("%w: inject lie is an engine's fault (its reads answered from its own copy): it needs a guard over an engine", ErrConfig)
+		return nil, fmt.Errorf("%w: inject lie is an engine's fault (its reads answered from its own copy): it needs a guard over an engine", errs.Config)
 	}
 	g.ids = newTransferIDs()
 	g.digesters.jobs = make(chan *digestJob)
@@ -94,7 +95,7 @@ func open(cfg Config, ops *engine.Ops) (*Guard, error) {
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	if g.zctx, err = zmq.NewContext(); err != nil {
 		g.closeDataPlanes()
-		return nil, fmt.Errorf("%w: zmq context: %v", ErrConfig, err)
+		return nil, fmt.Errorf("%w: zmq context: %v", errs.Config, err)
 	}
 	handle := func(peer, body []byte) []byte {
 		if wire.IsNotice(body) {
@@ -122,7 +123,7 @@ func (g *Guard) enter() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
-		return fmt.Errorf("%w", ErrClosed)
+		return fmt.Errorf("%w", errs.Closed)
 	}
 	g.inflight.Add(1)
 	return nil
@@ -134,7 +135,7 @@ func (g *Guard) Close() error {
 	g.mu.Lock()
 	if g.closed {
 		g.mu.Unlock()
-		return fmt.Errorf("%w: already closed", ErrClosed)
+		return fmt.Errorf("%w: already closed", errs.Closed)
 	}
 	g.closed = true
 	g.mu.Unlock()

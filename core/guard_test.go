@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"net"
 	"runtime"
 	"sync"
@@ -190,7 +191,7 @@ func TestVerifyFailsWhenBytesNeverArrive(t *testing.T) {
 	fill(p.src.b)
 	start := time.Now()
 	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(8, 1024), TransferOptions{})
-	require.ErrorIs(t, err, ErrVerify)
+	require.ErrorIs(t, err, errs.Verify)
 	var me *verify.MismatchError
 	require.True(t, errors.As(err, &me))
 	require.Equal(t, []int{0, 1, 2, 3, 4, 5, 6, 7}, me.Descs)
@@ -212,7 +213,7 @@ func TestResendRepairsLostWrites(t *testing.T) {
 		`{"inject": "drop", "inject_rate": 1}`, n*size)
 	fill(q.src.b)
 	_, err = q.send.Transfer(q.recv.Endpoint(), q.blocks(4, size), TransferOptions{})
-	require.ErrorIs(t, err, ErrVerify)
+	require.ErrorIs(t, err, errs.Verify)
 	require.Contains(t, err.Error(), "after 2 re-sends")
 	require.EqualValues(t, 2, stats(t, q.send)["resends"])
 }
@@ -242,17 +243,17 @@ func TestSameSessionBatchesNeverInterleave(t *testing.T) {
 	}
 	for round := 0; round < 30; round++ {
 		var wg sync.WaitGroup
-		errs := make([]error, 2)
+		failed := make([]error, 2)
 		for i := range srcs {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, errs[i] = send.Transfer(recv.Endpoint(), descs(srcs[i]), TransferOptions{Verify: ptr(verify.Off)})
+				_, failed[i] = send.Transfer(recv.Endpoint(), descs(srcs[i]), TransferOptions{Verify: ptr(verify.Off)})
 			}()
 		}
 		wg.Wait()
-		require.NoError(t, errs[0])
-		require.NoError(t, errs[1])
+		require.NoError(t, failed[0])
+		require.NoError(t, failed[1])
 		first := dst.b[0]
 		require.Equal(t, -1, bytes.IndexFunc(dst.b, func(r rune) bool { return byte(r) != first }), "round %d: region is all %q", round, first)
 	}
@@ -276,23 +277,23 @@ func TestConcurrentSessionsUseSeparateScratch(t *testing.T) {
 		require.NoError(t, recvs[i].Register(dsts[i].addr(0), n*size))
 	}
 	var wg sync.WaitGroup
-	errs := make([]error, sessions)
+	failed := make([]error, sessions)
 	for i := range recvs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for round := 0; round < 10 && errs[i] == nil; round++ {
+			for round := 0; round < 10 && failed[i] == nil; round++ {
 				d := make([]verify.Desc, n)
 				for j := range d {
 					d[j] = verify.Desc{Src: src.addr((i*n + j) * size), Dst: dsts[i].addr(j * size), Len: size}
 				}
-				_, errs[i] = send.Transfer(recvs[i].Endpoint(), d, TransferOptions{})
+				_, failed[i] = send.Transfer(recvs[i].Endpoint(), d, TransferOptions{})
 			}
 		}()
 	}
 	wg.Wait()
 	for i := range recvs {
-		require.NoError(t, errs[i])
+		require.NoError(t, failed[i])
 		require.True(t, bytes.Equal(src.b[i*n*size:(i+1)*n*size], dsts[i].b), "session %d", i)
 	}
 	seen := map[*byte]bool{}
@@ -314,18 +315,18 @@ func TestTransferRejectsBadInput(t *testing.T) {
 		descs   []verify.Desc
 		want    error
 	}{
-		{"no descriptors", ep, nil, ErrInvalidArg},
-		{"zero length", ep, []verify.Desc{ok, {Src: ok.Src, Dst: ok.Dst}}, ErrInvalidArg},
-		{"source unregistered", ep, []verify.Desc{{Src: p.src.addr(0) + 8192, Dst: ok.Dst, Len: 8}}, ErrNotRegistered},
-		{"source overruns region", ep, []verify.Desc{{Src: p.src.addr(4000), Dst: ok.Dst, Len: 200}}, ErrNotRegistered},
-		{"source wraps", ep, []verify.Desc{{Src: ^uint64(0) - 4, Dst: ok.Dst, Len: 64}}, ErrNotRegistered},
-		{"destination unregistered", ep, []verify.Desc{{Src: ok.Src, Dst: p.dst.addr(0) + 8192, Len: 8}}, ErrNotRegistered},
-		{"destination wraps", ep, []verify.Desc{{Src: ok.Src, Dst: ^uint64(0) - 4, Len: 64}}, ErrInvalidArg},
-		{"bad session name", "nonsense", []verify.Desc{ok}, ErrInvalidArg},
-		{"port out of range", "127.0.0.1:99999", []verify.Desc{ok}, ErrInvalidArg},
-		{"no port", "127.0.0.1", []verify.Desc{ok}, ErrInvalidArg},
-		{"IPv6 without brackets", "::1:5000", []verify.Desc{ok}, ErrInvalidArg},
-		{"refused", unusedAddr(t), []verify.Desc{ok}, ErrPeer},
+		{"no descriptors", ep, nil, errs.InvalidArg},
+		{"zero length", ep, []verify.Desc{ok, {Src: ok.Src, Dst: ok.Dst}}, errs.InvalidArg},
+		{"source unregistered", ep, []verify.Desc{{Src: p.src.addr(0) + 8192, Dst: ok.Dst, Len: 8}}, errs.NotRegistered},
+		{"source overruns region", ep, []verify.Desc{{Src: p.src.addr(4000), Dst: ok.Dst, Len: 200}}, errs.NotRegistered},
+		{"source wraps", ep, []verify.Desc{{Src: ^uint64(0) - 4, Dst: ok.Dst, Len: 64}}, errs.NotRegistered},
+		{"destination unregistered", ep, []verify.Desc{{Src: ok.Src, Dst: p.dst.addr(0) + 8192, Len: 8}}, errs.NotRegistered},
+		{"destination wraps", ep, []verify.Desc{{Src: ok.Src, Dst: ^uint64(0) - 4, Len: 64}}, errs.InvalidArg},
+		{"bad session name", "nonsense", []verify.Desc{ok}, errs.InvalidArg},
+		{"port out of range", "127.0.0.1:99999", []verify.Desc{ok}, errs.InvalidArg},
+		{"no port", "127.0.0.1", []verify.Desc{ok}, errs.InvalidArg},
+		{"IPv6 without brackets", "::1:5000", []verify.Desc{ok}, errs.InvalidArg},
+		{"refused", unusedAddr(t), []verify.Desc{ok}, errs.Peer},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -378,11 +379,11 @@ func TestDeadPeerErrorsThenRecovers(t *testing.T) {
 	start := time.Now()
 	_, err = send.Transfer(addr, d, TransferOptions{})
 	require.Error(t, err)
-	require.True(t, errors.Is(err, ErrPeer) || errors.Is(err, ErrTimeout), err.Error())
+	require.True(t, errors.Is(err, errs.Peer) || errors.Is(err, errs.Timeout), err.Error())
 	require.Less(t, time.Since(start), 2*time.Second)
 	start = time.Now()
 	_, err = send.Transfer(addr, d, TransferOptions{})
-	require.ErrorIs(t, err, ErrPeer, "no guard there: the connection is refused")
+	require.ErrorIs(t, err, errs.Peer, "no guard there: the connection is refused")
 	require.ErrorContains(t, err, "connection refused")
 	require.Less(t, time.Since(start), 100*time.Millisecond, "refused is said at once, not after connect_timeout")
 
@@ -399,7 +400,7 @@ func TestDeadPeerErrorsThenRecovers(t *testing.T) {
 func TestCloseWhileTransfersInFlight(t *testing.T) {
 	p := newPair(t, "", `{"inject": "lag", "inject_lag_max_ms": 5}`, 1<<20)
 	var wg sync.WaitGroup
-	errs := make(chan error, 100)
+	failed := make(chan error, 100)
 	for i := 0; i < 4; i++ {
 		wg.Add(1)
 		go func() {
@@ -407,7 +408,7 @@ func TestCloseWhileTransfersInFlight(t *testing.T) {
 			for {
 				_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(16, 64<<10), TransferOptions{})
 				if err != nil {
-					errs <- err
+					failed <- err
 					return
 				}
 			}
@@ -423,16 +424,16 @@ func TestCloseWhileTransfersInFlight(t *testing.T) {
 		t.Fatal("Close hung with transfers in flight")
 	}
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.ErrorIs(t, err, ErrClosed)
+	close(failed)
+	for err := range failed {
+		require.ErrorIs(t, err, errs.Closed)
 	}
-	require.ErrorIs(t, p.send.Close(), ErrClosed)
+	require.ErrorIs(t, p.send.Close(), errs.Closed)
 	// The sender's goroutines are gone: fewer than while it was busy.
 	require.Eventually(t, func() bool { return runtime.NumGoroutine() < base }, 2*time.Second, 20*time.Millisecond)
-	require.ErrorIs(t, p.send.Register(p.src.addr(0), 1), ErrClosed)
+	require.ErrorIs(t, p.send.Register(p.src.addr(0), 1), errs.Closed)
 	_, err := p.send.Stats()
-	require.ErrorIs(t, err, ErrClosed)
+	require.ErrorIs(t, err, errs.Closed)
 }
 
 func TestSyncChecksRanges(t *testing.T) {
@@ -440,8 +441,8 @@ func TestSyncChecksRanges(t *testing.T) {
 	m := newMem(t, 4096)
 	require.NoError(t, g.Register(m.addr(0), 4096))
 	require.NoError(t, g.Sync([]SyncRange{{m.addr(0), 4096}, {m.addr(10), 1}}, nil, 0))
-	require.ErrorIs(t, g.Sync([]SyncRange{{m.addr(4000), 200}}, nil, 0), ErrNotRegistered)
-	require.ErrorIs(t, g.Sync([]SyncRange{{m.addr(0), 0}}, nil, 0), ErrNotRegistered)
+	require.ErrorIs(t, g.Sync([]SyncRange{{m.addr(4000), 200}}, nil, 0), errs.NotRegistered)
+	require.ErrorIs(t, g.Sync([]SyncRange{{m.addr(0), 0}}, nil, 0), errs.NotRegistered)
 }
 
 func TestRegions(t *testing.T) {
@@ -449,17 +450,17 @@ func TestRegions(t *testing.T) {
 	require.NoError(t, r.Add(1000, 100))
 	require.NoError(t, r.Add(2000, 100))
 	require.NoError(t, r.Add(1100, 900), "adjacent is fine")
-	require.ErrorIs(t, r.Add(1050, 10), ErrInvalidArg)
-	require.ErrorIs(t, r.Add(500, 501), ErrInvalidArg)
-	require.ErrorIs(t, r.Add(0, 10), ErrInvalidArg)
-	require.ErrorIs(t, r.Add(^uint64(0)-5, 10), ErrInvalidArg)
+	require.ErrorIs(t, r.Add(1050, 10), errs.InvalidArg)
+	require.ErrorIs(t, r.Add(500, 501), errs.InvalidArg)
+	require.ErrorIs(t, r.Add(0, 10), errs.InvalidArg)
+	require.ErrorIs(t, r.Add(^uint64(0)-5, 10), errs.InvalidArg)
 	require.NoError(t, r.Check(1000, 100))
 	require.Error(t, r.Check(1050, 100), "a range across two regions is not inside one")
 	require.Error(t, r.Check(2050, 100))
 	require.Error(t, r.Check(999, 1))
 	require.NoError(t, r.Remove(1100))
 	require.Error(t, r.Check(1100, 1))
-	require.ErrorIs(t, r.Remove(1100), ErrNotRegistered)
+	require.ErrorIs(t, r.Remove(1100), errs.NotRegistered)
 	require.Len(t, r.Snapshot(), 2)
 }
 
@@ -473,7 +474,7 @@ func TestLoadConfig(t *testing.T) {
 	require.Equal(t, 250*time.Millisecond, c.Timeout)
 	for _, js := range []string{`{"listen": "nope"}`, `{"max_batch": 0}`, `{"timeout_ms": 0}`, `{"inject": "gremlins"}`, `{"bogus": 1}`} {
 		_, err := LoadConfig(nil, js)
-		require.ErrorIs(t, err, ErrConfig, js)
+		require.ErrorIs(t, err, errs.Config, js)
 	}
 }
 

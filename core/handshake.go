@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"encoding/json"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"net"
 	"strings"
 	"time"
@@ -104,9 +105,9 @@ func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout t
 	}
 	switch {
 	case rep.Challenge != nil && secret == nil:
-		return helloReply{}, fmt.Errorf("%w: session %q requires authentication: configure the shared secret (secret, secret_file or MC_GUARD_SECRET)", ErrSession, session)
+		return helloReply{}, fmt.Errorf("%w: session %q requires authentication: configure the shared secret (secret, secret_file or MC_GUARD_SECRET)", errs.Session, session)
 	case rep.Challenge == nil && secret != nil:
-		return helloReply{}, fmt.Errorf("%w: session %q did not authenticate itself (it has no secret); refusing an unauthenticated peer", ErrSession, session)
+		return helloReply{}, fmt.Errorf("%w: session %q did not authenticate itself (it has no secret); refusing an unauthenticated peer", errs.Session, session)
 	case rep.Challenge != nil:
 		challenge := rep.Challenge
 		req.Op, req.Challenge, req.MAC = "auth", challenge, mac(secret, labelClient, challenge, nonce)
@@ -114,14 +115,14 @@ func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout t
 			return helloReply{}, err
 		}
 		if !hmac.Equal(rep.MAC, mac(secret, labelServer, nonce, challenge)) {
-			return helloReply{}, fmt.Errorf("%w: session %q failed to prove it knows the shared secret", ErrSession, session)
+			return helloReply{}, fmt.Errorf("%w: session %q failed to prove it knows the shared secret", errs.Session, session)
 		}
 		rep.Token, rep.key = deriveToken(secret, challenge, nonce), deriveKey(secret, challenge, nonce)
 	default:
 		rep.key = rep.Token // no secret: nothing to keep from an observer
 	}
 	if len(rep.Answer) == 0 || len(rep.Token) != wire.TokenSize {
-		return helloReply{}, fmt.Errorf("%w: session %q sent an incomplete handshake reply", ErrSession, session)
+		return helloReply{}, fmt.Errorf("%w: session %q sent an incomplete handshake reply", errs.Session, session)
 	}
 	rep.host, _, _ = net.SplitHostPort(addr)
 	return rep, nil
@@ -135,13 +136,13 @@ func handshakeStep(ctx context.Context, sock *zmq.Socket, session string, timeou
 	}
 	var rep helloReply
 	if err := decodeStrict(raw, &rep); err != nil {
-		return helloReply{}, fmt.Errorf("%w: session %q sent a malformed handshake reply: %v", ErrSession, session, err)
+		return helloReply{}, fmt.Errorf("%w: session %q sent a malformed handshake reply: %v", errs.Session, session, err)
 	}
 	if rep.Error != "" {
-		return helloReply{}, fmt.Errorf("%w: session %q refused the handshake: %s", ErrSession, session, rep.Error)
+		return helloReply{}, fmt.Errorf("%w: session %q refused the handshake: %s", errs.Session, session, rep.Error)
 	}
 	if rep.Proto != ProtocolVersion {
-		return helloReply{}, fmt.Errorf("%w: session %q speaks protocol version %d, this guard %d", ErrSession, session, rep.Proto, ProtocolVersion)
+		return helloReply{}, fmt.Errorf("%w: session %q speaks protocol version %d, this guard %d", errs.Session, session, rep.Proto, ProtocolVersion)
 	}
 	return rep, nil
 }

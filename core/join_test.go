@@ -2,6 +2,7 @@ package core
 
 import (
 	"crypto/rand"
+	"github.com/mcguard/mcguard/core/errs"
 	mrand "math/rand/v2"
 	"testing"
 
@@ -68,7 +69,7 @@ func TestJoinedWritesAfterTheReceiverRegisteredAgain(t *testing.T) {
 			rand.Read(p.src.b)
 			err := transfer()
 			if mode == verify.Digest {
-				require.ErrorIs(t, err, ErrNotRegistered)
+				require.ErrorIs(t, err, errs.NotRegistered)
 				require.Contains(t, err.Error(), "descriptors 0 to 1 (written as one)")
 				err = transfer()
 			}

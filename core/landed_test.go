@@ -2,6 +2,7 @@ package core
 
 import (
 	"bytes"
+	"github.com/mcguard/mcguard/core/errs"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -67,7 +68,7 @@ func TestALaterWriteInvalidatesALandedDigest(t *testing.T) {
 	second, err := p.send.Transfer(p.session, over, TransferOptions{})
 	require.NoError(t, err)
 	err = p.recv.SyncTransfers([]uint64{first.ID}, 0)
-	require.ErrorIs(t, err, ErrVerify, "the memory no longer holds the first transfer's bytes at 7 and 8")
+	require.ErrorIs(t, err, errs.Verify, "the memory no longer holds the first transfer's bytes at 7 and 8")
 	require.ErrorContains(t, err, "descriptor 7")
 	landed, read := landedAndRead(t, p.recv)
 	require.EqualValues(t, 62, landed)
@@ -87,7 +88,7 @@ func TestDigestAtSyncSeesWhatLandingCannot(t *testing.T) {
 			p.dst.b[100] ^= 0xff // the application scribbles on a block before syncing it
 			err = p.recv.SyncTransfers([]uint64{res.ID}, 0)
 			if at == "sync" {
-				require.ErrorIs(t, err, ErrVerify)
+				require.ErrorIs(t, err, errs.Verify)
 			} else {
 				require.NoError(t, err, "landing proves what landed, not what memory holds later")
 			}

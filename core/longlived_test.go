@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"net"
 	"strings"
 	"testing"
@@ -142,7 +143,7 @@ func TestListenAndSessionsOnIPv6AndNames(t *testing.T) {
 		})
 	}
 	_, err := LoadConfig(nil, `{"listen": "127.0.0.1:99999"}`)
-	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, err, errs.Config)
 }
 
 // Where the fence is final (the TCP target applies in order and answers

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"slices"
 	"testing"
 	"time"
@@ -69,7 +70,7 @@ func matrixCell(t *testing.T, injected string, mode verify.Mode, plane string) (
 			}
 		}
 		if err != nil {
-			require.ErrorIs(t, err, ErrVerify, "%s/%s: a fault shows as a verification failure", injected, mode)
+			require.ErrorIs(t, err, errs.Verify, "%s/%s: a fault shows as a verification failure", injected, mode)
 			failed++
 			time.Sleep(10 * time.Millisecond) // let held writes of the failed round land
 			continue
@@ -152,9 +153,9 @@ func TestSyncComparesDigests(t *testing.T) {
 	require.NoError(t, p.recv.Sync(ranges, nil, 0), "without digests: settle only")
 	p.dst.b[5*4096+77] ^= 0xff
 	err = p.recv.Sync(ranges, digests, 0)
-	require.ErrorIs(t, err, ErrVerify)
+	require.ErrorIs(t, err, errs.Verify)
 	require.Contains(t, err.Error(), "range 5 [")
-	require.ErrorIs(t, p.recv.Sync(ranges, digests[:3], 0), ErrInvalidArg)
+	require.ErrorIs(t, p.recv.Sync(ranges, digests[:3], 0), errs.InvalidArg)
 }
 
 func TestSyncTransfersByNotice(t *testing.T) {
@@ -173,7 +174,7 @@ func TestSyncTransfersByNotice(t *testing.T) {
 	require.NoError(t, err)
 	p.dst.b[300] ^= 1
 	err = p.recv.SyncTransfers([]uint64{res.ID}, 0)
-	require.ErrorIs(t, err, ErrVerify)
+	require.ErrorIs(t, err, errs.Verify)
 	require.Contains(t, err.Error(), fmt.Sprintf("transfer %#x descriptor 1", res.ID))
 }
 
@@ -181,10 +182,10 @@ func TestSyncWithoutNoticeTimesOut(t *testing.T) {
 	g := openGuard(t, `{"sync_timeout_ms": 100}`)
 	start := time.Now()
 	err := g.SyncTransfers([]uint64{12345}, 0)
-	require.ErrorIs(t, err, ErrTimeout)
+	require.ErrorIs(t, err, errs.Timeout)
 	require.Contains(t, err.Error(), "no complete notice for transfer 0x3039")
 	require.Less(t, time.Since(start), time.Second)
-	require.ErrorIs(t, g.SyncTransfers(nil, 0), ErrInvalidArg)
+	require.ErrorIs(t, g.SyncTransfers(nil, 0), errs.InvalidArg)
 }
 
 // sendRaw sends body to a guard's control endpoint and returns the reply.
@@ -232,12 +233,12 @@ func TestMalformedNoticesAreRefused(t *testing.T) {
 		require.Contains(t, rep, `"error"`, name)
 	}
 	require.EqualValues(t, 0, stats(t, g)["notices_received"], "nothing was recorded")
-	require.ErrorIs(t, g.SyncTransfers([]uint64{7}, 0), ErrTimeout)
+	require.ErrorIs(t, g.SyncTransfers([]uint64{7}, 0), errs.Timeout)
 	// The well-formed one is taken, and its wrong digest shows at sync;
 	// the same bytes again are a replay.
 	signed := signer.signNotice(good)
 	require.Contains(t, sendRaw(t, g.Endpoint(), signed), fmt.Sprintf(`"proto":%d}`, ProtocolVersion))
 	require.Contains(t, sendRaw(t, g.Endpoint(), signed), "a replay")
 	err = g.SyncTransfers([]uint64{7}, 0)
-	require.True(t, errors.Is(err, ErrVerify), "%v", err)
+	require.True(t, errors.Is(err, errs.Verify), "%v", err)
 }

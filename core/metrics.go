@@ -2,6 +2,7 @@ package core
 
 import (
 	"errors"
+	"github.com/mcguard/mcguard/core/errs"
 	"strings"
 
 	"github.com/mcguard/mcguard/core/metrics"
@@ -81,9 +82,9 @@ func outcomeOf(err error) string {
 		err  error
 		name string
 	}{
-		{ErrClosed, "closed"}, {ErrCancelled, "cancelled"}, {ErrInvalidArg, "invalid_arg"}, {ErrConfig, "config"},
-		{ErrNotRegistered, "not_registered"}, {ErrDevice, "device"}, {ErrVerify, "verify"}, {ErrQuiesced, "quiesced"},
-		{ErrTimeout, "timeout"}, {ErrSession, "session"}, {ErrPeer, "peer"}, {ErrNoMemory, "no_memory"},
+		{errs.Closed, "closed"}, {errs.Cancelled, "cancelled"}, {errs.InvalidArg, "invalid_arg"}, {errs.Config, "config"},
+		{errs.NotRegistered, "not_registered"}, {errs.Device, "device"}, {errs.Verify, "verify"}, {errs.Quiesced, "quiesced"},
+		{errs.Timeout, "timeout"}, {errs.Session, "session"}, {errs.Peer, "peer"}, {errs.NoMemory, "no_memory"},
 	} {
 		if errors.Is(err, e.err) {
 			return e.name

@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"strings"
 	"testing"
 
@@ -19,7 +20,7 @@ func TestMetrics(t *testing.T) {
 		require.NoError(t, err)
 	}
 	_, err := p.send.Transfer(p.recv.Endpoint(), []verify.Desc{{Src: p.src.addr(0), Dst: p.dst.addr(0) + 1<<30, Len: 8}}, TransferOptions{})
-	require.ErrorIs(t, err, ErrNotRegistered)
+	require.ErrorIs(t, err, errs.NotRegistered)
 	require.NoError(t, p.recv.Sync([]SyncRange{{p.dst.addr(0), 4096}}, nil, 0))
 	send, err := p.send.Metrics()
 	require.NoError(t, err)

@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"context"
+	"github.com/mcguard/mcguard/core/errs"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -63,6 +64,6 @@ func TestANoticeCannotStandInForAnotherSenders(t *testing.T) {
 	require.NoError(t, err)
 	require.Error(t, forgeNotice(t, mallory, p.session, third.ID, chunk, now), "the receiver refuses her notice")
 	err = p.recv.SyncTransfers([]uint64{third.ID}, 0)
-	require.ErrorIs(t, err, ErrSession)
+	require.ErrorIs(t, err, errs.Session)
 	require.Contains(t, err.Error(), "two senders")
 }

@@ -3,6 +3,7 @@ package core
 import (
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"slices"
 	"sync"
 	"time"
@@ -266,11 +267,11 @@ func (s *noticeStore) take(id uint64, w *noticeWaiter, deadline time.Time, closi
 		}
 		if s.contested[id] {
 			s.mu.Unlock()
-			return nil, fmt.Errorf("%w: notices for transfer %#x came from two senders; neither is believed", ErrSession, id)
+			return nil, fmt.Errorf("%w: notices for transfer %#x came from two senders; neither is believed", errs.Session, id)
 		}
 		if s.evicted[id] {
 			s.mu.Unlock()
-			return nil, fmt.Errorf("%w: the notice of transfer %#x was dropped: too many unsynced notices, from its sender or in all", ErrSession, id)
+			return nil, fmt.Errorf("%w: the notice of transfer %#x was dropped: too many unsynced notices, from its sender or in all", errs.Session, id)
 		}
 		s.waiters = append(s.waiters, w.wake)
 		s.mu.Unlock()
@@ -294,7 +295,7 @@ func (s *noticeStore) take(id uint64, w *noticeWaiter, deadline time.Time, closi
 		default:
 		}
 		if gaveUp {
-			return nil, fmt.Errorf("%w: no complete notice for transfer %#x arrived", ErrTimeout, id)
+			return nil, fmt.Errorf("%w: no complete notice for transfer %#x arrived", errs.Timeout, id)
 		}
 	}
 }

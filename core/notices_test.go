@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"maps"
 	"testing"
 	"time"
@@ -39,7 +40,7 @@ func TestNoticesPastTheBoundAreDroppedOldestFirst(t *testing.T) {
 	require.Equal(t, extra, released, "each dropped notice released its landed digests")
 	w := newNoticeWaiter()
 	_, err := s.take(1, &w, time.Now().Add(time.Second), nil)
-	require.ErrorIs(t, err, ErrSession)
+	require.ErrorIs(t, err, errs.Session)
 	require.Contains(t, err.Error(), "dropped")
 	e, err := s.take(extra+1, &w, time.Now().Add(time.Second), nil)
 	require.NoError(t, err, "the oldest kept")
@@ -82,7 +83,7 @@ func TestNoticesAreBoundedPerSender(t *testing.T) {
 	require.NoError(t, err, "the other sender's notice was kept")
 	s.release(e)
 	_, err = s.take(2, &w, time.Now().Add(time.Second), nil)
-	require.ErrorIs(t, err, ErrSession)
+	require.ErrorIs(t, err, errs.Session)
 	require.Contains(t, err.Error(), "dropped")
 	e, err = s.take(2+flood-1, &w, time.Now().Add(time.Second), nil)
 	require.NoError(t, err, "the flooder's newest kept")
@@ -123,7 +124,7 @@ func TestAnIDTwoSendersClaimIsBelievedOfNeither(t *testing.T) {
 		require.ErrorIs(t, s.add(wire.Notice{ID: 7, Total: 2, Base: 1, Descs: one}, nil, "a"), errNotice)
 		w := newNoticeWaiter()
 		_, err := s.take(7, &w, time.Now().Add(time.Second), nil)
-		require.ErrorIs(t, err, ErrSession)
+		require.ErrorIs(t, err, errs.Session)
 		require.Contains(t, err.Error(), "two senders")
 		require.Empty(t, s.entries)
 		require.Empty(t, s.perSender)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"sync"
 	"unicode/utf8"
 )
@@ -31,11 +32,11 @@ type Notify struct {
 func (n Notify) check() error {
 	switch {
 	case len(n.Name) > MaxNotifyName:
-		return fmt.Errorf("%w: notify name of %d bytes, limit %d", ErrInvalidArg, len(n.Name), MaxNotifyName)
+		return fmt.Errorf("%w: notify name of %d bytes, limit %d", errs.InvalidArg, len(n.Name), MaxNotifyName)
 	case len(n.Msg) > MaxNotifyMsg:
-		return fmt.Errorf("%w: notify message of %d bytes, limit %d", ErrInvalidArg, len(n.Msg), MaxNotifyMsg)
+		return fmt.Errorf("%w: notify message of %d bytes, limit %d", errs.InvalidArg, len(n.Msg), MaxNotifyMsg)
 	case !utf8.ValidString(n.Name) || !utf8.ValidString(n.Msg):
-		return fmt.Errorf("%w: notify name and message must be UTF-8", ErrInvalidArg)
+		return fmt.Errorf("%w: notify name and message must be UTF-8", errs.InvalidArg)
 	}
 	return nil
 }

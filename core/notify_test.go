@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/mcguard/mcguard/core/errs"
 	"strings"
 	"testing"
 
@@ -37,10 +38,10 @@ func TestNotifiesArriveInOrderAndAreTakenOnce(t *testing.T) {
 func TestNotifyRefusesBadInputAndForgeries(t *testing.T) {
 	p := newPair(t, "", "", 4096)
 	ep := p.recv.Endpoint()
-	require.ErrorIs(t, p.send.Notify(ep, Notify{Name: strings.Repeat("n", MaxNotifyName+1)}), ErrInvalidArg)
-	require.ErrorIs(t, p.send.Notify(ep, Notify{Msg: strings.Repeat("m", MaxNotifyMsg+1)}), ErrInvalidArg)
-	require.ErrorIs(t, p.send.Notify(ep, Notify{Msg: "\xff"}), ErrInvalidArg)
-	require.ErrorIs(t, p.send.Notify("not a session", Notify{}), ErrInvalidArg)
+	require.ErrorIs(t, p.send.Notify(ep, Notify{Name: strings.Repeat("n", MaxNotifyName+1)}), errs.InvalidArg)
+	require.ErrorIs(t, p.send.Notify(ep, Notify{Msg: strings.Repeat("m", MaxNotifyMsg+1)}), errs.InvalidArg)
+	require.ErrorIs(t, p.send.Notify(ep, Notify{Msg: "\xff"}), errs.InvalidArg)
+	require.ErrorIs(t, p.send.Notify("not a session", Notify{}), errs.InvalidArg)
 
 	// A notify whose MAC does not match its message (a tampered one) is refused.
 	require.NoError(t, p.send.Notify(ep, Notify{"real", "x"}))

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"github.com/mcguard/mcguard/core/errs"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -29,7 +30,7 @@ func TestPeerRegionsAreListedInRegistrationOrderAndKeptCurrent(t *testing.T) {
 	require.Equal(t, []memory.Region{{Addr: first.addr(0), Len: uint64(len(first.b))}, {Addr: second.addr(0), Len: uint64(len(second.b))}}, got)
 
 	_, err = p.send.PeerRegions("not a session")
-	require.ErrorIs(t, err, ErrInvalidArg)
+	require.ErrorIs(t, err, errs.InvalidArg)
 	_, err = p.send.PeerRegions("127.0.0.1:1")
 	require.Error(t, err)
 }

@@ -3,6 +3,7 @@ package core
 import (
 	"crypto/rand"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	mrand "math/rand/v2"
 	"testing"
 	"time"
@@ -138,7 +139,7 @@ func TestDeadlineEndsAPipelinedTransfer(t *testing.T) {
 	fill(p.src.b)
 	start := time.Now()
 	_, err := p.send.Transfer(p.session, p.blocks(n, size), TransferOptions{Deadline: 300 * time.Millisecond})
-	require.ErrorIs(t, err, ErrTimeout)
+	require.ErrorIs(t, err, errs.Timeout)
 	require.Less(t, time.Since(start), 2*time.Second, "the deadline ended the call, not the lag")
 
 	// Four blocks, one write (lagged like every write), on a new connection.

@@ -2,6 +2,7 @@ package core
 
 import (
 	"bytes"
+	"github.com/mcguard/mcguard/core/errs"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -35,7 +36,7 @@ func TestATransferThatBeganBeforeAQuiesceNeverLandsAfterIt(t *testing.T) {
 			}
 			fill(p.src.b)
 			_, err = p.send.Transfer(p.session, p.blocks(2, size), TransferOptions{})
-			require.ErrorIs(t, err, ErrQuiesced)
+			require.ErrorIs(t, err, errs.Quiesced)
 			require.Equal(t, reused, p.dst.b[size:], "nothing of the transfer landed after the quiesce returned")
 			require.Equal(t, p.src.b[:size], p.dst.b[:size], "its first chunk landed before")
 

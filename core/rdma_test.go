@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"testing"
 	"time"
 
@@ -60,7 +61,7 @@ func TestRDMAErrorCompletionFailsTheTransferThenReconnects(t *testing.T) {
 	p := newPair(t, "{"+key+"}", "{"+key+"}", 8192)
 	fill(p.src.b)
 	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(2, 4096), TransferOptions{})
-	require.ErrorIs(t, err, ErrPeer, "an error completion is a failed transfer, never a success")
+	require.ErrorIs(t, err, errs.Peer, "an error completion is a failed transfer, never a success")
 	require.Contains(t, err.Error(), "remote access error")
 	_, err = p.send.Transfer(p.recv.Endpoint(), p.blocks(2, 4096), TransferOptions{})
 	require.NoError(t, err, "the next transfer gets a new queue pair")
@@ -76,10 +77,10 @@ func TestRDMAAndTCPGuardsTogether(t *testing.T) {
 	require.True(t, bytes.Equal(p.src.b, p.dst.b))
 	q := newPair(t, "{"+key+"}", "", 4096)
 	_, err = q.send.Transfer(q.recv.Endpoint(), q.blocks(1, 64), TransferOptions{})
-	require.ErrorIs(t, err, ErrSession)
+	require.ErrorIs(t, err, errs.Session)
 	require.Contains(t, err.Error(), `this guard does not serve transport "rdma" (it serves tcp)`)
 	_, err = Open(testConfig(t, `{"transport": "rdma", "verbs_library": "/nonexistent/libibverbs.so.1"}`))
-	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, err, errs.Config)
 }
 
 // The fence alone (digest mode: no read-backs) makes lagging writes
@@ -187,7 +188,7 @@ func TestRDMAGPUMemoryWithoutDmabuf(t *testing.T) {
 	g := openGuard(t, "{"+rkey+", "+ckey+"}")
 	buf, _ := devAlloc(t, m, 8192)
 	err := g.Register(buf, 8192)
-	require.ErrorIs(t, err, ErrDevice, "no dmabuf and no nvidia-peermem: GPU memory cannot be registered")
+	require.ErrorIs(t, err, errs.Device, "no dmabuf and no nvidia-peermem: GPU memory cannot be registered")
 	require.Contains(t, err.Error(), "DMA_BUF_SUPPORTED = 0")
 	require.Contains(t, err.Error(), "nvidia-peermem")
 
@@ -241,7 +242,7 @@ func TestRDMAStripedOverQueuePairs(t *testing.T) {
 
 func TestRDMATooManyQueuePairsIsAConfigError(t *testing.T) {
 	_, err := LoadConfig(nil, `{"rdma_qps": 17}`)
-	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, err, errs.Config)
 	require.ErrorContains(t, err, "rdma_qps")
 }
 
@@ -267,7 +268,7 @@ func TestRDMACloseCancelsAWaitOnTheNIC(t *testing.T) {
 	require.NoError(t, p.send.Close())
 	select {
 	case err := <-done:
-		require.ErrorIs(t, err, ErrClosed)
+		require.ErrorIs(t, err, errs.Closed)
 		require.Less(t, time.Since(start), 5*time.Second)
 	case <-time.After(10 * time.Second):
 		t.Fatal("Close did not cancel the wait on the NIC")
@@ -277,7 +278,7 @@ func TestRDMACloseCancelsAWaitOnTheNIC(t *testing.T) {
 // transport tcp with require_rdma is a contradiction, not a quiet choice.
 func TestTCPWithRequireRDMAIsAConfigError(t *testing.T) {
 	_, err := LoadConfig(nil, `{"transport": "tcp", "require_rdma": true}`)
-	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, err, errs.Config)
 	require.ErrorContains(t, err, `transport "tcp" and require_rdma true`)
 }
 

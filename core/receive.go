@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"slices"
 	"sync"
 
@@ -108,10 +109,10 @@ func (g *Guard) Sync(ranges []SyncRange, digests []uint64, stream uint64) (err e
 	defer g.inflight.Done()
 	defer func() { g.metrics.syncs.Add(1, outcomeOf(err)) }()
 	if len(ranges) > MaxDescriptors {
-		return fmt.Errorf("%w: %d ranges, limit %d per call", ErrInvalidArg, len(ranges), MaxDescriptors)
+		return fmt.Errorf("%w: %d ranges, limit %d per call", errs.InvalidArg, len(ranges), MaxDescriptors)
 	}
 	if digests != nil && len(digests) != len(ranges) {
-		return fmt.Errorf("%w: %d digests for %d ranges", ErrInvalidArg, len(digests), len(ranges))
+		return fmt.Errorf("%w: %d digests for %d ranges", errs.InvalidArg, len(digests), len(ranges))
 	}
 	for i, r := range ranges {
 		if err := g.regions.Check(r.Addr, r.Len); err != nil {
@@ -134,7 +135,7 @@ func (g *Guard) SyncTransfers(ids []uint64, stream uint64) (err error) {
 	defer g.inflight.Done()
 	defer func() { g.metrics.syncs.Add(1, outcomeOf(err)) }()
 	if len(ids) == 0 || len(ids) > MaxDescriptors {
-		return fmt.Errorf("%w: %d transfer ids (1 to %d)", ErrInvalidArg, len(ids), MaxDescriptors)
+		return fmt.Errorf("%w: %d transfer ids (1 to %d)", errs.InvalidArg, len(ids), MaxDescriptors)
 	}
 	c := g.beginSync()
 	defer endSync(c)
@@ -230,7 +231,7 @@ func (c *syncCall) settle(ranges []SyncRange, digests []uint64, landed []transpo
 	for _, p := range g.planes {
 		if err := p.Settle(&c.ctx, c.regions); err != nil {
 			g.stats.syncFailures.Add(1)
-			return fmt.Errorf("%w: %s writes to the synced ranges were still in flight after %v", ErrTimeout, p.Name(), g.cfg.SyncTimeout)
+			return fmt.Errorf("%w: %s writes to the synced ranges were still in flight after %v", errs.Timeout, p.Name(), g.cfg.SyncTimeout)
 		}
 	}
 	// Host memory needs no hook: the target applied its writes before it
@@ -239,7 +240,7 @@ func (c *syncCall) settle(ranges []SyncRange, digests []uint64, landed []transpo
 	for _, ordinal := range g.regions.Devices(c.regions) {
 		if err := g.regions.GPU().Settle(ordinal, stream); err != nil {
 			g.stats.syncFailures.Add(1)
-			return fmt.Errorf("%w: GPU %d: %v", ErrDevice, ordinal, err)
+			return fmt.Errorf("%w: GPU %d: %v", errs.Device, ordinal, err)
 		}
 	}
 	if digests == nil {

@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 
 	"github.com/mcguard/mcguard/core/cuda"
 )
@@ -19,14 +20,14 @@ func (g *Guard) Register(addr, n uint64) error {
 	if gpu := g.regions.GPU(); gpu != nil && n > 0 && addr+n > addr {
 		first, err := gpu.Classify(addr)
 		if err != nil {
-			return fmt.Errorf("%w: classifying %#x: %v", ErrDevice, addr, err)
+			return fmt.Errorf("%w: classifying %#x: %v", errs.Device, addr, err)
 		}
 		last, err := gpu.Classify(addr + n - 1)
 		if err != nil {
-			return fmt.Errorf("%w: classifying %#x: %v", ErrDevice, addr+n-1, err)
+			return fmt.Errorf("%w: classifying %#x: %v", errs.Device, addr+n-1, err)
 		}
 		if first != last {
-			return fmt.Errorf("%w: [%#x, +%d) spans host and device memory, or two devices", ErrInvalidArg, addr, n)
+			return fmt.Errorf("%w: [%#x, +%d) spans host and device memory, or two devices", errs.InvalidArg, addr, n)
 		}
 		mem = first
 	}
@@ -50,10 +51,10 @@ func (g *Guard) Register(addr, n uint64) error {
 func (g *Guard) RegisterDevice(addr, n uint64) error {
 	gpu := g.regions.GPU()
 	if gpu == nil {
-		return fmt.Errorf("%w: device memory at %#x, but CUDA is %s", ErrDevice, addr, g.cudaState)
+		return fmt.Errorf("%w: device memory at %#x, but CUDA is %s", errs.Device, addr, g.cudaState)
 	}
 	if m, err := gpu.Classify(addr); err != nil || !m.Device {
-		return fmt.Errorf("%w: %#x is not device memory the CUDA driver knows", ErrDevice, addr)
+		return fmt.Errorf("%w: %#x is not device memory the CUDA driver knows", errs.Device, addr)
 	}
 	return g.Register(addr, n)
 }
@@ -71,7 +72,7 @@ func (g *Guard) Unregister(addr uint64) error {
 	var first error
 	for _, p := range g.planes {
 		if err := p.Unregister(addr); err != nil && first == nil {
-			first = fmt.Errorf("%w: unregistering %#x: %s: %v", ErrTimeout, addr, p.Name(), err)
+			first = fmt.Errorf("%w: unregistering %#x: %s: %v", errs.Timeout, addr, p.Name(), err)
 		}
 	}
 	return first

@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"errors"
+	"github.com/mcguard/mcguard/core/errs"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -87,7 +88,7 @@ func TestSameHostDeniedFallsBackOrFailsAsConfigured(t *testing.T) {
 
 	q := newPair(t, `{"same_host": "required"}`, "", 4*4096)
 	_, err = q.send.Transfer(q.session, q.blocks(4, 4096), TransferOptions{})
-	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, err, errs.Config)
 	require.Contains(t, err.Error(), "same_host is required")
 	require.Contains(t, err.Error(), "operation not permitted")
 }
@@ -165,7 +166,7 @@ func keepSending(t *testing.T, p *pair, descs []verify.Desc) *sending {
 			if _, err := p.send.Transfer(p.session, descs, TransferOptions{}); err == nil {
 				s.ok.Add(1)
 			} else {
-				require.ErrorIs(t, err, ErrNotRegistered)
+				require.ErrorIs(t, err, errs.NotRegistered)
 				s.failed.Add(1)
 			}
 		}
@@ -244,7 +245,7 @@ func TestSameHostUnregisterUnderConcurrentSenders(t *testing.T) {
 				}
 				if _, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{}); err == nil {
 					landed.Add(1)
-				} else if !errors.Is(err, ErrNotRegistered) && !errors.Is(err, ErrVerify) {
+				} else if !errors.Is(err, errs.NotRegistered) && !errors.Is(err, errs.Verify) {
 					// Refused while out of the table, or written and then
 					// overwritten by the receiver's canary before its
 					// read-back: a failure seen, never a success.
@@ -285,7 +286,7 @@ func TestSameHostInjectedFaultsDoNotRepeatPerConnection(t *testing.T) {
 		fill(p.src.b)
 		_, err := p.send.Transfer(p.session, p.blocks(1, 4096), TransferOptions{})
 		if err != nil {
-			require.ErrorIs(t, err, ErrVerify)
+			require.ErrorIs(t, err, errs.Verify)
 		}
 		outcome = append(outcome, err == nil)
 	}

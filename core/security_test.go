@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"io"
 	"net"
 	"os"
@@ -76,7 +77,7 @@ func TestAuthenticationFailures(t *testing.T) {
 			before := append([]byte(nil), p.dst.b...)
 			fill(p.src.b)
 			_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(1, 4096), TransferOptions{})
-			require.ErrorIs(t, err, ErrSession)
+			require.ErrorIs(t, err, errs.Session)
 			require.Contains(t, err.Error(), tc.want)
 			require.Equal(t, before, p.dst.b, "nothing was written")
 		})
@@ -108,7 +109,7 @@ func TestChallengesAreSingleUse(t *testing.T) {
 
 func TestListenPolicy(t *testing.T) {
 	_, err := LoadConfig(nil, `{"listen": "0.0.0.0:0"}`)
-	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, err, errs.Config)
 	require.Contains(t, err.Error(), "no secret")
 	_, err = LoadConfig(nil, `{"listen": "0.0.0.0:0", "allow_insecure": true}`)
 	require.NoError(t, err)
@@ -122,7 +123,7 @@ func TestListenPolicy(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "0123456789abcdef0123", string(c.Secret))
 	_, err = LoadConfig(nil, `{"secret_file": "/nonexistent/secret"}`)
-	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, err, errs.Config)
 }
 
 func TestProtocolMismatchIsAClearError(t *testing.T) {
@@ -303,12 +304,12 @@ func TestUnregisterWhilePeerWrites(t *testing.T) {
 	require.NoError(t, send.Register(src.addr(0), size))
 	require.NoError(t, recv.Register(dst.addr(0), size))
 	fill(src.b)
-	errs := make(chan error, 1)
+	failed := make(chan error, 1)
 	go func() {
 		d := []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: size}}
 		for {
 			if _, err := send.Transfer(recv.Endpoint(), d, TransferOptions{}); err != nil {
-				errs <- err
+				failed <- err
 				return
 			}
 		}
@@ -320,10 +321,10 @@ func TestUnregisterWhilePeerWrites(t *testing.T) {
 	for i := range dst.b {
 		dst.b[i] = 0x5A
 	}
-	err := <-errs
+	err := <-failed
 	// Refused at its header, or cut off mid-payload (its connection
 	// closed by the unregister): either way not applied.
-	require.True(t, errors.Is(err, ErrNotRegistered) || errors.Is(err, ErrPeer), "%v", err)
+	require.True(t, errors.Is(err, errs.NotRegistered) || errors.Is(err, errs.Peer), "%v", err)
 	time.Sleep(50 * time.Millisecond)
 	require.Equal(t, len(dst.b), bytes.Count(dst.b, []byte{0x5A}))
 }
@@ -374,7 +375,7 @@ func TestTransportChoiceSaysWhy(t *testing.T) {
 	require.Equal(t, "tcp", stats(t, g)["transport"])
 	for _, js := range []string{`{"transport": "rdma"}`, `{"require_rdma": true}`} {
 		_, err := Open(testConfig(t, js))
-		require.ErrorIs(t, err, ErrConfig, js)
+		require.ErrorIs(t, err, errs.Config, js)
 		require.Contains(t, err.Error(), "transport rdma was required, and it is not usable", js)
 	}
 	tcp := openGuard(t, `{"transport": "tcp"}`)

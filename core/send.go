@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	mrand "math/rand/v2"
 	"slices"
 	"time"
@@ -59,12 +60,12 @@ func (g *Guard) Transfer(name string, descs []verify.Desc, opts TransferOptions)
 		if res.Abort != AbortNone {
 			g.metrics.aborts.Add(1, res.Abort.String())
 		}
-		if errors.Is(err, ErrVerify) {
+		if errors.Is(err, errs.Verify) {
 			g.stats.verifyFailures.Add(1)
 			g.metrics.mismatches.Add(1)
 		}
-		if g.ctx.Err() != nil && !errors.Is(err, ErrClosed) {
-			err = fmt.Errorf("%w while the transfer was in flight: %v", ErrClosed, err)
+		if g.ctx.Err() != nil && !errors.Is(err, errs.Closed) {
+			err = fmt.Errorf("%w while the transfer was in flight: %v", errs.Closed, err)
 		}
 		return res, err
 	}
@@ -76,10 +77,10 @@ func (g *Guard) Transfer(name string, descs []verify.Desc, opts TransferOptions)
 // Dst, and returns its byte count.
 func (g *Guard) checkBatch(name string, descs []verify.Desc) (uint64, error) {
 	if len(descs) == 0 {
-		return 0, fmt.Errorf("%w: a transfer needs at least one descriptor", ErrInvalidArg)
+		return 0, fmt.Errorf("%w: a transfer needs at least one descriptor", errs.InvalidArg)
 	}
 	if len(descs) > MaxDescriptors {
-		return 0, fmt.Errorf("%w: %d descriptors, limit %d per call", ErrInvalidArg, len(descs), MaxDescriptors)
+		return 0, fmt.Errorf("%w: %d descriptors, limit %d per call", errs.InvalidArg, len(descs), MaxDescriptors)
 	}
 	if err := g.checkSession(name); err != nil {
 		return 0, err
@@ -87,13 +88,13 @@ func (g *Guard) checkBatch(name string, descs []verify.Desc) (uint64, error) {
 	var total uint64
 	for i, d := range descs {
 		if d.Len == 0 {
-			return 0, fmt.Errorf("%w: descriptor %d has length 0", ErrInvalidArg, i)
+			return 0, fmt.Errorf("%w: descriptor %d has length 0", errs.InvalidArg, i)
 		}
 		if err := g.regions.Check(d.Src, d.Len); err != nil {
 			return 0, fmt.Errorf("descriptor %d local side: %w", i, err)
 		}
 		if d.Dst+d.Len < d.Dst {
-			return 0, fmt.Errorf("%w: descriptor %d remote address %#x+%d wraps", ErrInvalidArg, i, d.Dst, d.Len)
+			return 0, fmt.Errorf("%w: descriptor %d remote address %#x+%d wraps", errs.InvalidArg, i, d.Dst, d.Len)
 		}
 		total += d.Len
 	}
@@ -110,7 +111,7 @@ func (g *Guard) lockSession(ctx context.Context, name string, descs []verify.Des
 		if i := s.checkDst(descs); i >= 0 {
 			if err = s.refresh(ctx, g); err == nil {
 				if i = s.checkDst(descs); i >= 0 {
-					err = fmt.Errorf("descriptor %d remote side: %w at session %s: [%#x, +%d)", i, ErrNotRegistered, name, descs[i].Dst, descs[i].Len)
+					err = fmt.Errorf("descriptor %d remote side: %w at session %s: [%#x, +%d)", i, errs.NotRegistered, name, descs[i].Dst, descs[i].Len)
 				}
 			}
 		}

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"sync"
 
 	zmq "github.com/pebbe/zmq4"
@@ -81,7 +82,7 @@ func (s *session) connect(ctx context.Context, g *Guard) error {
 // handshake did not list (the receiver may have registered more since).
 func (s *session) refresh(ctx context.Context, g *Guard) error {
 	if s.control == "" {
-		return fmt.Errorf("%w: session %s is reached through the %s engine, and this guard does not know where its peer's guard listens (mc_guard_set_peer_guard): completion notices, notifies and the peer's region table need it; without one, use a read-back mode, or notify \"never\" and forward the digests to the receiver's mc_guard_sync yourself", ErrConfig, s.name, g.engine.Engine())
+		return fmt.Errorf("%w: session %s is reached through the %s engine, and this guard does not know where its peer's guard listens (mc_guard_set_peer_guard): completion notices, notifies and the peer's region table need it; without one, use a read-back mode, or notify \"never\" and forward the digests to the receiver's mc_guard_sync yourself", errs.Config, s.name, g.engine.Engine())
 	}
 	rep, err := handshake(ctx, g.zctx, s.control, g.cfg.ConnectTimeout, g.cfg.Secret, helloRequest{Sender: s.sender, Transport: g.handshakeTransport()})
 	if err != nil {
@@ -142,10 +143,10 @@ func (s *session) notify(ctx context.Context, zctx *zmq.Context, cfg *Config, bo
 	}
 	var rep controlReply
 	if err := decodeStrict(raw, &rep); err != nil {
-		return fmt.Errorf("%w: session %q answered a notice with: %v", ErrPeer, s.name, err)
+		return fmt.Errorf("%w: session %q answered a notice with: %v", errs.Peer, s.name, err)
 	}
 	if rep.Error != "" {
-		err := fmt.Errorf("%w: session %q refused the completion notice: %s", ErrSession, s.name, rep.Error)
+		err := fmt.Errorf("%w: session %q refused the completion notice: %s", errs.Session, s.name, rep.Error)
 		if rep.Code == codeUnknownToken {
 			err = fmt.Errorf("%w (%w)", err, errUnknownToken)
 		}

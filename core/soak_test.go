@@ -107,7 +107,7 @@ func TestSoak(t *testing.T) {
 		require.NoError(t, recvs[i].Register(dsts[i].addr(0), 64*size))
 	}
 	var wg sync.WaitGroup
-	errs := make([]error, sessions)
+	failed := make([]error, sessions)
 	for i := range recvs {
 		wg.Add(1)
 		go func() {
@@ -116,14 +116,14 @@ func TestSoak(t *testing.T) {
 			for j := range d {
 				d[j] = verify.Desc{Src: big.addr((i*64 + j) * size), Dst: dsts[i].addr(j * size), Len: size}
 			}
-			for r := 0; r < 20 && errs[i] == nil; r++ {
-				_, errs[i] = send.Transfer(recvs[i].Endpoint(), d, TransferOptions{Verify: ptr(verify.Sample)})
+			for r := 0; r < 20 && failed[i] == nil; r++ {
+				_, failed[i] = send.Transfer(recvs[i].Endpoint(), d, TransferOptions{Verify: ptr(verify.Sample)})
 			}
 		}()
 	}
 	wg.Wait()
 	for i := range recvs {
-		require.NoError(t, errs[i])
+		require.NoError(t, failed[i])
 		require.True(t, bytes.Equal(big.b[i*64*size:(i+1)*64*size], dsts[i].b), "session %d", i)
 		require.NoError(t, recvs[i].Close())
 	}

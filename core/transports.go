@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 
 	"github.com/mcguard/mcguard/core/cuda"
 	"github.com/mcguard/mcguard/core/fault"
@@ -24,7 +25,7 @@ var dataPlanes = []struct {
 }{
 	{engine.Name, true, func(g *Guard, _ string) (transport.Transport, error) {
 		if g.engineOps == nil {
-			return nil, fmt.Errorf("%w: transport engine is the application's own engine, handed over with mc_guard_open_with_transport", ErrConfig)
+			return nil, fmt.Errorf("%w: transport engine is the application's own engine, handed over with mc_guard_open_with_transport", errs.Config)
 		}
 		p, err := engine.Open(engine.Config{Ops: *g.engineOps, Faults: g.cfg.Inject, Linger: g.cfg.Timeout, Timeout: g.cfg.Timeout, Inline: g.cfg.EngineInlineCalls})
 		if err == nil {
@@ -72,7 +73,7 @@ func (g *Guard) openDataPlanes(host string) error {
 				if dp.name == tcp.Name {
 					return err
 				}
-				return fmt.Errorf("%w: transport %s was required, and it is not usable: %v", ErrConfig, dp.name, err)
+				return fmt.Errorf("%w: transport %s was required, and it is not usable: %v", errs.Config, dp.name, err)
 			}
 			why = append(why, dp.name+": "+err.Error())
 			continue
@@ -119,7 +120,7 @@ func (g *Guard) loadCUDA() error {
 	d, err := cuda.Shared(g.cfg.CUDALibrary)
 	if err != nil {
 		if g.cfg.CUDA == "required" {
-			return fmt.Errorf("%w: cuda is required: %v", ErrDevice, err)
+			return fmt.Errorf("%w: cuda is required: %v", errs.Device, err)
 		}
 		g.cudaState = "unavailable: " + err.Error()
 		return nil

@@ -14,6 +14,7 @@ import "C"
 import (
 	"bytes"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"unsafe"
 
 	"github.com/mcguard/mcguard/core"
@@ -94,13 +95,13 @@ func mcgOpenWithTransport(configJSON *C.char, ops *C.mc_transport_ops, ctx unsaf
 	defer recoverInto(&st, 0, "mc_guard_open_with_transport")
 	switch {
 	case out == nil:
-		return fail(0, fmt.Errorf("%w: out is NULL", core.ErrInvalidArg))
+		return fail(0, fmt.Errorf("%w: out is NULL", errs.InvalidArg))
 	case ops == nil:
-		return fail(0, fmt.Errorf("%w: ops is NULL", core.ErrInvalidArg))
+		return fail(0, fmt.Errorf("%w: ops is NULL", errs.InvalidArg))
 	case uintptr(ops.struct_size) < unsafe.Sizeof(*ops):
-		return fail(0, fmt.Errorf("%w: ops->struct_size is %d, want sizeof(mc_transport_ops) = %d", core.ErrInvalidArg, ops.struct_size, unsafe.Sizeof(*ops)))
+		return fail(0, fmt.Errorf("%w: ops->struct_size is %d, want sizeof(mc_transport_ops) = %d", errs.InvalidArg, ops.struct_size, unsafe.Sizeof(*ops)))
 	case ops.write == nil || ops.read == nil:
-		return fail(0, fmt.Errorf("%w: ops->write and ops->read are required", core.ErrInvalidArg))
+		return fail(0, fmt.Errorf("%w: ops->write and ops->read are required", errs.InvalidArg))
 	}
 	eng := engineOps(ops, ctx)
 	return openGuard(configJSON, out, func(cfg core.Config) (*core.Guard, error) { return core.OpenWithEngine(cfg, eng) })
@@ -110,7 +111,7 @@ func mcgOpenWithTransport(configJSON *C.char, ops *C.mc_transport_ops, ctx unsaf
 func mcgSetPeerGuard(h C.mc_guard_t, session, endpoint *C.char) C.mc_status {
 	return run(h, "mc_guard_set_peer_guard", func(g *core.Guard) error {
 		if session == nil || endpoint == nil {
-			return fmt.Errorf("%w: session and endpoint must not be NULL", core.ErrInvalidArg)
+			return fmt.Errorf("%w: session and endpoint must not be NULL", errs.InvalidArg)
 		}
 		return g.SetPeerGuard(C.GoString(session), C.GoString(endpoint))
 	})

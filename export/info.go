@@ -13,6 +13,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"unsafe"
 
 	"github.com/mcguard/mcguard/core"
@@ -53,7 +54,7 @@ func copyOut(s string, buf *C.char, n C.size_t, needed *C.size_t) error {
 		*needed = C.size_t(len(s))
 	}
 	if buf == nil {
-		return fmt.Errorf("%w: buf is NULL", core.ErrInvalidArg)
+		return fmt.Errorf("%w: buf is NULL", errs.InvalidArg)
 	}
 	if uint64(n) < uint64(len(s))+1 {
 		return fmt.Errorf("%w: %d bytes needed, buffer has %d", errBufferTooSmall, len(s)+1, uint64(n))

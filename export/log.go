@@ -9,9 +9,9 @@ import "C"
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"unsafe"
 
-	"github.com/mcguard/mcguard/core"
 	"github.com/mcguard/mcguard/core/logs"
 )
 
@@ -19,7 +19,7 @@ import (
 func mcgSetLog(level C.int32_t, fn C.mc_log_fn, ctx unsafe.Pointer) (st C.mc_status) {
 	defer recoverInto(&st, 0, "mc_guard_set_log")
 	if level != -1 && (level < 0 || int(level) >= len(logs.Levels)) {
-		return fail(0, fmt.Errorf("%w: log level %d is not an MC_LOG_* value", core.ErrInvalidArg, level))
+		return fail(0, fmt.Errorf("%w: log level %d is not an MC_LOG_* value", errs.InvalidArg, level))
 	}
 	if level != -1 {
 		logs.SetLevel(logs.Level(level))

@@ -14,6 +14,7 @@ import "C"
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"unsafe"
 
 	"github.com/mcguard/mcguard/core"
@@ -37,7 +38,7 @@ func cGetenv(name string) (string, bool) {
 func mcgOpen(configJSON *C.char, out *C.mc_guard_t) (st C.mc_status) {
 	defer recoverInto(&st, 0, "mc_guard_open")
 	if out == nil {
-		return fail(0, fmt.Errorf("%w: out is NULL", core.ErrInvalidArg))
+		return fail(0, fmt.Errorf("%w: out is NULL", errs.InvalidArg))
 	}
 	return openGuard(configJSON, out, core.Open)
 }
@@ -92,7 +93,7 @@ func mcgRegisterDevice(h C.mc_guard_t, addr unsafe.Pointer, n C.size_t) C.mc_sta
 func mcgAlloc(h C.mc_guard_t, n C.size_t, out *unsafe.Pointer) C.mc_status {
 	return run(h, "mc_guard_alloc", func(g *core.Guard) error {
 		if out == nil {
-			return fmt.Errorf("%w: out is NULL", core.ErrInvalidArg)
+			return fmt.Errorf("%w: out is NULL", errs.InvalidArg)
 		}
 		*out = nil
 		addr, err := g.Alloc(uint64(n))

@@ -13,6 +13,7 @@ import "C"
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"unsafe"
 
 	"github.com/mcguard/mcguard/core"
@@ -21,7 +22,7 @@ import (
 // checkSyncOpts validates opts, which may be NULL.
 func checkSyncOpts(opts *C.mc_sync_opts) error {
 	if opts != nil && opts.struct_size < C.uint32_t(unsafe.Sizeof(*opts)) {
-		return fmt.Errorf("%w: opts->struct_size is %d, want sizeof(mc_sync_opts) = %d", core.ErrInvalidArg, opts.struct_size, unsafe.Sizeof(*opts))
+		return fmt.Errorf("%w: opts->struct_size is %d, want sizeof(mc_sync_opts) = %d", errs.InvalidArg, opts.struct_size, unsafe.Sizeof(*opts))
 	}
 	return nil
 }
@@ -56,9 +57,9 @@ func mcgSyncTransfers(h C.mc_guard_t, ids *C.uint64_t, n C.size_t, opts *C.mc_sy
 		}
 		switch {
 		case n == 0 || n > core.MaxDescriptors:
-			return fmt.Errorf("%w: n = %d transfer ids (1 to MC_GUARD_MAX_DESCRIPTORS)", core.ErrInvalidArg, uint64(n))
+			return fmt.Errorf("%w: n = %d transfer ids (1 to MC_GUARD_MAX_DESCRIPTORS)", errs.InvalidArg, uint64(n))
 		case ids == nil:
-			return fmt.Errorf("%w: transfer_ids is NULL", core.ErrInvalidArg)
+			return fmt.Errorf("%w: transfer_ids is NULL", errs.InvalidArg)
 		}
 		stream := uint64(0)
 		if opts != nil {
@@ -84,9 +85,9 @@ func mcgQuiesce(h C.mc_guard_t, addr, length *C.uint64_t, n C.size_t) C.mc_statu
 func syncRanges(addr, length *C.uint64_t, n C.size_t) ([]core.SyncRange, error) {
 	switch {
 	case n > core.MaxDescriptors:
-		return nil, fmt.Errorf("%w: n = %d is over MC_GUARD_MAX_DESCRIPTORS", core.ErrInvalidArg, uint64(n))
+		return nil, fmt.Errorf("%w: n = %d is over MC_GUARD_MAX_DESCRIPTORS", errs.InvalidArg, uint64(n))
 	case n > 0 && (addr == nil || length == nil):
-		return nil, fmt.Errorf("%w: addr and len must not be NULL when n > 0", core.ErrInvalidArg)
+		return nil, fmt.Errorf("%w: addr and len must not be NULL when n > 0", errs.InvalidArg)
 	}
 	ranges := make([]core.SyncRange, int(n))
 	if n > 0 {
@@ -102,7 +103,7 @@ func syncRanges(addr, length *C.uint64_t, n C.size_t) ([]core.SyncRange, error) 
 func mcgNotifies(h C.mc_guard_t, buf *C.char, n C.size_t, needed *C.size_t) C.mc_status {
 	return run(h, "mc_guard_notifies", func(g *core.Guard) error {
 		if buf == nil {
-			return fmt.Errorf("%w: buf is NULL", core.ErrInvalidArg)
+			return fmt.Errorf("%w: buf is NULL", errs.InvalidArg)
 		}
 		room := int(min(uint64(n), 1<<40)) - 1 // the NUL
 		js, size, err := g.Notifies(room)

@@ -13,6 +13,7 @@ import "C"
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"time"
 	"unsafe"
 
@@ -34,13 +35,13 @@ var verifyModes = map[C.int32_t]verify.Mode{C.MC_VERIFY_OFF: verify.Off, C.MC_VE
 func batchArgs(session *C.char, local, remote, length *C.uint64_t, n C.size_t) (string, []verify.Desc, error) {
 	switch {
 	case session == nil:
-		return "", nil, fmt.Errorf("%w: session is NULL", core.ErrInvalidArg)
+		return "", nil, fmt.Errorf("%w: session is NULL", errs.InvalidArg)
 	case n == 0:
-		return "", nil, fmt.Errorf("%w: n is 0: a batch needs at least one descriptor", core.ErrInvalidArg)
+		return "", nil, fmt.Errorf("%w: n is 0: a batch needs at least one descriptor", errs.InvalidArg)
 	case n > core.MaxDescriptors:
-		return "", nil, fmt.Errorf("%w: n = %d is over MC_GUARD_MAX_DESCRIPTORS (%d)", core.ErrInvalidArg, uint64(n), core.MaxDescriptors)
+		return "", nil, fmt.Errorf("%w: n = %d is over MC_GUARD_MAX_DESCRIPTORS (%d)", errs.InvalidArg, uint64(n), core.MaxDescriptors)
 	case local == nil || remote == nil || length == nil:
-		return "", nil, fmt.Errorf("%w: the address and length arrays must not be NULL", core.ErrInvalidArg)
+		return "", nil, fmt.Errorf("%w: the address and length arrays must not be NULL", errs.InvalidArg)
 	}
 	k := int(n)
 	l, r, ln := cArray(local, k), cArray(remote, k), cArray(length, k)
@@ -64,18 +65,18 @@ func mcgTransfer(h C.mc_guard_t, session *C.char, src, dst, length *C.uint64_t, 
 		grown := opts != nil && opts.struct_size >= C.uint32_t(unsafe.Sizeof(*opts))
 		if opts != nil {
 			if opts.struct_size < v02 || (opts.struct_size > v02 && !grown) {
-				return fmt.Errorf("%w: opts->struct_size is %d, want sizeof(mc_transfer_opts) = %d", core.ErrInvalidArg, opts.struct_size, unsafe.Sizeof(*opts))
+				return fmt.Errorf("%w: opts->struct_size is %d, want sizeof(mc_transfer_opts) = %d", errs.InvalidArg, opts.struct_size, unsafe.Sizeof(*opts))
 			}
 			if grown {
 				if opts.deadline_ms > C.uint64_t(24*time.Hour/time.Millisecond) {
-					return fmt.Errorf("%w: opts->deadline_ms = %d is over a day", core.ErrInvalidArg, uint64(opts.deadline_ms))
+					return fmt.Errorf("%w: opts->deadline_ms = %d is over a day", errs.InvalidArg, uint64(opts.deadline_ms))
 				}
 				o.Deadline = time.Duration(opts.deadline_ms) * time.Millisecond
 			}
 			if opts.verify != C.MC_VERIFY_DEFAULT {
 				m, ok := verifyModes[opts.verify]
 				if !ok {
-					return fmt.Errorf("%w: opts->verify = %d is not an MC_VERIFY_* value", core.ErrInvalidArg, opts.verify)
+					return fmt.Errorf("%w: opts->verify = %d is not an MC_VERIFY_* value", errs.InvalidArg, opts.verify)
 				}
 				o.Verify = &m
 			}
@@ -117,7 +118,7 @@ func mcgRead(h C.mc_guard_t, session *C.char, local, remote, length *C.uint64_t,
 func mcgCancel(h C.mc_guard_t, session *C.char) C.mc_status {
 	return run(h, "mc_guard_cancel", func(g *core.Guard) error {
 		if session == nil {
-			return fmt.Errorf("%w: session is NULL", core.ErrInvalidArg)
+			return fmt.Errorf("%w: session is NULL", errs.InvalidArg)
 		}
 		return g.Cancel(C.GoString(session))
 	})
@@ -127,7 +128,7 @@ func mcgCancel(h C.mc_guard_t, session *C.char) C.mc_status {
 func mcgWaitEngineCalls(h C.mc_guard_t, transferID, timeoutMS C.uint64_t) C.mc_status {
 	return run(h, "mc_guard_wait_engine_calls", func(g *core.Guard) error {
 		if timeoutMS > C.uint64_t(24*time.Hour/time.Millisecond) {
-			return fmt.Errorf("%w: timeout_ms = %d is over a day", core.ErrInvalidArg, uint64(timeoutMS))
+			return fmt.Errorf("%w: timeout_ms = %d is over a day", errs.InvalidArg, uint64(timeoutMS))
 		}
 		return g.WaitEngineCalls(uint64(transferID), time.Duration(timeoutMS)*time.Millisecond)
 	})
@@ -137,10 +138,10 @@ func mcgWaitEngineCalls(h C.mc_guard_t, transferID, timeoutMS C.uint64_t) C.mc_s
 func mcgPeerRegions(h C.mc_guard_t, session *C.char, addr, length *C.uint64_t, capacity C.size_t, n *C.size_t) C.mc_status {
 	return run(h, "mc_guard_peer_regions", func(g *core.Guard) error {
 		if session == nil {
-			return fmt.Errorf("%w: session is NULL", core.ErrInvalidArg)
+			return fmt.Errorf("%w: session is NULL", errs.InvalidArg)
 		}
 		if capacity > 0 && (addr == nil || length == nil) {
-			return fmt.Errorf("%w: addr or len is NULL with capacity %d", core.ErrInvalidArg, capacity)
+			return fmt.Errorf("%w: addr or len is NULL with capacity %d", errs.InvalidArg, capacity)
 		}
 		regions, err := g.PeerRegions(C.GoString(session))
 		if err != nil {
@@ -167,10 +168,10 @@ func mcgPeerRegions(h C.mc_guard_t, session *C.char, addr, length *C.uint64_t, c
 func mcgNotify(h C.mc_guard_t, session, name, msg *C.char, msgLen C.size_t) C.mc_status {
 	return run(h, "mc_guard_notify", func(g *core.Guard) error {
 		if session == nil || name == nil || (msg == nil && msgLen > 0) {
-			return fmt.Errorf("%w: session, name or msg is NULL", core.ErrInvalidArg)
+			return fmt.Errorf("%w: session, name or msg is NULL", errs.InvalidArg)
 		}
 		if uint64(msgLen) > core.MaxNotifyMsg {
-			return fmt.Errorf("%w: notify message of %d bytes, limit %d", core.ErrInvalidArg, uint64(msgLen), core.MaxNotifyMsg)
+			return fmt.Errorf("%w: notify message of %d bytes, limit %d", errs.InvalidArg, uint64(msgLen), core.MaxNotifyMsg)
 		}
 		var body string
 		if msgLen > 0 {

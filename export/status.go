@@ -14,6 +14,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/errs"
 	"unsafe"
 
 	"github.com/mcguard/mcguard/core"
@@ -54,20 +55,20 @@ var statuses = []struct {
 	err error
 	st  C.mc_status
 }{
-	{core.ErrClosed, C.MC_ERR_CLOSED},
-	{core.ErrCancelled, C.MC_ERR_CANCELLED},
+	{errs.Closed, C.MC_ERR_CLOSED},
+	{errs.Cancelled, C.MC_ERR_CANCELLED},
 	{errBadHandle, C.MC_ERR_BAD_HANDLE},
 	{errBufferTooSmall, C.MC_ERR_BUFFER_TOO_SMALL},
-	{core.ErrInvalidArg, C.MC_ERR_INVALID_ARG},
-	{core.ErrConfig, C.MC_ERR_CONFIG},
-	{core.ErrNotRegistered, C.MC_ERR_NOT_REGISTERED},
-	{core.ErrDevice, C.MC_ERR_DEVICE},
-	{core.ErrVerify, C.MC_ERR_VERIFY},
-	{core.ErrQuiesced, C.MC_ERR_QUIESCED},
-	{core.ErrTimeout, C.MC_ERR_TIMEOUT},
-	{core.ErrSession, C.MC_ERR_SESSION},
-	{core.ErrPeer, C.MC_ERR_PEER},
-	{core.ErrNoMemory, C.MC_ERR_NO_MEMORY},
+	{errs.InvalidArg, C.MC_ERR_INVALID_ARG},
+	{errs.Config, C.MC_ERR_CONFIG},
+	{errs.NotRegistered, C.MC_ERR_NOT_REGISTERED},
+	{errs.Device, C.MC_ERR_DEVICE},
+	{errs.Verify, C.MC_ERR_VERIFY},
+	{errs.Quiesced, C.MC_ERR_QUIESCED},
+	{errs.Timeout, C.MC_ERR_TIMEOUT},
+	{errs.Session, C.MC_ERR_SESSION},
+	{errs.Peer, C.MC_ERR_PEER},
+	{errs.NoMemory, C.MC_ERR_NO_MEMORY},
 }
 
 // statusOf maps an error to its status.
@@ -93,7 +94,7 @@ func errorOf(st C.mc_status) error {
 			}
 		}
 	}
-	return core.ErrPeer
+	return errs.Peer
 }
 
 //export mcgLastError
