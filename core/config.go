@@ -87,6 +87,35 @@ type Config struct {
 	Getenv config.Getenv
 }
 
+// takeSecret sets the shared secret, given or read from secretFile, and
+// refuses to listen beyond loopback on host without one unless
+// allow_insecure says so (logged).
+func (c *Config) takeSecret(secret, secretFile, host string) error {
+	if secretFile != "" {
+		if secret != "" {
+			return fmt.Errorf("%w: give secret or secret_file, not both", errs.Config)
+		}
+		b, err := os.ReadFile(secretFile)
+		if err != nil {
+			return fmt.Errorf("%w: secret_file: %v", errs.Config, err)
+		}
+		secret = strings.TrimRight(string(b), "\r\n")
+	}
+	if secret != "" {
+		if len(secret) < secretMinBytes {
+			return fmt.Errorf("%w: the secret must be at least %d bytes (use e.g. `openssl rand -hex 32`)", errs.Config, secretMinBytes)
+		}
+		c.Secret = []byte(secret)
+	}
+	if c.Secret == nil && !isLoopback(host) {
+		if !c.AllowInsecure {
+			return fmt.Errorf("%w: listen %q reaches beyond this machine, and the guard has no secret: any peer could write into registered memory. Set secret (or secret_file, MC_GUARD_SECRET), or allow_insecure: true to accept that", errs.Config, c.Listen)
+		}
+		logs.Printf(logs.Warn, "listening on %s without a secret (allow_insecure): any peer that reaches it can read and write registered memory", c.Listen)
+	}
+	return nil
+}
+
 // DefaultConfig returns the settings used when nothing is configured.
 func DefaultConfig() Config {
 	return Config{
@@ -161,27 +190,8 @@ func LoadConfig(getenv config.Getenv, configJSON string) (Config, error) {
 	if err != nil {
 		return Config{}, fmt.Errorf("%w: listen %q is not host:port (%v); an IPv6 host goes in brackets: \"[::1]:0\"", errs.Config, c.Listen, err)
 	}
-	if secretFile != "" {
-		if secret != "" {
-			return Config{}, fmt.Errorf("%w: give secret or secret_file, not both", errs.Config)
-		}
-		b, err := os.ReadFile(secretFile)
-		if err != nil {
-			return Config{}, fmt.Errorf("%w: secret_file: %v", errs.Config, err)
-		}
-		secret = strings.TrimRight(string(b), "\r\n")
-	}
-	if secret != "" {
-		if len(secret) < secretMinBytes {
-			return Config{}, fmt.Errorf("%w: the secret must be at least %d bytes (use e.g. `openssl rand -hex 32`)", errs.Config, secretMinBytes)
-		}
-		c.Secret = []byte(secret)
-	}
-	if c.Secret == nil && !isLoopback(host) {
-		if !c.AllowInsecure {
-			return Config{}, fmt.Errorf("%w: listen %q reaches beyond this machine, and the guard has no secret: any peer could write into registered memory. Set secret (or secret_file, MC_GUARD_SECRET), or allow_insecure: true to accept that", errs.Config, c.Listen)
-		}
-		logs.Printf(logs.Warn, "listening on %s without a secret (allow_insecure): any peer that reaches it can read and write registered memory", c.Listen)
+	if err := c.takeSecret(secret, secretFile, host); err != nil {
+		return Config{}, err
 	}
 	if c.RequireRDMA {
 		if c.Transport == "tcp" {
