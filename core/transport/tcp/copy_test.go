@@ -16,6 +16,8 @@ import (
 	"github.com/mcguard/mcguard/core/sharedmem"
 	"github.com/mcguard/mcguard/verify"
 	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/core/transport/samehost"
 	"golang.org/x/sys/unix"
 )
 
@@ -35,7 +37,7 @@ func TestCopyParallelCutsPairsExactly(t *testing.T) {
 		srcs, dsts = append(srcs, src), append(dsts, dst)
 		total += uint64(n)
 	}
-	require.GreaterOrEqual(t, total, uint64(parallelMin))
+	require.GreaterOrEqual(t, total, uint64(samehost.ParallelMin))
 	copyParallel(pairs, total)
 	for i := range sizes {
 		require.True(t, bytes.Equal(srcs[i], dsts[i][1:len(dsts[i])-1]), "pair %d", i)

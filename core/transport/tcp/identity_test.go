@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"os"
 	"testing"
 	"time"
 
@@ -33,41 +32,6 @@ func sameHostTransport(t *testing.T, dst []byte) (*Transport, transport.Peer) {
 	t.Cleanup(tr.Close)
 	require.NoError(t, tr.Register(memory.AddrOf(dst), uint64(len(dst)), cuda.Memory{}))
 	return tr, transport.Peer{Sender: "sender", Token: token, Key: key}
-}
-
-// The kernel, not the offer, says which process a sender is: a proof from
-// a process other than the one the offer named is refused, as is a target
-// whose answer names another process than the one listening.
-func TestIdentityIsTheKernels(t *testing.T) {
-	tr, _ := sameHostTransport(t, testmem.Pages(t, 1))
-	nonce := make([]byte, sameHostNonceSize)
-	rand.Read(nonce)
-	ctx := context.Background()
-	name := tr.target.identity.name()
-
-	tr.target.grants.put("mallory", sameHostGrant{claimed: os.Getppid(), nonce: nonce})
-	require.Contains(t, identify(ctx, name, nonce, os.Getpid()), "the kernel says")
-	gr, _ := tr.target.grants.get("mallory")
-	require.Zero(t, gr.pid, "an offer that named another process proves nothing")
-
-	require.Contains(t, identify(ctx, name, nonce, os.Getppid()), "the kernel says its identity socket is process",
-		"a sender lets no process read it that the kernel does not name as the receiver")
-
-	other := make([]byte, sameHostNonceSize)
-	require.Contains(t, identify(ctx, name, other, os.Getpid()), "no same-host grant")
-
-	tr.target.grants.put("sender", sameHostGrant{claimed: os.Getpid(), nonce: nonce})
-	require.Empty(t, identify(ctx, name, nonce, os.Getpid()))
-	gr, _ = tr.target.grants.get("sender")
-	require.Equal(t, os.Getpid(), gr.pid)
-
-	// A grant handed out again (a new handshake) needs a new proof.
-	fresh := make([]byte, sameHostNonceSize)
-	rand.Read(fresh)
-	tr.target.grants.put("sender", sameHostGrant{claimed: os.Getpid(), nonce: fresh})
-	gr, _ = tr.target.grants.get("sender")
-	require.Zero(t, gr.pid)
-	require.Contains(t, identify(ctx, name, nonce, os.Getpid()), "no same-host grant", "the old nonce is forgotten")
 }
 
 // A prove reply carries any slot epoch: a receiver kept same-host for

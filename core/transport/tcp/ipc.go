@@ -200,7 +200,7 @@ func (t *target) pullDevice(l *link, r io.Reader, dst, n uint64) (ipcSource, wir
 	m, err := t.ipcs.acquire(gpu, l.pid, key)
 	if err != nil {
 		logs.Printf(logs.Info, "target: cannot open the sender's CUDA IPC handle (its GPU bytes come through the socket from its next connection on): %v", err)
-		t.grants.refuseIPC(l.sender)
+		t.grants.RefuseIPC(l.sender)
 		return ipcSource{}, wire.StatusNoAccess, nil
 	}
 	src := ipcSource{t: t, m: m, ptr: m.ptr + off, n: size, mem: cuda.Memory{Device: true, Ordinal: key.ordinal}}

@@ -6,6 +6,7 @@ package tcp
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/transport/samehost"
 	"sync/atomic"
 	"unsafe"
 
@@ -113,9 +114,9 @@ func (t *conn) copyMapped() (mapped, rest uint64) {
 type copyPair struct{ dst, src []byte }
 
 // copyParallel copies the pairs, on several goroutines where the batch is
-// large (inRuns).
+// large (samehost.InRuns).
 func copyParallel(pairs []copyPair, total uint64) {
-	k := copyThreads(total)
+	k := samehost.Threads(total)
 	if k == 1 {
 		for _, c := range pairs {
 			copy(c.dst, c.src)
@@ -126,7 +127,7 @@ func copyParallel(pairs []copyPair, total uint64) {
 	split := func(c copyPair, n int) (copyPair, copyPair) {
 		return copyPair{c.dst[:n], c.src[:n]}, copyPair{c.dst[n:], c.src[n:]}
 	}
-	inRuns(pairs, total, k, size, split, func(run []copyPair) error {
+	samehost.InRuns(pairs, total, k, size, split, func(run []copyPair) error {
 		for _, c := range run {
 			copy(c.dst, c.src)
 		}

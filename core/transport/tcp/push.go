@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/transport/samehost"
 	"runtime"
 	"slices"
 	"sync/atomic"
@@ -236,7 +237,7 @@ func (t *conn) push(ctx context.Context, descs []verify.Desc) (done bool, err er
 		var rest uint64
 		mapped, rest = t.copyMapped()
 		if rest > 0 {
-			err = vmCopyParallel(t.lease.pid, t.iovLocal, t.iovRemote, rest)
+			err = samehost.CopyParallel(t.lease.pid, t.iovLocal, t.iovRemote, rest)
 		}
 		if err == nil && mapped > 0 {
 			err = t.lease.alive()
@@ -298,7 +299,7 @@ func (t *conn) pullRanges(ranges []verify.Range, out []byte) (done bool, err err
 		t.iovRemote = append(t.iovRemote, unix.RemoteIovec{Base: uintptr(r.Addr), Len: int(r.Len)})
 		out = out[r.Len:]
 	}
-	if err := vmCopy(t.lease.pid, t.iovLocal, t.iovRemote, false); err != nil {
+	if err := samehost.Copy(t.lease.pid, t.iovLocal, t.iovRemote, false); err != nil {
 		return false, fmt.Errorf("%w: reading back from the receiving process: %v", errs.Peer, err)
 	}
 	if mapped {
@@ -340,7 +341,7 @@ func (t *conn) injectFaults() {
 		var dstTail []byte
 		if t.faults.Mode() == fault.Stale {
 			dstTail = make([]byte, min(k, n))
-			if processVMRead(t.lease.pid, uint64(t.iovRemote[i].Base)+uint64(n-len(dstTail)), dstTail) != nil {
+			if samehost.Read(t.lease.pid, uint64(t.iovRemote[i].Base)+uint64(n-len(dstTail)), dstTail) != nil {
 				dstTail = nil
 			}
 		}

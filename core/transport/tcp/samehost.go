@@ -6,22 +6,19 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/transport/samehost"
 	"github.com/mcguard/mcguard/core/wire"
 )
 
@@ -46,133 +43,6 @@ const (
 	SameHostWriterReceiver = "receiver" // the target copies it out of them
 )
 
-// hostID is what a handshake compares: the kernel's boot id and this
-// process's pid namespace. Empty where they cannot be read.
-type hostID struct {
-	Boot  string `json:"boot"`
-	PidNS string `json:"pidns"`
-	Pid   int    `json:"pid"`
-}
-
-var (
-	localOnce sync.Once
-	localID   hostID
-	localWhy  string
-)
-
-// local is this process's hostID, or why there is none.
-func local() (hostID, string) {
-	localOnce.Do(func() {
-		boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-		if err != nil {
-			localWhy = "no boot id: " + err.Error()
-			return
-		}
-		ns, err := os.Readlink("/proc/self/ns/pid")
-		if err != nil {
-			localWhy = "no pid namespace: " + err.Error()
-			return
-		}
-		localID = hostID{Boot: strings.TrimSpace(string(boot)), PidNS: ns, Pid: os.Getpid()}
-	})
-	return localID, localWhy
-}
-
-// offer is a TCP sender's handshake offer: where it runs.
-func sameHostOffer(setting string) []byte {
-	if setting == SameHostOff {
-		return nil
-	}
-	id, why := local()
-	if why != "" {
-		return nil
-	}
-	b, _ := json.Marshal(id)
-	return b
-}
-
-// sameHostGrant is what a target keeps of a sender that may use same-host
-// writes: the pid its offer named, the nonce it proves itself with, and
-// its pid as the kernel said it on the identity socket (0 until then: no
-// connection of it may prove itself).
-type sameHostGrant struct {
-	claimed int
-	pid     int
-	nonce   []byte
-	noIPC   bool // opening one of its CUDA IPC handles failed here: it stages
-}
-
-// sameHostNonceSize is a grant's nonce.
-const sameHostNonceSize = 16
-
-// maxGrants bounds the grants a target keeps (one per sender's latest
-// handshake); past it the oldest is forgotten and that sender's next
-// connection sends its bytes through the socket.
-const maxGrants = 4096
-
-type grants struct {
-	mu      sync.Mutex
-	m       map[string]sameHostGrant
-	byNonce map[string]string // a grant's nonce: its sender
-	order   []string
-}
-
-func (g *grants) put(sender string, gr sameHostGrant) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.m == nil {
-		g.m, g.byNonce = map[string]sameHostGrant{}, map[string]string{}
-	}
-	if old, ok := g.m[sender]; !ok {
-		g.order = append(g.order, sender)
-	} else {
-		gr.noIPC = gr.noIPC || old.noIPC
-		delete(g.byNonce, string(old.nonce))
-	}
-	g.m[sender] = gr
-	g.byNonce[string(gr.nonce)] = sender
-	for len(g.order) > maxGrants {
-		delete(g.byNonce, string(g.m[g.order[0]].nonce))
-		delete(g.m, g.order[0])
-		g.order = g.order[1:]
-	}
-}
-
-// prove records that the kernel says the holder of nonce is process pid,
-// where that is the process its offer named; it returns why not, or "".
-func (g *grants) prove(nonce []byte, pid int) string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	sender, ok := g.byNonce[string(nonce)]
-	if !ok {
-		return "no same-host grant holds this nonce (forgotten, or crowded out)"
-	}
-	gr := g.m[sender]
-	if gr.claimed != pid {
-		return fmt.Sprintf("the offer named process %d, the kernel says %d", gr.claimed, pid)
-	}
-	gr.pid = pid
-	g.m[sender] = gr
-	return ""
-}
-
-// refuseIPC makes the sender's next handshakes offer no CUDA IPC.
-func (g *grants) refuseIPC(sender string) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if gr, ok := g.m[sender]; ok {
-		gr.noIPC = true
-		g.m[sender] = gr
-	}
-}
-
-func (g *grants) get(sender string) (sameHostGrant, bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	gr, ok := g.m[sender]
-	return gr, ok
-}
-
 // sameHostAnswer decides, for a sender's offer, whether it may use
 // same-host writes here: a nonce for it to prove, or why not. The offer
 // is the sender's word; nothing is read from its pid until the identity
@@ -184,37 +54,27 @@ func (t *Transport) sameHostAnswer(sender string, offer []byte) (nonce, why stri
 	if t.target.identity == nil {
 		return "", "the receiver has no identity socket"
 	}
-	var peer hostID
-	if err := json.Unmarshal(offer, &peer); err != nil || peer.Pid <= 0 {
-		return "", "the sender's offer is malformed"
+	pid, why := samehost.Compare(offer)
+	if why != "" {
+		return "", why
 	}
-	me, lwhy := local()
-	switch {
-	case lwhy != "":
-		return "", "the receiver cannot tell its host: " + lwhy
-	case peer.Boot != me.Boot:
-		return "", "another host"
-	case peer.PidNS != me.PidNS:
-		return "", "another pid namespace"
-	}
-	n := make([]byte, sameHostNonceSize)
+	n := make([]byte, samehost.NonceSize)
 	rand.Read(n)
-	t.target.grants.put(sender, sameHostGrant{claimed: peer.Pid, nonce: n})
+	t.target.grants.Put(sender, samehost.Grant{Claimed: pid, Nonce: n})
 	return hex.EncodeToString(n), ""
 }
 
-// readPeer copies [addr, addr+len(b)) of process pid into b, continuing
-// short copies; a test replaces it.
-var readPeer = processVMRead
-
-func processVMRead(pid int, addr uint64, b []byte) error {
-	if len(b) == 0 {
+// sameHostOffer is a TCP sender's handshake offer: where it runs.
+func sameHostOffer(setting string) []byte {
+	if setting == SameHostOff {
 		return nil
 	}
-	local := []unix.Iovec{{Base: &b[0]}}
-	local[0].SetLen(len(b))
-	return vmCopy(pid, local, []unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}, false)
+	return samehost.Offer()
 }
+
+// readPeer copies [addr, addr+len(b)) of process pid into b; a test
+// replaces it.
+var readPeer = samehost.Read
 
 // Why, once per process, a same-host path fell back: an automatic
 // same-host transfer to the socket, a sender's own writes to the receiver
@@ -266,7 +126,7 @@ func (t *conn) sameHost(ctx context.Context, setting string, a answer) error {
 	why := a.SameHostWhy
 	if a.SameHost != "" {
 		if why = identifyTo(ctx, a); why == "" {
-			why = grantPtrace(a.Pid)
+			why = samehost.GrantPtrace(a.Pid)
 		}
 	}
 	if a.SameHost != "" && why == "" {
@@ -292,7 +152,7 @@ func (t *conn) sameHost(ctx context.Context, setting string, a answer) error {
 	switch {
 	case setting == SameHostRequired:
 		return fmt.Errorf("%w: same_host is required and cannot be used with this receiver: %s", errs.Config, why)
-	case setting == SameHostAuto && why != "another host" && why != "another pid namespace":
+	case setting == SameHostAuto && why != samehost.NotThisHost && why != samehost.NotThisPidNS:
 		sameHostFallback.Printf(logs.Info, "same-host transfers not used (bytes go through the socket): %s", why)
 		if t.fallbacks != nil {
 			t.fallbacks.count(why)
@@ -328,10 +188,10 @@ func (f *fallbacks) last() (int64, string) {
 // the answer's nonce; it returns why not, or "".
 func identifyTo(ctx context.Context, a answer) string {
 	nonce, err := hex.DecodeString(a.SameHost)
-	if err != nil || len(nonce) != sameHostNonceSize {
+	if err != nil || len(nonce) != samehost.NonceSize {
 		return "the receiver's nonce is malformed"
 	}
-	return identify(ctx, a.Identity, nonce, a.Pid)
+	return samehost.Identify(ctx, a.Identity, nonce, a.Pid)
 }
 
 // prove has the target read the nonce back out of this process; it
@@ -389,31 +249,31 @@ func (t *target) prove(l *link, addr, n uint64, r io.Reader) (st wire.Status, wh
 		_, err := io.CopyN(io.Discard, r, int64(n))
 		return wire.StatusBadRequest, 0, 0, err
 	}
-	g, ok := t.grants.get(l.sender)
+	g, ok := t.grants.Get(l.sender)
 	if !ok {
 		return wire.StatusNoAccess, wire.ProveNoGrant, 0, nil
 	}
-	if g.pid == 0 {
+	if g.Pid == 0 {
 		return wire.StatusNoAccess, wire.ProveNoIdentity, 0, nil
 	}
-	got := make([]byte, len(g.nonce))
-	if err := readPeer(g.pid, addr, got); err != nil {
+	got := make([]byte, len(g.Nonce))
+	if err := readPeer(g.Pid, addr, got); err != nil {
 		var errno syscall.Errno
 		if errors.As(err, &errno) {
 			return wire.StatusNoAccess, uint64(errno), 0, nil
 		}
 		return wire.StatusNoAccess, uint64(syscall.EIO), 0, nil
 	}
-	if !hmac.Equal(got, g.nonce) {
+	if !hmac.Equal(got, g.Nonce) {
 		return wire.StatusNoAccess, 0, 0, nil
 	}
 	t.mu.Lock() // read by other connections' ends (ipcMaps.drop)
-	l.pid = g.pid
+	l.pid = g.Pid
 	t.mu.Unlock()
 	if t.lease == nil || l.slot >= 0 {
 		return wire.StatusOK, 0, 0, nil
 	}
-	l.slot, epoch = t.lease.assign(l.sender, g.pid)
+	l.slot, epoch = t.lease.assign(l.sender, g.Pid)
 	return wire.StatusOK, uint64(l.slot + 1), epoch, nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/hmac"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -17,6 +16,7 @@ import (
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/transport/samehost"
 	"github.com/mcguard/mcguard/core/wire"
 )
 
@@ -53,11 +53,11 @@ type target struct {
 	q    quiescer
 	stop chan struct{} // closed when the target closes: held writes give up
 
-	grants grants // same-host senders: their pids and nonces
+	grants   samehost.Grants    // same-host senders: their pids and nonces
+	identity *samehost.Identity // where same-host senders prove their process; nil: same-host off
 	// macReplies: the guards share a secret; the replies verification
 	// rests on are tagged (replytag.go).
 	macReplies bool
-	identity   *identity    // where same-host senders prove their process; nil: same-host off
 	pulled     atomic.Int64 // bytes copied out of same-host senders' memory
 	ipcs       ipcMaps      // same-host senders' GPU allocations opened here
 	ipcBytes   atomic.Int64 // bytes copied out of them
@@ -92,7 +92,7 @@ func serveOn(ln net.Listener, cfg Config) *target {
 	// inject themselves: pushFaults).
 	if cfg.SameHost != SameHostOff {
 		var err error
-		if t.identity, err = newIdentity(&t.grants, cfg.Timeout); err != nil {
+		if t.identity, err = samehost.NewIdentity(&t.grants, cfg.Timeout); err != nil {
 			logs.Printf(logs.Info, "same-host transfers not offered: no identity socket: %v", err)
 		}
 	}
@@ -109,34 +109,10 @@ func serveOn(ln net.Listener, cfg Config) *target {
 
 func (t *target) addr() string { return t.ln.Addr().String() }
 
-// acceptEach hands each connection accepted on ln to take until ln is
-// closed or take says to stop. Any other Accept error (EMFILE, ENFILE,
-// ECONNABORTED, ENOBUFS: a moment of exhaustion that any peer can cause)
-// is waited out with backoff, logged as what's.
-func acceptEach(ln net.Listener, what string, take func(c net.Conn) (more bool)) {
-	backoff := acceptBackoff(0)
-	for {
-		c, err := ln.Accept()
-		if errors.Is(err, net.ErrClosed) {
-			return
-		}
-		if err != nil {
-			logs.Printf(logs.Info, "%s: accept: %v (retrying in %v)", what, err, backoff)
-			time.Sleep(backoff)
-			backoff = acceptBackoff(backoff)
-			continue
-		}
-		backoff = acceptBackoff(0)
-		if !take(c) {
-			return
-		}
-	}
-}
-
 // accept serves data connections until the listener is closed.
 func (t *target) accept() {
 	defer t.wg.Done()
-	acceptEach(t.ln, "target "+t.addr(), func(c net.Conn) bool {
+	transport.AcceptEach(t.ln, "target "+t.addr(), func(c net.Conn) bool {
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		if t.conns == nil {
@@ -196,15 +172,6 @@ var refusalNames = map[wire.Status]string{
 	wire.StatusTooLarge: "too_large", wire.StatusDevice: "device", wire.StatusQuiesced: "quiesced",
 }
 
-// acceptBackoff is the wait after an Accept error that followed a wait of
-// last: 5 ms, doubling to at most a second.
-func acceptBackoff(last time.Duration) time.Duration {
-	if last == 0 {
-		return 5 * time.Millisecond
-	}
-	return min(2*last, time.Second)
-}
-
 func (t *target) close() {
 	close(t.stop)
 	t.ln.Close()
@@ -226,7 +193,7 @@ func (t *target) close() {
 		t.lease.close()
 	}
 	if t.identity != nil {
-		t.identity.close()
+		t.identity.Close()
 	}
 }
 

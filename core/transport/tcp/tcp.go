@@ -187,10 +187,10 @@ func (t *Transport) Accept(peer transport.Peer, offer []byte, _ []memory.Region)
 	if len(offer) != 0 {
 		a.SameHost, a.SameHostWhy = t.sameHostAnswer(peer.Sender, offer)
 		if a.SameHost != "" {
-			a.Identity = t.target.identity.name()
+			a.Identity = t.target.identity.Name()
 			a.Pid = os.Getpid() // the sender lets it read its memory (Yama)
-			gr, _ := t.target.grants.get(peer.Sender)
-			a.CudaIPC = t.cfg.Regions.GPU() != nil && !gr.noIPC
+			gr, _ := t.target.grants.Get(peer.Sender)
+			a.CudaIPC = t.cfg.Regions.GPU() != nil && !gr.NoIPC
 			if l := t.target.lease; l != nil {
 				a.LeaseFD, a.LeaseNonce = l.fd, hex.EncodeToString(l.nonce[:])
 				if t.target.faults != nil {

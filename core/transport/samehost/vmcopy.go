@@ -1,6 +1,6 @@
-package tcp
+package samehost
 
-// process_vm_writev and process_vm_readv for same-host pushes and reads:
+// process_vm_writev and process_vm_readv for same-host writes and reads:
 // short copies continued, IOV_MAX pairs per call, large batches over
 // several goroutines.
 
@@ -14,9 +14,9 @@ import (
 // maxIov is the iovecs one process_vm_writev call takes (IOV_MAX).
 const maxIov = 1024
 
-// vmCopy copies local[i] to or from remote[i] in process pid, continuing
+// Copy copies local[i] to or from remote[i] in process pid, continuing
 // short copies, IOV_MAX pairs per call; both sides' lengths match pairwise.
-func vmCopy(pid int, local []unix.Iovec, remote []unix.RemoteIovec, write bool) error {
+func Copy(pid int, local []unix.Iovec, remote []unix.RemoteIovec, write bool) error {
 	for {
 		for len(local) > 0 && local[0].Len == 0 { // an empty pair (a dropped write) at the front
 			local, remote = local[1:], remote[1:]
@@ -58,18 +58,18 @@ func vmCopy(pid int, local []unix.Iovec, remote []unix.RemoteIovec, write bool) 
 	}
 }
 
-// vmPair is one pair of vmCopy's slices, for inRuns.
+// vmPair is one pair of Copy's slices, for InRuns.
 type vmPair struct {
 	l unix.Iovec
 	r unix.RemoteIovec
 }
 
-// vmCopyParallel writes the pairs with vmCopy, on several goroutines
-// where the batch is large (inRuns); the first error wins.
-func vmCopyParallel(pid int, local []unix.Iovec, remote []unix.RemoteIovec, total uint64) error {
-	k := copyThreads(total)
+// CopyParallel writes the pairs with Copy, on several goroutines where
+// the batch is large (InRuns); the first error wins.
+func CopyParallel(pid int, local []unix.Iovec, remote []unix.RemoteIovec, total uint64) error {
+	k := Threads(total)
 	if k == 1 {
-		return vmCopy(pid, local, remote, true)
+		return Copy(pid, local, remote, true)
 	}
 	pairs := make([]vmPair, len(local))
 	for i := range local {
@@ -86,11 +86,22 @@ func vmCopyParallel(pid int, local []unix.Iovec, remote []unix.RemoteIovec, tota
 		tail.r.Len -= n
 		return head, tail
 	}
-	return inRuns(pairs, total, k, size, split, func(run []vmPair) error {
+	return InRuns(pairs, total, k, size, split, func(run []vmPair) error {
 		l, r := make([]unix.Iovec, len(run)), make([]unix.RemoteIovec, len(run))
 		for i, p := range run {
 			l[i], r[i] = p.l, p.r
 		}
-		return vmCopy(pid, l, r, true)
+		return Copy(pid, l, r, true)
 	})
+}
+
+// Read copies [addr, addr+len(b)) of process pid into b, continuing short
+// copies.
+func Read(pid int, addr uint64, b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	local := []unix.Iovec{{Base: &b[0]}}
+	local[0].SetLen(len(b))
+	return Copy(pid, local, []unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}, false)
 }

@@ -1,4 +1,4 @@
-package tcp
+package samehost
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mcguard/mcguard/core/transport"
 )
 
 // Same-host identity: which process a same-host sender is, in the
@@ -28,41 +30,43 @@ import (
 // it a new one is closed before anything is read or allocated.
 const maxIdentityConns = 64
 
-// identity is a target's identity socket.
-type identity struct {
+// Identity is a receiver's identity socket.
+type Identity struct {
 	ln      *net.UnixListener
-	grants  *grants
+	grants  *Grants
 	timeout time.Duration
 	busy    chan struct{}
 	wg      sync.WaitGroup
 }
 
-// newIdentity listens on a fresh abstract Unix socket.
-func newIdentity(g *grants, timeout time.Duration) (*identity, error) {
+// NewIdentity listens on a fresh abstract Unix socket, proving senders
+// against g.
+func NewIdentity(g *Grants, timeout time.Duration) (*Identity, error) {
 	name := make([]byte, 12)
 	rand.Read(name)
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@mcguard-" + hex.EncodeToString(name), Net: "unix"})
 	if err != nil {
 		return nil, err
 	}
-	id := &identity{ln: ln, grants: g, timeout: timeout, busy: make(chan struct{}, maxIdentityConns)}
+	id := &Identity{ln: ln, grants: g, timeout: timeout, busy: make(chan struct{}, maxIdentityConns)}
 	id.wg.Add(1)
 	go id.accept()
 	return id, nil
 }
 
-// name is the socket's address, for the handshake's answer.
-func (id *identity) name() string { return id.ln.Addr().String() }
+// Name is the socket's address, for the handshake's answer.
+func (id *Identity) Name() string { return id.ln.Addr().String() }
 
-func (id *identity) close() {
+// Close stops the socket and waits for the proofs being served.
+func (id *Identity) Close() {
 	id.ln.Close()
 	id.wg.Wait()
 }
 
 // accept serves identity connections until the listener closes.
-func (id *identity) accept() {
+func (id *Identity) accept() {
 	defer id.wg.Done()
-	acceptEach(id.ln, "same-host identity socket", func(c net.Conn) bool {
+	transport.AcceptEach(id.ln, "same-host identity socket", func(c net.Conn) bool {
 		select {
 		case id.busy <- struct{}{}:
 		default:
@@ -81,13 +85,13 @@ func (id *identity) accept() {
 }
 
 // serve reads one nonce and answers "" (proven) or why not.
-func (id *identity) serve(c *net.UnixConn) {
+func (id *Identity) serve(c *net.UnixConn) {
 	c.SetDeadline(time.Now().Add(id.timeout))
 	cred, err := peerCred(c)
 	if err != nil {
 		return
 	}
-	nonce := make([]byte, sameHostNonceSize)
+	nonce := make([]byte, NonceSize)
 	if _, err := io.ReadFull(c, nonce); err != nil {
 		return
 	}
@@ -111,11 +115,11 @@ func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 	return cred, cerr
 }
 
-// identify proves this process to the target listening on name with the
+// Identify proves this process to the target listening on name with the
 // grant's nonce, and checks that the target is process pid, as its answer
 // said (it is the process this one then lets read its memory). It returns
 // why not, or "".
-func identify(ctx context.Context, name string, nonce []byte, pid int) string {
+func Identify(ctx context.Context, name string, nonce []byte, pid int) string {
 	if name == "" {
 		return "the receiver has no identity socket"
 	}

@@ -1,4 +1,4 @@
-package tcp
+package samehost
 
 // Splitting a large same-host copy over threads: the kernel's cross-memory
 // copy and memcpy into a mapping are each bound by one core's bandwidth.
@@ -8,26 +8,26 @@ import (
 	"sync"
 )
 
-// parallelMin is the batch from which a push is split over several
+// ParallelMin is the batch from which a push is split over several
 // threads: the kernel pins the target's pages in every call, so one thread
 // copies at about half of memcpy's speed, and the target's CPU takes no
 // part. Below it a thread hand-off costs more than it saves.
-const parallelMin = 4 << 20
+const ParallelMin = 4 << 20
 
-// copyThreads is how many goroutines a copy of total bytes is split over:
-// one below parallelMin, else GOMAXPROCS, at most 4.
-func copyThreads(total uint64) int {
-	if total < parallelMin {
+// Threads is how many goroutines a copy of total bytes is split over:
+// one below ParallelMin, else GOMAXPROCS, at most 4.
+func Threads(total uint64) int {
+	if total < ParallelMin {
 		return 1
 	}
 	return max(min(runtime.GOMAXPROCS(0), 4), 1)
 }
 
-// inRuns cuts pairs by bytes into contiguous runs of about total/k bytes
+// InRuns cuts pairs by bytes into contiguous runs of about total/k bytes
 // (split gives a pair's first n bytes and the rest, where a run ends inside
 // it), runs do on each run on a goroutine of its own, and returns the
 // first error.
-func inRuns[P any](pairs []P, total uint64, k int, size func(P) int, split func(P, int) (P, P), do func([]P) error) error {
+func InRuns[P any](pairs []P, total uint64, k int, size func(P) int, split func(P, int) (P, P), do func([]P) error) error {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var first error

@@ -1,4 +1,4 @@
-package tcp
+package samehost
 
 import (
 	"fmt"
@@ -27,9 +27,9 @@ var (
 	ptracer   int // the pid this process named, 0: none
 )
 
-// grantPtrace lets process pid read this one where Yama requires it; it
+// GrantPtrace lets process pid read this one where Yama requires it; it
 // returns why it cannot, or "".
-func grantPtrace(pid int) string {
+func GrantPtrace(pid int) string {
 	b, err := os.ReadFile(yamaScopePath)
 	if err != nil {
 		return "" // no Yama: ordinary ptrace rules (same user) apply

@@ -1,4 +1,4 @@
-package tcp
+package samehost
 
 import (
 	"errors"
@@ -38,29 +38,29 @@ func TestYamaGrant(t *testing.T) {
 	t.Run("no Yama, or scope 0: nothing to grant", func(t *testing.T) {
 		for _, scope := range []string{"", "0"} {
 			granted, _ := fakeYama(t, scope)
-			require.Empty(t, grantPtrace(1234))
+			require.Empty(t, GrantPtrace(1234))
 			require.Empty(t, *granted)
 		}
 	})
 	t.Run("scope 1: the receiver is named, once", func(t *testing.T) {
 		granted, alive := fakeYama(t, "1")
-		require.Empty(t, grantPtrace(1234))
-		require.Empty(t, grantPtrace(1234))
+		require.Empty(t, GrantPtrace(1234))
+		require.Empty(t, GrantPtrace(1234))
 		require.Equal(t, []int{1234}, *granted)
 		alive[1234] = true
-		require.Contains(t, grantPtrace(5678), "already lets receiver 1234 read it", "one ptracer at a time: the first keeps it")
+		require.Contains(t, GrantPtrace(5678), "already lets receiver 1234 read it", "one ptracer at a time: the first keeps it")
 		delete(alive, 1234)
-		require.Empty(t, grantPtrace(5678), "the first receiver is gone: the grant moves")
+		require.Empty(t, GrantPtrace(5678), "the first receiver is gone: the grant moves")
 		require.Equal(t, []int{1234, 5678}, *granted)
-		require.Empty(t, grantPtrace(os.Getpid()), "a process reads itself")
-		require.Contains(t, grantPtrace(0), "did not say its pid")
+		require.Empty(t, GrantPtrace(os.Getpid()), "a process reads itself")
+		require.Contains(t, GrantPtrace(0), "did not say its pid")
 		delete(alive, 5678)
-		require.Contains(t, grantPtrace(666), "prctl(PR_SET_PTRACER, 666) failed")
+		require.Contains(t, GrantPtrace(666), "prctl(PR_SET_PTRACER, 666) failed")
 	})
 	t.Run("scope 2 and 3: no grant can help", func(t *testing.T) {
 		for _, scope := range []string{"2", "3"} {
 			granted, _ := fakeYama(t, scope)
-			require.Contains(t, grantPtrace(1234), "CAP_SYS_PTRACE")
+			require.Contains(t, GrantPtrace(1234), "CAP_SYS_PTRACE")
 			require.Empty(t, *granted)
 		}
 	})
