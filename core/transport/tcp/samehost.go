@@ -29,9 +29,10 @@ import (
 // only the source's address and length; everything else is the TCP
 // target's own: the region check, quiesce, pending writes, aborts, fault
 // injection, acknowledgement after applying. The sender only lets the
-// target read its memory, and the target reads only a process that proved
-// it is the sender: at connection time it reads back a nonce from the
-// handshake at an address the sender names.
+// target read its memory, and the target reads only a process the kernel
+// named as the sender (core/transport/samehost's identity socket), whose
+// connection then proved itself: the target reads back the handshake's
+// nonce at an address the sender names.
 
 // Same-host settings.
 const (
