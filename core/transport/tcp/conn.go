@@ -136,7 +136,29 @@ func (t *conn) joinReach(src, dst uint64) uint64 {
 	return min(t.local.HostReach(src), memory.ReachIn(*t.peer.regions.Load(), dst))
 }
 
+// dial opens a data connection to addr and says hello. A target at its
+// bound of connections shuts the oldest that has not said a valid hello
+// for each newcomer (a flood of strangers can put an honest connection
+// among them): one shut before its hello was answered is opened again, up
+// to maxDialTries times, within ctx.
 func dial(ctx context.Context, addr string, peer transport.Peer, table *peerTable, gen uint64, cfg *Config, stripe int) (*conn, error) {
+	for try := 1; ; try++ {
+		t, err := dialOnce(ctx, addr, peer, table, gen, cfg, stripe)
+		if err == nil || !errors.Is(err, errShutBeforeHello) || try == maxDialTries || ctx.Err() != nil {
+			return t, err
+		}
+		time.Sleep(time.Duration(try) * 10 * time.Millisecond)
+	}
+}
+
+// maxDialTries bounds dial's tries of a connection shut before its hello.
+const maxDialTries = 4
+
+// errShutBeforeHello marks a data connection the target closed before it
+// answered the hello.
+var errShutBeforeHello = errors.New("the target closed the connection before answering its hello")
+
+func dialOnce(ctx context.Context, addr string, peer transport.Peer, table *peerTable, gen uint64, cfg *Config, stripe int) (*conn, error) {
 	timeout, local := cfg.Timeout, cfg.Regions
 	d := net.Dialer{Timeout: timeout}
 	c, err := d.DialContext(ctx, "tcp", addr)
@@ -164,6 +186,15 @@ func dial(ctx context.Context, addr string, peer transport.Peer, table *peerTabl
 		return nil, err
 	}
 	return t, nil
+}
+
+// shutEarly marks err, an I/O failure of a hello, as errShutBeforeHello
+// where the target closed the connection (rather than let it time out).
+func shutEarly(what string, err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		return fmt.Errorf("%w: %s on the data connection: %w", errs.Peer, what, errors.Join(errShutBeforeHello, err))
+	}
+	return ioErr(what, err)
 }
 
 // Close aborts the connection (RST): bytes still queued for a peer we gave
@@ -326,7 +357,7 @@ func (t *conn) hello(ctx context.Context, peer transport.Peer, stripe int) error
 	t.deadline(ctx)
 	var hdr [wire.HeaderSize]byte
 	if _, err := io.ReadFull(t.r, hdr[:]); err != nil {
-		return ioErr("receive the challenge", err)
+		return shutEarly("receive the challenge", err)
 	}
 	h, err := wire.Decode(hdr[:])
 	if err != nil || h.Op != wire.OpChallenge || h.Len != wire.ChallengeSize {
@@ -334,7 +365,7 @@ func (t *conn) hello(ctx context.Context, peer transport.Peer, stripe int) error
 	}
 	challenge := make([]byte, wire.ChallengeSize)
 	if _, err := io.ReadFull(t.r, challenge); err != nil {
-		return ioErr("receive the challenge", err)
+		return shutEarly("receive the challenge", err)
 	}
 	if t.macReplies {
 		t.mac = newReplyMAC(peer.Key, challenge)
@@ -346,13 +377,16 @@ func (t *conn) hello(ctx context.Context, peer transport.Peer, stripe int) error
 		return err
 	}
 	if err := t.w.Flush(); err != nil {
-		return ioErr("send", err)
+		return shutEarly("send the hello", err)
 	}
-	rep, err := t.owedThen(wire.OpHello, t.nextID)
-	if err != nil {
-		return err
+	if _, err := io.ReadFull(t.r, t.rhdr[:]); err != nil {
+		return shutEarly("receive the hello's answer", err)
 	}
-	if rep.Status != wire.StatusOK {
+	rep, err := wire.Decode(t.rhdr[:])
+	switch {
+	case err != nil || rep.Op != wire.OpHello|wire.Reply || rep.ID != t.nextID:
+		return fmt.Errorf("%w: the target's answer to the hello is malformed (%v)", errs.Peer, err)
+	case rep.Status != wire.StatusOK:
 		return fmt.Errorf("%w: target refused the data connection: %v", errs.Peer, rep.Status)
 	}
 	return nil

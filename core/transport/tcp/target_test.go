@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net"
 	"sync/atomic"
@@ -149,4 +150,45 @@ func TestANewcomerShutsTheOldestStranger(t *testing.T) {
 	}
 	h = bound.request(wire.OpFence, 2, nil)
 	require.Equal(t, wire.StatusOK, h.Status, "the bound sender's connection was kept")
+}
+
+// shutting is a listener that closes its first shut connections as it
+// accepts them, as a target full of strangers shuts one for a newcomer.
+type shutting struct {
+	net.Listener
+	shut atomic.Int32
+}
+
+func (l *shutting) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil || l.shut.Add(-1) < 0 {
+			return c, err
+		}
+		c.Close()
+	}
+}
+
+// A connection the target shut before it answered the hello is opened
+// again (within the deadline), and a refused hello is not.
+func TestDialTriesAgainWhereTheTargetShutTheConnection(t *testing.T) {
+	token, key := make([]byte, wire.TokenSize), []byte("key")
+	ln := &shutting{Listener: mustListen(t)}
+	ln.shut.Store(2)
+	tg := serveOn(ln, Config{Timeout: 5 * time.Second, Regions: memory.New(nil), Faults: fault.Config{Mode: fault.None},
+		Tokens: func(tok []byte) (string, []byte, bool) { return "sender", key, bytes.Equal(tok, token) }})
+	defer tg.close()
+	cfg := &Config{Timeout: 5 * time.Second, Regions: memory.New(nil)}
+	c, err := dial(context.Background(), tg.addr(), transport.Peer{Token: token, Key: key}, newPeerTable(nil), 0, cfg, 0)
+	require.NoError(t, err, "the third connection is served")
+	c.Close()
+	require.Less(t, ln.shut.Load(), int32(0))
+
+	ln.shut.Store(maxDialTries)
+	_, err = dial(context.Background(), tg.addr(), transport.Peer{Token: token, Key: key}, newPeerTable(nil), 0, cfg, 0)
+	require.ErrorIs(t, err, errShutBeforeHello, "tries run out")
+
+	_, err = dial(context.Background(), tg.addr(), transport.Peer{Token: []byte("0123456789abcdef"), Key: key}, newPeerTable(nil), 0, cfg, 0)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, errShutBeforeHello, "a refusal is final")
 }
