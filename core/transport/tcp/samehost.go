@@ -123,7 +123,7 @@ func DenySameHostForTest(errno syscall.Errno) (restore func()) {
 // where the target can read it, and the target's word that it could. As
 // setting says, a failure falls back to sending bytes (logged once) or
 // fails the connection.
-func (t *conn) sameHost(ctx context.Context, setting string, a answer) error {
+func (t *conn) sameHost(ctx context.Context, setting string, a handshakeAnswer) error {
 	why := a.SameHostWhy
 	if a.SameHost != "" {
 		if why = identifyTo(ctx, a); why == "" {
@@ -187,7 +187,7 @@ func (f *fallbacks) last() (int64, string) {
 
 // identifyTo proves this process on the target's identity socket with
 // the answer's nonce; it returns why not, or "".
-func identifyTo(ctx context.Context, a answer) string {
+func identifyTo(ctx context.Context, a handshakeAnswer) string {
 	nonce, err := hex.DecodeString(a.SameHost)
 	if err != nil || len(nonce) != samehost.NonceSize {
 		return "the receiver's nonce is malformed"

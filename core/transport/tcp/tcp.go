@@ -104,8 +104,9 @@ func New(cfg Config) (*Transport, error) {
 	return &Transport{cfg: cfg, target: t}, nil
 }
 
-// answer is the target's part of a handshake reply.
-type answer struct {
+// handshakeAnswer is the target's part of a handshake reply (the replies
+// to frames are answer.go's).
+type handshakeAnswer struct {
 	Data string `json:"data"` // the target's "host:port"
 	// FinalFence: the target answers a fence after every earlier write of
 	// the connection is applied (not so under reorder injection, whose
@@ -182,7 +183,7 @@ func (t *Transport) Unregister(addr uint64) error {
 // Accept answers a handshake with the target's address and, for a
 // sender's same-host offer, a nonce to prove or why not.
 func (t *Transport) Accept(peer transport.Peer, offer []byte, _ []memory.Region) ([]byte, error) {
-	a := answer{Data: t.target.addr(), FinalFence: t.target.faults.Mode() != fault.Reorder, Gen: t.target.q.gen.Load(),
+	a := handshakeAnswer{Data: t.target.addr(), FinalFence: t.target.faults.Mode() != fault.Reorder, Gen: t.target.q.gen.Load(),
 		Landing: t.target.landed != nil, HostOnly: t.cfg.Regions.GPU() == nil}
 	if len(offer) != 0 {
 		a.SameHost, a.SameHostWhy = t.sameHostAnswer(peer.Sender, offer)
@@ -283,7 +284,7 @@ func (dialer) Abandon()        {}
 // Connect opens a data connection to the answer's address and presents
 // the handshake's token.
 func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, regions []memory.Region) (transport.Conn, error) {
-	var a answer
+	var a handshakeAnswer
 	if err := json.Unmarshal(raw, &a); err != nil || a.Data == "" {
 		return nil, fmt.Errorf("%w: the target's tcp answer %q has no data address", errs.Session, raw)
 	}
