@@ -2,7 +2,6 @@ package core
 
 import (
 	"bytes"
-	"github.com/mcguard/mcguard/core/errs"
 	"io"
 	"net"
 	"testing"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/wire"
 )
 

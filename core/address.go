@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 	"net"
 	"strconv"
 	"strings"
@@ -12,6 +11,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/mcguard/mcguard/core/errs"
 )
 
 // Addresses: a guard listens on, and sessions name, "host:port" where host

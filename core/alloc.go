@@ -2,8 +2,8 @@ package core
 
 import (
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/sharedmem"
 )

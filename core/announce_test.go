@@ -2,13 +2,13 @@ package core
 
 import (
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 	"testing"
 	"time"
 
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
 )

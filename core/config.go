@@ -2,12 +2,12 @@ package core
 
 import (
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/mcguard/mcguard/core/config"
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/transport/rdma"

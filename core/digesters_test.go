@@ -1,13 +1,13 @@
 package core
 
 import (
-	"github.com/mcguard/mcguard/core/errs"
 	"runtime"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/verify"
 )
 

@@ -3,12 +3,12 @@ package core
 import (
 	"context"
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/transport/engine"
 	"github.com/mcguard/mcguard/verify"
 )

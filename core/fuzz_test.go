@@ -3,9 +3,9 @@ package core
 import (
 	"encoding/json"
 	"errors"
-	"github.com/mcguard/mcguard/core/errs"
 	"testing"
 
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/wire"
 )
 

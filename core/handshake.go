@@ -5,11 +5,11 @@ import (
 	"crypto/hmac"
 	"encoding/json"
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 	"net"
 	"strings"
 	"time"
 
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"

@@ -3,12 +3,12 @@ package core
 import (
 	"bytes"
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/wire"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"

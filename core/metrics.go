@@ -2,9 +2,9 @@ package core
 
 import (
 	"errors"
-	"github.com/mcguard/mcguard/core/errs"
 	"strings"
 
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/metrics"
 )
 

@@ -2,12 +2,12 @@ package core
 
 import (
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/verify"
 )
 

@@ -3,11 +3,11 @@ package core
 import (
 	"errors"
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"

@@ -5,9 +5,10 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 	"sync"
 	"unicode/utf8"
+
+	"github.com/mcguard/mcguard/core/errs"
 )
 
 // Notifies are Mooncake's TransferNotify: a name and a message that a

@@ -3,10 +3,10 @@ package core
 import (
 	"bytes"
 	"encoding/json"
-	"github.com/mcguard/mcguard/core/errs"
 	"strings"
 	"testing"
 
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/verify"
 	"github.com/stretchr/testify/require"
 )

@@ -3,13 +3,13 @@ package core
 import (
 	"crypto/rand"
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 	mrand "math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/verify"
 )
 

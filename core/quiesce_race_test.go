@@ -2,10 +2,11 @@ package core
 
 import (
 	"bytes"
-	"github.com/mcguard/mcguard/core/errs"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/core/errs"
 )
 
 // A transfer that began before a quiesce lands nothing in the quiesced

@@ -2,9 +2,9 @@ package core
 
 import (
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 
 	"github.com/mcguard/mcguard/core/cuda"
+	"github.com/mcguard/mcguard/core/errs"
 )
 
 // Register makes [addr, addr+n) usable as a source and writable by peers

@@ -2,9 +2,9 @@ package core
 
 import (
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 
 	"github.com/mcguard/mcguard/core/cuda"
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/memory"

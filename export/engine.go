@@ -14,10 +14,10 @@ import "C"
 import (
 	"bytes"
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 	"unsafe"
 
 	"github.com/mcguard/mcguard/core"
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/transport/engine"
 )
 

@@ -9,9 +9,9 @@ import "C"
 
 import (
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 	"unsafe"
 
+	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/logs"
 )
 

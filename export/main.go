@@ -14,10 +14,10 @@ import "C"
 
 import (
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 	"unsafe"
 
 	"github.com/mcguard/mcguard/core"
+	"github.com/mcguard/mcguard/core/errs"
 )
 
 func main() {}

@@ -13,10 +13,10 @@ import "C"
 
 import (
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 	"unsafe"
 
 	"github.com/mcguard/mcguard/core"
+	"github.com/mcguard/mcguard/core/errs"
 )
 
 // checkSyncOpts validates opts, which may be NULL.

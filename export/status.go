@@ -14,10 +14,10 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"github.com/mcguard/mcguard/core/errs"
 	"unsafe"
 
 	"github.com/mcguard/mcguard/core"
+	"github.com/mcguard/mcguard/core/errs"
 )
 
 // run is what every export on a guard shares: recover a panic, look up

@@ -6,13 +6,13 @@ package tcp
 
 import (
 	"fmt"
-	"github.com/mcguard/mcguard/core/transport/samehost"
 	"sync/atomic"
 	"unsafe"
 
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/sharedmem"
+	"github.com/mcguard/mcguard/core/transport/samehost"
 	"github.com/mcguard/mcguard/verify"
 )
 

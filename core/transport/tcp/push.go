@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/mcguard/mcguard/core/transport/samehost"
 	"runtime"
 	"slices"
 	"sync/atomic"
@@ -20,6 +19,7 @@ import (
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/sharedmem"
+	"github.com/mcguard/mcguard/core/transport/samehost"
 	"github.com/mcguard/mcguard/verify"
 )
 
