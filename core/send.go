@@ -149,7 +149,7 @@ func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions)
 		return res, fmt.Errorf("session %s: %w", name, callErr(ctx, err))
 	}
 	defer s.endTransfer()
-	r := chunks{g: g, s: s, ctx: ctx, name: name, descs: descs, opts: opts, vcfg: vcfg, seed: mrand.Uint64()}
+	r := chunks{g: g, s: s, ctx: ctx, descs: descs, opts: opts, vcfg: vcfg, seed: mrand.Uint64()}
 	defer func() {
 		if err != nil && r.sent { // a write may have left: a failure needs the abort
 			res.Abort = g.abortRemote(s)
@@ -195,7 +195,6 @@ type chunks struct {
 	g     *Guard
 	s     *session
 	ctx   context.Context
-	name  string
 	descs []verify.Desc
 	opts  TransferOptions
 	vcfg  verify.Config

@@ -93,17 +93,13 @@ func TestForgedReadBackAnswersFailTheirTag(t *testing.T) {
 	for _, tags := range []bool{false, true} {
 		src, dst := testmem.Pages(t, 1), testmem.Pages(t, 1)
 		rand.Read(src)
-		regions := memory.New(nil)
-		require.NoError(t, regions.Add(memory.AddrOf(dst), uint64(len(dst))))
-		token, key := make([]byte, wire.TokenSize), []byte("the handshake's key")
-		tg := serveOn(mustListen(t), Config{Timeout: 5 * time.Second, Regions: regions, Faults: fault.Config{Mode: fault.None}, MACReplies: tags,
-			Tokens: func(tok []byte) (string, []byte, bool) { return "sender", key, bytes.Equal(tok, token) }})
+		tg, peer := taggedTarget(t, dst, tags)
 		p := &tamperer{ln: mustListen(t), target: tg.addr(), tags: tags}
 		go p.serve(t)
 		defer p.ln.Close()
 		local := memory.New(nil)
 		require.NoError(t, local.Add(memory.AddrOf(src), uint64(len(src))))
-		c, err := dial(context.Background(), p.ln.Addr().String(), transport.Peer{Token: token, Key: key}, newPeerTable(regions.Snapshot()), 0,
+		c, err := dial(context.Background(), p.ln.Addr().String(), peer, newPeerTable(tg.regions.Snapshot()), 0,
 			&Config{Timeout: 5 * time.Second, Regions: local, MACReplies: tags}, 0)
 		require.NoError(t, err)
 		ctx := context.Background()
@@ -119,24 +115,30 @@ func TestForgedReadBackAnswersFailTheirTag(t *testing.T) {
 			require.Equal(t, src[4096-64:], tail, "without tags the forged answer matches the source: a tail check passes")
 		}
 		c.Close()
-		tg.close()
 	}
+}
+
+// taggedTarget serves dst (registered) with its replies tagged or not,
+// and is the peer whose token and key its hello takes.
+func taggedTarget(t *testing.T, dst []byte, tags bool) (*target, transport.Peer) {
+	regions := memory.New(nil)
+	require.NoError(t, regions.Add(memory.AddrOf(dst), uint64(len(dst))))
+	token, key := make([]byte, wire.TokenSize), []byte("the handshake's key")
+	tg := serveOn(mustListen(t), Config{Timeout: 5 * time.Second, Regions: regions, Faults: fault.Config{Mode: fault.None}, MACReplies: tags,
+		Tokens: func(tok []byte) (string, []byte, bool) { return "sender", key, bytes.Equal(tok, token) }})
+	t.Cleanup(tg.close)
+	return tg, transport.Peer{Token: token, Key: key}
 }
 
 // Any reply verification rests on is the target's or fails: a fence
 // reply altered on the way (in a field the sender ignores) fails its tag.
 func TestAlteredFenceRepliesFailTheirTag(t *testing.T) {
 	dst := testmem.Pages(t, 1)
-	regions := memory.New(nil)
-	require.NoError(t, regions.Add(memory.AddrOf(dst), uint64(len(dst))))
-	token, key := make([]byte, wire.TokenSize), []byte("the handshake's key")
-	tg := serveOn(mustListen(t), Config{Timeout: 5 * time.Second, Regions: regions, Faults: fault.Config{Mode: fault.None}, MACReplies: true,
-		Tokens: func(tok []byte) (string, []byte, bool) { return "sender", key, bytes.Equal(tok, token) }})
-	defer tg.close()
+	tg, peer := taggedTarget(t, dst, true)
 	p := &tamperer{ln: mustListen(t), target: tg.addr(), tags: true, fence: true}
 	defer p.ln.Close()
 	go p.serve(t)
-	c, err := dial(context.Background(), p.ln.Addr().String(), transport.Peer{Token: token, Key: key}, newPeerTable(regions.Snapshot()), 0,
+	c, err := dial(context.Background(), p.ln.Addr().String(), peer, newPeerTable(tg.regions.Snapshot()), 0,
 		&Config{Timeout: 5 * time.Second, Regions: memory.New(nil), MACReplies: true}, 0)
 	require.NoError(t, err)
 	defer c.Close()
