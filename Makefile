@@ -158,8 +158,9 @@ bench: build
 	$(PYTHON) -m mcguard.bench --rounds 5 --seconds 4
 
 ## device-check: the GPU check (an NVIDIA machine with PyTorch; see scripts/device-check.sh)
+DEVICE_CHECK_ARGS ?=
 device-check: build
-	scripts/device-check.sh
+	scripts/device-check.sh $(DEVICE_CHECK_ARGS)
 
 ## fuzz: each decoder's fuzz target for FUZZTIME (the seed corpora run in every `go test`)
 fuzz: deps-system deps-go $(CUDA_MODEL) $(NIC_MODEL)

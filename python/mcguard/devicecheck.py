@@ -24,6 +24,8 @@ import sys
 import time
 
 MODES = ["off", "tail", "sample", "full", "digest"]
+# How long the prefill process waits for one answer of the decode process.
+ANSWER_SECONDS = 60.0
 # same_host settings of the prefill guard: bytes staged through the
 # socket, and CUDA IPC.
 PATHS = [("socket", "off"), ("cuda-ipc", "auto")]
@@ -64,6 +66,31 @@ def decode_main(conn, args):
         bad = int((got != want).any(dim=1).sum().item())
         conn.send(("ok", bad))
     g.close()
+
+
+class DecodeGone(Exception):
+    """The decode process died or stopped answering."""
+
+
+class Decode:
+    """The prefill side's end of the pipe to the decode process: an answer
+    that does not come (the process died, say, on a library that does not
+    load) is an error at once, not a wait until the script's timeout."""
+
+    def __init__(self, conn, proc):
+        self.conn, self.proc = conn, proc
+
+    def send(self, msg):
+        self.conn.send(msg)
+
+    def recv(self):
+        deadline = time.monotonic() + ANSWER_SECONDS
+        while not self.conn.poll(0.2):
+            if not self.proc.is_alive():
+                raise DecodeGone("the decode process exited with status %s" % self.proc.exitcode)
+            if time.monotonic() > deadline:
+                raise DecodeGone("the decode process gave no answer in %.0f s" % ANSWER_SECONDS)
+        return self.conn.recv()
 
 
 def run_mode(args, torch, mcguard, decode, endpoint, remote, path, same_host, mode):
@@ -134,15 +161,20 @@ def main(argv=None):
     here, there = ctx.Pipe()
     dec = ctx.Process(target=decode_main, args=(there, args), daemon=True)
     dec.start()
-    endpoint, remote, decode_cuda = here.recv()
-    torch.cuda.set_device(0)
+    decode = Decode(here, dec)
     rows = []
     try:
+        endpoint, remote, decode_cuda = decode.recv()
+        torch.cuda.set_device(0)
         for path, same_host in PATHS:
             for mode in MODES:
-                rows.append(run_mode(args, torch, mcguard, here, endpoint, remote, path, same_host, mode))
+                rows.append(run_mode(args, torch, mcguard, decode, endpoint, remote, path, same_host, mode))
+    except DecodeGone as e:
+        print("device check: %s" % e, file=sys.stderr)
+        return 1
     finally:
-        here.send("stop")
+        if dec.is_alive():
+            here.send("stop")
         dec.join(30)
     for r in rows:
         off = next(o["gbps"] for o in rows if o["verify"] == "off" and o["path"] == r["path"]) or 1e-9

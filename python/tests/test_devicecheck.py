@@ -39,3 +39,20 @@ def test_device_check_runs_on_the_driver_model(tmp_path, vmm):
     for r in rows:
         assert r["ok"] > 0 and r["failed"] == 0 and r["mismatches"] == 0, r
         assert (r["ipc_bytes"] > 0) == (r["path"] == "cuda-ipc"), r
+
+
+def test_a_decode_process_that_dies_ends_the_check_at_once(tmp_path):
+    """A library that does not load in the decode process (a missing
+    libzmq, say) is a failed check within seconds, not a wait for the
+    script's timeout."""
+    env = dict(os.environ)
+    env["MCGUARD_CUDA_MODEL"] = models.cuda_model_path()
+    env["MC_GUARD_CUDA_LIBRARY"] = models.cuda_model_path()
+    env["MCGUARD_LIBRARY"] = str(tmp_path / "missing" / "libmcguard.so")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "faketorch"), os.path.dirname(HERE)] +
+                                        [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    out = subprocess.run([sys.executable, "-m", "mcguard.devicecheck", "--out", str(tmp_path), "--seconds", "0.3"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "the decode process exited" in out.stderr, out.stderr
+    assert not (tmp_path / "device-check.json").exists()
