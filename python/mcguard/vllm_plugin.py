@@ -15,7 +15,10 @@ TransferEngine() the connector makes is a GuardedTransferEngine over a new
 Mooncake TransferEngine (Mooncake installed, or the plugin fails loudly);
 unset or "mcguard", mcguard's own data plane moves the bytes.
 
-Without the plugin, the same switch is one line in the connector:
+On the KV connector's worker it also wires in the receiver's sync, quiesce
+and the wait for a failed write's engine calls (vllm_lifecycle).
+
+Without the plugin, the engine switch alone is one line in the connector:
     from mcguard.mooncake import GuardedTransferEngine as TransferEngine
 or, keeping Mooncake's engine:
     from mcguard.mooncake import guarded_mooncake; TransferEngine = guarded_mooncake()
@@ -30,22 +33,25 @@ import types
 
 log = logging.getLogger("mcguard.vllm")
 
-# The modules that do `from mooncake.engine import TransferEngine`: the KV
-# connector (its path before and since vLLM moved it into v1/mooncake/) and,
-# in vLLM 0.34, the encoder-cache connector's transfer module.
-CONNECTOR_MODULES = (
+# The KV connector modules (its path before and since vLLM moved it into
+# v1/mooncake/): their worker is wired to the guard's lifecycle too.
+KV_CONNECTOR_MODULES = (
     "vllm.distributed.kv_transfer.kv_connector.v1.mooncake_connector",
     "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector",
+)
+# The modules that do `from mooncake.engine import TransferEngine`: the KV
+# connector and, in vLLM 0.34, the encoder-cache connector's transfer module.
+CONNECTOR_MODULES = KV_CONNECTOR_MODULES + (
     "vllm.distributed.ec_transfer.ec_connector.mooncake.transfer",
 )
 
 
 class _Patcher(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds the named modules through the other finders, runs them, then
-    sets attr on each to replacement."""
+    sets attr on each to replacement and calls after(module)."""
 
-    def __init__(self, names, attr, replacement):
-        self.names, self.attr, self.replacement = set(names), attr, replacement
+    def __init__(self, names, attr, replacement, after=None):
+        self.names, self.attr, self.replacement, self.after = set(names), attr, replacement, after
         self.patched = []
 
     def find_spec(self, name, path, target=None):
@@ -66,19 +72,24 @@ class _Patcher(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         self._inner.exec_module(module)
+        self._patch(module)
+
+    def _patch(self, module):
         setattr(module, self.attr, self.replacement)
+        if self.after is not None:
+            self.after(module)
         self.patched.append(module.__name__)
         log.info("mcguard: %s.%s is mcguard's %s", module.__name__, self.attr, self.replacement.__name__)
 
 
-def patch_on_import(names, attr, replacement):
-    """Set attr of each module in names to replacement as it is imported
-    (at once for those already imported). Returns the finder."""
-    patcher = _Patcher(names, attr, replacement)
+def patch_on_import(names, attr, replacement, after=None):
+    """Set attr of each module in names to replacement, then call
+    after(module), as it is imported (at once for those already imported).
+    Returns the finder."""
+    patcher = _Patcher(names, attr, replacement, after)
     for name in names:
         if name in sys.modules:
-            setattr(sys.modules[name], attr, replacement)
-            patcher.patched.append(name)
+            patcher._patch(sys.modules[name])
     sys.meta_path.insert(0, patcher)
     return patcher
 
@@ -103,11 +114,21 @@ def _provide_mooncake_engine(engine_cls):
     return True
 
 
+def _wire_lifecycle(module):
+    if module.__name__ in KV_CONNECTOR_MODULES:
+        from . import vllm_lifecycle
+        vllm_lifecycle.wire(module)
+
+
 def register():
     """vLLM's entry point: active only with MC_GUARD_VLLM=1."""
     if os.environ.get("MC_GUARD_VLLM", "").strip().lower() not in ("1", "true", "yes", "on"):
         return None
     from .mooncake import GuardedTransferEngine, guarded_mooncake
+    # The decode side's sync takes the transfers by their notices, in every
+    # verification mode: guards in vLLM's processes send them unless the
+    # operator chose otherwise.
+    os.environ.setdefault("MC_GUARD_NOTIFY", "always")
     data_plane = os.environ.get("MC_GUARD_VLLM_ENGINE", "mcguard").strip().lower() or "mcguard"
     if data_plane == "mooncake":
         try:
@@ -116,10 +137,10 @@ def register():
             raise RuntimeError("mcguard: MC_GUARD_VLLM_ENGINE=mooncake keeps Mooncake's engine as the data plane, "
                                "and Mooncake is not importable (%s): install mooncake-transfer-engine, or unset "
                                "MC_GUARD_VLLM_ENGINE to use mcguard's own" % e) from None
-        return patch_on_import(CONNECTOR_MODULES, "TransferEngine", replacement)
+        return patch_on_import(CONNECTOR_MODULES, "TransferEngine", replacement, _wire_lifecycle)
     if data_plane != "mcguard":
         raise RuntimeError("mcguard: MC_GUARD_VLLM_ENGINE=%r: use mooncake (keep Mooncake's engine) or mcguard"
                            % data_plane)
     if _provide_mooncake_engine(GuardedTransferEngine):
         log.info("mcguard: Mooncake is not installed: mooncake.engine.TransferEngine is mcguard's")
-    return patch_on_import(CONNECTOR_MODULES, "TransferEngine", GuardedTransferEngine)
+    return patch_on_import(CONNECTOR_MODULES, "TransferEngine", GuardedTransferEngine, _wire_lifecycle)

@@ -1,0 +1,260 @@
+"""vLLM's MooncakeConnector worker, wired to what keeps KV safe: the
+receiver's check before a request's blocks are reported received, quiesce
+before a failed request's blocks go back to the pool, and no failed send
+reported while its engine calls still read or write.
+
+vllm_plugin calls wire() on the connector module as it loads (MC_GUARD_VLLM=1);
+the module's own file is not touched. Where vLLM's connector does one thing:
+
+- prefill (send_kv_to_decode): each batch is one _send_blocks call, one
+  guarded transfer; its id goes back to the decode side inside the
+  connector's own response, as an extra field (mcguard_transfer_ids) that a
+  decoder without the plugin ignores;
+- decode (process_pulling_result): the requests a response reports as done
+  are reported received only after the guard's sync_transfers of those ids
+  (notices, digests in digest mode, GPU flush); a failure moves them to the
+  response's err_reqs, vLLM's own failed-load path;
+- decode (_handle_failed_recv, the one place a failed, timed-out or aborted
+  pull's blocks are released): their ranges are quiesced first, so that no
+  late byte of the old transfer lands in a block a new request owns;
+- prefill (_send_blocks): over Mooncake's engine, a failed write returns to
+  vLLM only once no engine call of it is still running.
+
+MC_GUARD_VLLM_QUIESCE=0 leaves quiesce out (a diagnostic: the abort test's
+control shows what it protects).
+"""
+
+import contextvars
+import logging
+import os
+import threading
+
+from .guard import MCGuardError
+
+log = logging.getLogger("mcguard.vllm")
+
+# What wire() wraps or reads on vLLM's MooncakeConnectorWorker; a version
+# without one of them fails at start-up instead of running unguarded.
+WORKER_METHODS = ("__init__", "register_kv_caches", "send_kv_to_decode", "_build_transfer_params", "_send_blocks",
+                  "process_pulling_result", "_handle_failed_recv", "_logical_to_kernel_block_ids",
+                  "_get_transfer_regions")
+MODULE_NAMES = ("MooncakeConnectorWorker", "MooncakeXferResponse", "_block_ids_for_region")
+
+# The dst_ptrs lists of one send_kv_to_decode call's batches, in the task
+# that runs it (_build_transfer_params is awaited there).
+_batches = contextvars.ContextVar("mcguard_vllm_batches", default=None)
+
+# How long a failed write over Mooncake's engine waits for its engine calls.
+ENGINE_CALLS_TIMEOUT_MS = 60000
+
+
+def _enabled(name, default=True):
+    v = os.environ.get(name, "").strip().lower()
+    return default if not v else v not in ("0", "false", "no", "off")
+
+
+def _vllm_version():
+    try:
+        import vllm
+        return getattr(vllm, "__version__", "unknown")
+    except ImportError:
+        return "not importable"
+
+
+def wire(module):
+    """Wrap the connector module's worker; RuntimeError naming the vLLM
+    version where its shape is not the one this wiring knows."""
+    missing = [n for n in MODULE_NAMES if not hasattr(module, n)]
+    cls = getattr(module, "MooncakeConnectorWorker", None)
+    missing += ["MooncakeConnectorWorker.%s" % m for m in WORKER_METHODS if cls is not None and not hasattr(cls, m)]
+    if missing:
+        raise RuntimeError("mcguard: vLLM %s's %s lacks %s: the plugin cannot wire the guard's sync and quiesce "
+                           "into this version's Mooncake connector (unset MC_GUARD_VLLM, or use a version README "
+                           "lists)" % (_vllm_version(), module.__name__, ", ".join(missing)))
+    if getattr(cls, "_mcguard_wired", False):
+        return
+    import msgspec
+
+    class GuardedXferResponse(module.MooncakeXferResponse, omit_defaults=True):
+        """The connector's response with the batch's guarded transfer ids."""
+        mcguard_transfer_ids: list[int] = []
+
+    _Wiring(module, cls, GuardedXferResponse, msgspec).apply()
+
+
+class _Wiring:
+    def __init__(self, module, cls, response_cls, msgspec):
+        self.module, self.cls, self.response_cls, self.msgspec = module, cls, response_cls, msgspec
+        self.plain_decoder = msgspec.msgpack.Decoder(module.MooncakeXferResponse)
+        self.encoder = msgspec.msgpack.Encoder()
+
+    def apply(self):
+        cls, orig = self.cls, {m: getattr(self.cls, m) for m in WORKER_METHODS}
+        w = self
+
+        def __init__(self, *args, **kwargs):
+            orig["__init__"](self, *args, **kwargs)
+            if not hasattr(self.engine, "guard"):
+                raise RuntimeError("mcguard: the Mooncake connector's engine is %s, not mcguard's: the plugin's "
+                                   "engine switch did not take effect" % type(self.engine).__name__)
+            self._mcguard_sent, self._mcguard_mu = {}, threading.Lock()
+            if not self.is_kv_producer:
+                self._xfer_resp_decoder = w.msgspec.msgpack.Decoder(w.response_cls)
+
+        def register_kv_caches(self, kv_caches):
+            orig["register_kv_caches"](self, kv_caches)
+            if not self.is_kv_producer:
+                try:  # the layout this wiring quiesces by, checked now rather than at the first abort
+                    block_ranges(self, w.module, [[0] for _ in self.kv_cache_config.transfer_groups])
+                except Exception as e:
+                    raise RuntimeError("mcguard: vLLM %s's KV layout here is not one the plugin can quiesce by "
+                                       "block: %s" % (_vllm_version(), e)) from e
+
+        async def send_kv_to_decode(self, identity, sock, meta):
+            token = _batches.set([])
+            try:
+                return await orig["send_kv_to_decode"](self, identity, _Answers(sock, self, w), meta)
+            finally:
+                _batches.reset(token)
+
+        async def _build_transfer_params(self, *args, **kwargs):
+            out = await orig["_build_transfer_params"](self, *args, **kwargs)
+            batches = _batches.get()
+            if batches is not None and out[1]:
+                batches.append(out[1])
+            return out
+
+        def _send_blocks(self, remote_session, src_ptrs, dst_ptrs, lengths):
+            ret = orig["_send_blocks"](self, remote_session, src_ptrs, dst_ptrs, lengths)
+            if ret == 0:
+                with self._mcguard_mu:
+                    self._mcguard_sent[id(dst_ptrs)] = self.engine.last_transfer_id
+            elif getattr(self.engine, "_engine", None) is not None:
+                # Over Mooncake's engine a call given up at its deadline may
+                # still run; vLLM frees or rewrites the blocks once told.
+                rc = self.engine.wait_engine_calls(timeout_ms=ENGINE_CALLS_TIMEOUT_MS)
+                if rc != 0:
+                    log.error("mcguard: a failed write to %s still has engine calls running after %d ms",
+                              remote_session, ENGINE_CALLS_TIMEOUT_MS)
+            return ret
+
+        def process_pulling_result(self, response, pull_metas):
+            return orig["process_pulling_result"](self, w.checked(self, response, pull_metas), pull_metas)
+
+        def _handle_failed_recv(self, pull_metas, req_ids, reason):
+            if _enabled("MC_GUARD_VLLM_QUIESCE"):
+                w.quiesce(self, [pull_metas[r] for r in req_ids if r in pull_metas])
+            return orig["_handle_failed_recv"](self, pull_metas, req_ids, reason)
+
+        for name, fn in (("__init__", __init__), ("register_kv_caches", register_kv_caches),
+                         ("send_kv_to_decode", send_kv_to_decode), ("_build_transfer_params", _build_transfer_params),
+                         ("_send_blocks", _send_blocks), ("process_pulling_result", process_pulling_result),
+                         ("_handle_failed_recv", _handle_failed_recv)):
+            fn.__wrapped__ = orig[name]
+            fn.__qualname__ = "%s.%s" % (cls.__name__, name)
+            setattr(cls, name, fn)
+        cls._mcguard_wired = True
+        log.info("mcguard: vLLM %s's MooncakeConnectorWorker: sync before received, quiesce before release%s",
+                 _vllm_version(), "" if _enabled("MC_GUARD_VLLM_QUIESCE") else " (quiesce OFF)")
+
+    def answer(self, worker, batches, payload):
+        """The response payload with the ids of the batches sent since the
+        last response."""
+        with worker._mcguard_mu:
+            ids = [worker._mcguard_sent.pop(id(d)) for d in batches if id(d) in worker._mcguard_sent]
+        batches.clear()
+        ids = [i for i in ids if i is not None]
+        if not ids:
+            return payload
+        r = self.plain_decoder.decode(payload)
+        fields = {f: getattr(r, f) for f in r.__struct_fields__}
+        return self.encoder.encode(self.response_cls(**fields, mcguard_transfer_ids=ids))
+
+    def checked(self, worker, response, pull_metas):
+        """response, with the requests it reports done whose transfers the
+        guard did not confirm moved to its err_reqs."""
+        done = [r for r in (response.ok_reqs or []) if r in pull_metas and any(pull_metas[r].local_block_ids)]
+        if not done:
+            return response
+        ids = list(getattr(response, "mcguard_transfer_ids", None) or [])
+        why = None
+        if not ids:
+            why = ("mcguard: the prefill side sent no guarded transfer ids for %s: is MC_GUARD_VLLM=1 set there?"
+                   % done)
+        else:
+            try:
+                worker.engine.guard.sync_transfers(ids)
+            except MCGuardError as e:
+                why = "mcguard: the receiver's check of transfers %s failed: %s" % ([hex(i) for i in ids], e)
+        if why is None:
+            return response
+        log.error("%s; requests %s are reported as failed loads", why, done)
+        keep = [r for r in response.ok_reqs if r not in done]
+        return self.msgspec.structs.replace(response, ok_reqs=keep or None,
+                                            err_reqs=list(response.err_reqs or []) + done, err_msg=why)
+
+    def quiesce(self, worker, metas):
+        """Quiesce the blocks of failed pulls before vLLM releases them."""
+        ids = [m.local_block_ids for m in metas if any(m.local_block_ids)]
+        if not ids:
+            return
+        try:
+            ranges = []
+            for block_ids in ids:
+                ranges.extend(block_ranges(worker, self.module, block_ids))
+            ranges = merged(ranges)
+            worker.engine.guard.quiesce([a for a, _ in ranges], [n for _, n in ranges])
+        except Exception as e:  # vLLM releases the blocks regardless: say so loudly
+            log.error("mcguard: quiesce of the blocks of %d failed pulls failed, so a late write of theirs can "
+                      "still land in a block vLLM gives to another request: %s", len(ids), e)
+
+
+class _Answers:
+    """The side channel's socket for one send_kv_to_decode call: each
+    response it sends carries the ids of the batches sent before it."""
+
+    def __init__(self, sock, worker, wiring):
+        self._sock, self._worker, self._wiring = sock, worker, wiring
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+    async def send_multipart(self, frames, *args, **kwargs):
+        batches = _batches.get()
+        if batches:
+            identity, payload = frames
+            frames = (identity, self._wiring.answer(self._worker, batches, payload))
+        return await self._sock.send_multipart(frames, *args, **kwargs)
+
+
+def block_ranges(worker, module, block_ids):
+    """[(addr, len)] of the decode side's blocks block_ids (per KV group, as
+    vLLM's PullReqMeta holds them) in every registered region: whole blocks,
+    each within its registered storage."""
+    kernel = worker._logical_to_kernel_block_ids(block_ids)
+    regions = worker._get_transfer_regions(
+        worker.kv_caches_base_addr, worker.block_len_per_layer, worker.kv_block_len_per_layer,
+        worker.registered_layer_names, worker.registered_layer_indices, worker.registered_group_indices,
+        worker.region_shared_groups, worker.region_row_offsets)
+    storages = sorted(zip(worker.seen_base_addresses, worker._kv_data_lens))
+    out = []
+    for region in regions:
+        for b in module._block_ids_for_region(kernel, region.group_index, region.shared_group_ids):
+            start = region.base_addr + b * region.block_len
+            base, size = next(((s, n) for s, n in storages if s <= start < s + n), (None, None))
+            if base is None:
+                raise ValueError("block %d of %s at %#x is outside the registered KV storage"
+                                 % (b, region.layer_name, start))
+            out.append((start, min(region.block_len, base + size - start)))
+    return out
+
+
+def merged(ranges):
+    """ranges sorted, with overlapping and adjacent ones joined."""
+    out = []
+    for a, n in sorted(ranges):
+        if out and a <= out[-1][0] + out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], a + n - out[-1][0]))
+        else:
+            out.append((a, n))
+    return out
