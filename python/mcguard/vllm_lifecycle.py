@@ -18,7 +18,9 @@ the module's own file is not touched. Where vLLM's connector does one thing:
   pull's blocks are released): their ranges are quiesced first, so that no
   late byte of the old transfer lands in a block a new request owns;
 - prefill (_send_blocks): over Mooncake's engine, a failed write returns to
-  vLLM only once no engine call of it is still running.
+  vLLM only once no engine call of it is still running; the decode side's
+  pull (_build_pull_metadata) says where its guard listens, for the
+  notices (the engine's session names the engine, not the guard).
 
 MC_GUARD_VLLM_QUIESCE=0 leaves quiesce out (a diagnostic: the abort test's
 control shows what it protects).
@@ -36,9 +38,9 @@ log = logging.getLogger("mcguard.vllm")
 # What wire() wraps or reads on vLLM's MooncakeConnectorWorker; a version
 # without one of them fails at start-up instead of running unguarded.
 WORKER_METHODS = ("__init__", "register_kv_caches", "send_kv_to_decode", "_build_transfer_params", "_send_blocks",
-                  "process_pulling_result", "_handle_failed_recv", "_logical_to_kernel_block_ids",
-                  "_get_transfer_regions")
-MODULE_NAMES = ("MooncakeConnectorWorker", "MooncakeXferResponse", "_block_ids_for_region")
+                  "_build_pull_metadata", "process_pulling_result", "_handle_failed_recv",
+                  "_logical_to_kernel_block_ids", "_get_transfer_regions")
+MODULE_NAMES = ("MooncakeConnectorWorker", "MooncakeXferMetadata", "MooncakeXferResponse", "_block_ids_for_region")
 
 # The dst_ptrs lists of one send_kv_to_decode call's batches, in the task
 # that runs it (_build_transfer_params is awaited there).
@@ -79,12 +81,18 @@ def wire(module):
         """The connector's response with the batch's guarded transfer ids."""
         mcguard_transfer_ids: list[int] = []
 
-    _Wiring(module, cls, GuardedXferResponse, msgspec).apply()
+    class GuardedXferMetadata(module.MooncakeXferMetadata, omit_defaults=True):
+        """The decode side's pull with where its guard listens (over
+        Mooncake's engine the session is the engine's, not the guard's)."""
+        mcguard_guard_endpoint: str = ""
+
+    _Wiring(module, cls, GuardedXferResponse, GuardedXferMetadata, msgspec).apply()
 
 
 class _Wiring:
-    def __init__(self, module, cls, response_cls, msgspec):
-        self.module, self.cls, self.response_cls, self.msgspec = module, cls, response_cls, msgspec
+    def __init__(self, module, cls, response_cls, pull_cls, msgspec):
+        self.module, self.cls, self.msgspec = module, cls, msgspec
+        self.response_cls, self.pull_cls = response_cls, pull_cls
         self.plain_decoder = msgspec.msgpack.Decoder(module.MooncakeXferResponse)
         self.encoder = msgspec.msgpack.Encoder()
 
@@ -100,6 +108,8 @@ class _Wiring:
             self._mcguard_sent, self._mcguard_mu = {}, threading.Lock()
             if not self.is_kv_producer:
                 self._xfer_resp_decoder = w.msgspec.msgpack.Decoder(w.response_cls)
+            if not self.is_kv_consumer:
+                self._xfer_meta_decoder = w.msgspec.msgpack.Decoder(w.pull_cls)
 
         def register_kv_caches(self, kv_caches):
             orig["register_kv_caches"](self, kv_caches)
@@ -111,6 +121,9 @@ class _Wiring:
                                        "block: %s" % (_vllm_version(), e)) from e
 
         async def send_kv_to_decode(self, identity, sock, meta):
+            endpoint = getattr(meta, "mcguard_guard_endpoint", "")
+            if endpoint and getattr(self.engine, "_engine", None) is not None:
+                self.engine.set_peer_guard("%s:%d" % (meta.remote_hostname, meta.remote_port), endpoint)
             token = _batches.set([])
             try:
                 return await orig["send_kv_to_decode"](self, identity, _Answers(sock, self, w), meta)
@@ -138,6 +151,11 @@ class _Wiring:
                               remote_session, ENGINE_CALLS_TIMEOUT_MS)
             return ret
 
+        def _build_pull_metadata(self, pull_metas, **kwargs):
+            meta = orig["_build_pull_metadata"](self, pull_metas, **kwargs)
+            fields = {f: getattr(meta, f) for f in meta.__struct_fields__}
+            return w.pull_cls(**fields, mcguard_guard_endpoint=self.engine.get_guard_endpoint())
+
         def process_pulling_result(self, response, pull_metas):
             return orig["process_pulling_result"](self, w.checked(self, response, pull_metas), pull_metas)
 
@@ -148,7 +166,8 @@ class _Wiring:
 
         for name, fn in (("__init__", __init__), ("register_kv_caches", register_kv_caches),
                          ("send_kv_to_decode", send_kv_to_decode), ("_build_transfer_params", _build_transfer_params),
-                         ("_send_blocks", _send_blocks), ("process_pulling_result", process_pulling_result),
+                         ("_send_blocks", _send_blocks), ("_build_pull_metadata", _build_pull_metadata),
+                         ("process_pulling_result", process_pulling_result),
                          ("_handle_failed_recv", _handle_failed_recv)):
             fn.__wrapped__ = orig[name]
             fn.__qualname__ = "%s.%s" % (cls.__name__, name)

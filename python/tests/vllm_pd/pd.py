@@ -52,7 +52,9 @@ CASES = {
     "abort": dict(env={"MC_GUARD_VERIFY": "tail", "MC_GUARD_SAME_HOST": "off"}, abort=True),
     "abort-no-quiesce": dict(env={"MC_GUARD_VERIFY": "tail", "MC_GUARD_SAME_HOST": "off",
                                   "MC_GUARD_VLLM_QUIESCE": "0"}, abort=True),
-    # The prefill side's write fails at its deadline while held back.
+    # The prefill side's write fails at its deadline while held back; the
+    # decode side does not quiesce, so only the prefill's abort keeps the
+    # held write out.
     "failed-send": dict(env={"MC_GUARD_VERIFY": "tail", "MC_GUARD_SAME_HOST": "off"}, failed_send=True),
 }
 
@@ -286,6 +288,7 @@ def run(case, requests, blocks):
         plan["decode_blocks"] = {"0": plan["decode_blocks"]["0"]}
     if spec.get("failed_send"):
         prefill_env["MC_GUARD_TIMEOUT_MS"] = "1500"  # the write's deadline, before the held write lands
+        decode_env["MC_GUARD_VLLM_QUIESCE"] = "0"
         plan["prefill_blocks"] = {"0": plan["prefill_blocks"]["0"]}
         plan["decode_blocks"] = {"0": plan["decode_blocks"]["0"]}
     ctx = mp.get_context("spawn")
