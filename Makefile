@@ -29,7 +29,7 @@ export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 export MCGUARD_CUDA_MODEL := $(CURDIR)/$(CUDA_MODEL)
 export MCGUARD_NIC_MODEL  := $(CURDIR)/$(NIC_MODEL)
 
-.PHONY: device-check all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench fuzz soak endurance install clean mooncake-venv nixl-venv bench-peer
+.PHONY: device-check test-vllm all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench fuzz soak endurance install clean mooncake-venv nixl-venv bench-peer
 
 FUZZTIME ?= 30s
 FUZZ_WIRE := FuzzDecodeHeader FuzzDecodeRanges FuzzDecodeNotice
@@ -156,6 +156,16 @@ bench: build
 	$(GO) test -run '^$$' -bench RDMAModelStripes -benchtime 20x -count 5 ./core/
 	$(GO) test -run '^$$' -bench Quiesce -benchtime 1x -count 3 ./core/
 	$(PYTHON) -m mcguard.bench --rounds 5 --seconds 4
+
+## test-vllm: prefill and decode through vLLM's own MooncakeConnector worker
+## (python/tests/test_vllm_pd.py), in a virtual environment with the pinned
+## vLLM and Mooncake wheel kept in $(MCGUARD_CACHE) (made once: about 5
+## minutes and 10 GB; reused after)
+VLLM_VERSION  ?= 0.33.0
+MCGUARD_CACHE ?= $(HOME)/.cache/mcguard
+test-vllm: $(LIB)
+	@py=$$(MCGUARD_CACHE=$(MCGUARD_CACHE) scripts/vllm-venv.sh $(VLLM_VERSION) $(MOONCAKE_VERSION)) && \
+	  MCGUARD_REQUIRE_VLLM=1 $$py -m pytest -s -v -p no:cacheprovider python/tests/test_vllm_pd.py python/tests/test_vllm_plugin.py
 
 ## device-check: the GPU check (an NVIDIA machine with PyTorch; see scripts/device-check.sh)
 DEVICE_CHECK_ARGS ?=

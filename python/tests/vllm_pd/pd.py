@@ -65,6 +65,12 @@ ABORT_TIMEOUT = "-58"
 HOLD_MS = 4000
 
 
+def decode_blocks(request, blocks):
+    """The decode side's blocks for a request: not the prefill's, and in
+    reverse order."""
+    return [NUM_BLOCKS - 1 - (request * blocks + i) for i in range(blocks)]
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -267,9 +273,7 @@ def run(case, requests, blocks):
             "PYTHONPATH": os.pathsep.join([PYTHON_DIR, plugin_metadata(), os.environ.get("PYTHONPATH", "")])}
     base.update(spec["env"])
     plan = {"prefill_blocks": {str(r): [r * blocks + i for i in range(blocks)] for r in range(requests)},
-            # The decode side's blocks differ from the prefill's, in reverse order.
-            "decode_blocks": {str(r): [NUM_BLOCKS - 1 - (r * blocks + i) for i in range(blocks)]
-                              for r in range(requests)},
+            "decode_blocks": {str(r): decode_blocks(r, blocks) for r in range(requests)},
             "bootstrap_port": free_port(), "dist_ports": [free_port(), free_port()],
             "abort": bool(spec.get("abort")), "wait_s": 45, "settle_s": 0.5}
     prefill_env = dict(base, VLLM_MOONCAKE_BOOTSTRAP_PORT=str(plan["bootstrap_port"]))
