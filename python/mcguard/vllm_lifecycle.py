@@ -124,11 +124,15 @@ class _Wiring:
             endpoint = getattr(meta, "mcguard_guard_endpoint", "")
             if endpoint and getattr(self.engine, "_engine", None) is not None:
                 self.engine.set_peer_guard("%s:%d" % (meta.remote_hostname, meta.remote_port), endpoint)
-            token = _batches.set([])
+            batches = []
+            token = _batches.set(batches)
             try:
                 return await orig["send_kv_to_decode"](self, identity, _Answers(sock, self, w), meta)
             finally:
                 _batches.reset(token)
+                with self._mcguard_mu:  # ids of batches no response carried (an exception on the way)
+                    for d in batches:
+                        self._mcguard_sent.pop(id(d), None)
 
         async def _build_transfer_params(self, *args, **kwargs):
             out = await orig["_build_transfer_params"](self, *args, **kwargs)

@@ -66,7 +66,7 @@ def test_on_vllms_own_connector_module():
     try:
         import vllm  # noqa: F401
     except ImportError:
-        pytest.skip("vllm is not installed here (too heavy for these machines); the stand-in above has its shape")
+        pytest.skip("vllm is not installed in this interpreter: make test-vllm runs this in its environment")
     code = textwrap.dedent("""
         import os; os.environ["MC_GUARD_VLLM"] = "1"
         from mcguard import vllm_plugin
@@ -116,3 +116,27 @@ def test_keeping_mooncakes_engine_without_mooncake_fails_loudly(tmp_path, monkey
             "from mcguard import vllm_plugin; vllm_plugin.register()")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and "Mooncake is not importable" in p.stderr
+
+
+def test_a_connector_of_another_shape_fails_at_start_naming_the_version():
+    """The lifecycle wiring refuses a connector module it does not know
+    rather than leave sync and quiesce off."""
+    import types
+    from mcguard import vllm_lifecycle
+    module = types.ModuleType("vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector")
+
+    class MooncakeConnectorWorker:  # an older shape: no _handle_failed_recv, among others
+        def __init__(self):
+            pass
+
+    module.MooncakeConnectorWorker = MooncakeConnectorWorker
+    with pytest.raises(RuntimeError) as e:
+        vllm_lifecycle.wire(module)
+    msg = str(e.value)
+    assert "vLLM" in msg and "lacks" in msg and "_handle_failed_recv" in msg and "MooncakeXferResponse" in msg, msg
+    assert not hasattr(MooncakeConnectorWorker, "_mcguard_wired")
+
+
+def test_quiesced_block_ranges_are_joined():
+    from mcguard.vllm_lifecycle import merged
+    assert merged([(300, 100), (0, 100), (100, 50), (120, 10), (500, 1)]) == [(0, 150), (300, 100), (500, 1)]
