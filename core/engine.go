@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport/engine"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -134,5 +135,49 @@ func (g *Guard) WaitEngineCalls(id uint64, timeout time.Duration) error {
 		}
 		return err
 	}
+	return nil
+}
+
+// QuiesceEngine keeps, at this sending guard over an engine, a quiesce of
+// ranges (the receiver's addresses) that the receiver at session took and
+// the application brought here over its own channel: from now on no
+// engine call of a transfer that began before it writes into them (such a
+// transfer fails with ErrQuiesced, held writes are dropped), and it
+// returns once no engine call to session of such a transfer still runs,
+// or fails with ErrTimeout at sync_timeout. The receiver's guard cannot
+// do this itself: the engine writes into its memory without mcguard.
+// Slices the engine runs after its call returned stay beyond it. Over
+// mcguard's own data planes the receiver's Quiesce does it: there it is
+// ErrInvalidArg.
+func (g *Guard) QuiesceEngine(session string, ranges []SyncRange) error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	defer g.inflight.Done()
+	switch {
+	case g.engine == nil:
+		return fmt.Errorf("%w: this guard sends over mcguard's %s data plane, where the receiver's own quiesce refuses late writes; quiescing at the sender is for guards over an engine", errs.InvalidArg, g.data.Name())
+	case session == "":
+		return fmt.Errorf("%w: empty session name", errs.InvalidArg)
+	case len(ranges) == 0 || len(ranges) > MaxDescriptors:
+		return fmt.Errorf("%w: %d ranges (1 to %d)", errs.InvalidArg, len(ranges), MaxDescriptors)
+	}
+	regions := make([]memory.Region, len(ranges))
+	for i, r := range ranges {
+		if r.Len == 0 || r.Addr+r.Len < r.Addr {
+			return fmt.Errorf("%w: range %d [%#x, +%d) is empty or wraps", errs.InvalidArg, i, r.Addr, r.Len)
+		}
+		regions[i] = memory.Region(r)
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.SyncTimeout)
+	defer cancel()
+	if err := g.engine.QuiesceSession(ctx, session, regions); err != nil {
+		if g.ctx.Err() != nil {
+			return fmt.Errorf("%w while quiescing the engine's writes to %s", errs.Closed, session)
+		}
+		return err
+	}
+	g.stats.quiesces.Add(1)
+	g.metrics.quiesces.Add(1)
 	return nil
 }

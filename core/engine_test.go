@@ -479,3 +479,94 @@ func TestALyingEngineFoolsReadBacksAndNotTheReceiversDigest(t *testing.T) {
 	_, err = Open(testConfig(t, `{"inject": "lie"}`))
 	require.ErrorIs(t, err, errs.Config, "lie is an engine's fault")
 }
+
+// A receiver over an engine quiesces at the sender (QuiesceEngine): a
+// write of a transfer begun before, held back, never reaches the engine;
+// the quiesce returns only once that held call is over; a later
+// transfer into the range goes through; nothing is left behind.
+func TestQuiesceEngineKeepsAHeldWriteOutOfTheQuiescedRange(t *testing.T) {
+	f := newFakeEngines()
+	g, err := OpenWithEngine(testConfig(t, `{"verify": "off", "inject": "hold", "inject_rate": 1, "inject_lag_max_ms": 600}`), f.ops("prefill", "fake"))
+	require.NoError(t, err)
+	defer g.Close()
+	src, dst := newMem(t, 8192), newMem(t, 8192)
+	require.NoError(t, g.Register(src.addr(0), 8192))
+	require.NoError(t, f.register("decode:1", dst.addr(0), 8192))
+	fill(src.b[:4096])
+	old, err := g.Transfer("decode:1", []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}, TransferOptions{})
+	require.NoError(t, err, "off trusts the engine: the held write is not seen")
+	start := time.Now()
+	require.NoError(t, g.QuiesceEngine("decode:1", []SyncRange{{Addr: dst.addr(0), Len: 4096}}))
+	require.GreaterOrEqual(t, time.Since(start), 400*time.Millisecond, "it waited for the held call")
+	require.NoError(t, g.WaitEngineCalls(old.ID, 0), "nothing of the old transfer runs any more")
+	require.Equal(t, make([]byte, 4096), dst.b[:4096], "the held write never reached the engine")
+
+	// Another session, and ranges outside the quiesce, are untouched; a
+	// transfer begun after the quiesce writes the range.
+	fill(src.b[4096:])
+	g2, err := OpenWithEngine(testConfig(t, `{"verify": "off"}`), f.ops("prefill", "fake"))
+	require.NoError(t, err)
+	defer g2.Close()
+	require.NoError(t, g2.Register(src.addr(0), 8192))
+	require.NoError(t, g2.QuiesceEngine("decode:1", []SyncRange{{Addr: dst.addr(0), Len: 4096}}), "nothing runs: at once")
+	_, err = g2.Transfer("decode:1", []verify.Desc{{Src: src.addr(4096), Dst: dst.addr(0), Len: 4096}}, TransferOptions{})
+	require.NoError(t, err, "begun after the quiesce")
+	require.Equal(t, src.b[4096:], dst.b[:4096])
+	require.Zero(t, g.engine.Sessions(), "no fence state is kept once nothing runs under it")
+	require.Zero(t, g2.engine.Sessions())
+}
+
+// A transfer under way when the quiesce comes fails at its next engine
+// write into the range with ErrQuiesced, instead of writing there.
+func TestQuiesceEngineFailsATransferUnderWay(t *testing.T) {
+	f := newFakeEngines()
+	release := make(chan struct{})
+	ops := f.ops("prefill", "fake")
+	write, first := ops.Write, make(chan struct{})
+	var once sync.Once
+	ops.Write = func(session string, local, remote, n []uint64) error {
+		once.Do(func() { close(first); <-release }) // the first call stalls: the quiesce comes meanwhile
+		return write(session, local, remote, n)
+	}
+	g, err := OpenWithEngine(testConfig(t, `{"verify": "off", "max_batch": 1}`), ops)
+	require.NoError(t, err)
+	defer g.Close()
+	src, dst := newMem(t, 8192), newMem(t, 8192)
+	fill(src.b)
+	require.NoError(t, g.Register(src.addr(0), 8192))
+	require.NoError(t, f.register("decode:1", dst.addr(0), 8192))
+	done := make(chan error, 1)
+	go func() {
+		_, err := g.Transfer("decode:1", []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096},
+			{Src: src.addr(4096), Dst: dst.addr(4096), Len: 4096}}, TransferOptions{})
+		done <- err
+	}()
+	<-first
+	quiesced := make(chan error, 1)
+	go func() { quiesced <- g.QuiesceEngine("decode:1", []SyncRange{{Addr: dst.addr(4096), Len: 4096}}) }()
+	select {
+	case <-quiesced:
+		t.Fatal("the quiesce returned while a call of the transfer still ran")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	require.NoError(t, <-quiesced)
+	require.ErrorIs(t, <-done, errs.Quiesced, "its second write is into the quiesced range")
+	require.Equal(t, make([]byte, 4096), dst.b[4096:], "and never reached the engine")
+}
+
+func TestQuiesceEngineRefusesBadInput(t *testing.T) {
+	f := newFakeEngines()
+	g, err := OpenWithEngine(testConfig(t, `{"verify": "off"}`), f.ops("prefill", "fake"))
+	require.NoError(t, err)
+	defer g.Close()
+	for _, bad := range []struct {
+		session string
+		ranges  []SyncRange
+	}{{"", []SyncRange{{Addr: 4096, Len: 1}}}, {"decode:1", nil}, {"decode:1", []SyncRange{{Addr: 4096, Len: 0}}},
+		{"decode:1", []SyncRange{{Addr: ^uint64(0), Len: 2}}}} {
+		require.ErrorIs(t, g.QuiesceEngine(bad.session, bad.ranges), errs.InvalidArg, "%+v", bad)
+	}
+	plain := openGuard(t, `{}`)
+	require.ErrorIs(t, plain.QuiesceEngine("x:1", []SyncRange{{Addr: 4096, Len: 1}}), errs.InvalidArg, "not over an engine")
+}

@@ -134,6 +134,20 @@ func mcgWaitEngineCalls(h C.mc_guard_t, transferID, timeoutMS C.uint64_t) C.mc_s
 	})
 }
 
+//export mcgQuiesceEngine
+func mcgQuiesceEngine(h C.mc_guard_t, session *C.char, addr, length *C.uint64_t, n C.size_t) C.mc_status {
+	return run(h, "mc_guard_quiesce_engine", func(g *core.Guard) error {
+		if session == nil {
+			return fmt.Errorf("%w: session is NULL", errs.InvalidArg)
+		}
+		ranges, err := syncRanges(addr, length, n)
+		if err != nil {
+			return err
+		}
+		return g.QuiesceEngine(C.GoString(session), ranges)
+	})
+}
+
 //export mcgPeerRegions
 func mcgPeerRegions(h C.mc_guard_t, session *C.char, addr, length *C.uint64_t, capacity C.size_t, n *C.size_t) C.mc_status {
 	return run(h, "mc_guard_peer_regions", func(g *core.Guard) error {

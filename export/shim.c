@@ -128,6 +128,12 @@ mc_status mc_guard_wait_engine_calls(mc_guard_t g, uint64_t transfer_id, uint64_
     return mcgWaitEngineCalls(g, transfer_id, timeout_ms);
 }
 
+mc_status mc_guard_quiesce_engine(mc_guard_t g, const char *session, const uint64_t *addr, const uint64_t *len,
+                                  size_t n) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgQuiesceEngine(g, (char *)session, (uint64_t *)addr, (uint64_t *)len, n);
+}
+
 mc_status mc_guard_quiesce(mc_guard_t g, const uint64_t *addr, const uint64_t *len, size_t n) {
     if (mcg_forked()) return MC_ERR_FORKED;
     return mcgQuiesce(g, (uint64_t *)addr, (uint64_t *)len, n);

@@ -42,8 +42,8 @@ extern "C" {
 
 #define MC_GUARD_VERSION_MAJOR 0
 #define MC_GUARD_VERSION_MINOR 3
-#define MC_GUARD_VERSION_PATCH 2
-#define MC_GUARD_VERSION_STRING "0.3.2"
+#define MC_GUARD_VERSION_PATCH 3
+#define MC_GUARD_VERSION_STRING "0.3.3"
 
 /* Largest descriptor count of one mc_guard_transfer call. Any count up to
  * it works; the library chunks it at the max_batch setting. */
@@ -329,6 +329,23 @@ mc_status mc_guard_cancel(mc_guard_t g, const char *session);
  * give), MC_ERR_TIMEOUT (calls still running: names how many),
  * MC_ERR_CLOSED. */
 mc_status mc_guard_wait_engine_calls(mc_guard_t g, uint64_t transfer_id, uint64_t timeout_ms);
+
+/* Since 0.3.3. Over an engine, on the sending side: the receiver at
+ * session (the engine's name for it) quiesced the n ranges
+ * [addr[i], addr[i]+len[i]) of its memory and the application brought
+ * them here over its own channel (a receiver's mc_guard_quiesce cannot
+ * refuse an engine's write: the engine writes without mcguard). From now
+ * on no engine call of a transfer that began before this call writes
+ * into them (such a transfer fails with MC_ERR_QUIESCED; writes held by
+ * fault injection are dropped), and this returns once no engine call to
+ * session of such a transfer is still running, so the receiver may reuse
+ * the ranges when it is told. Slices the engine runs after its call
+ * returned stay beyond it. Errors: MC_ERR_INVALID_ARG (not over an engine,
+ * n of 0 or over MC_GUARD_MAX_DESCRIPTORS, an empty range), MC_ERR_TIMEOUT
+ * (sync_timeout_ms: calls still running, naming how many),
+ * MC_ERR_CLOSED. */
+mc_status mc_guard_quiesce_engine(mc_guard_t g, const char *session, const uint64_t *addr, const uint64_t *len,
+                                  size_t n);
 
 /* Read n descriptors back from session: len[i] bytes from remote
  * remote[i] (registered at the peer) into local[i] (registered here), as

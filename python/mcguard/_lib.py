@@ -49,6 +49,7 @@ _SIGNATURES = {
     "mc_guard_cancel": (_status, [_handle, ctypes.c_char_p]),
     "mc_guard_wait_engine_calls": (_status, [_handle, ctypes.c_uint64, ctypes.c_uint64]),
     "mc_guard_quiesce": (_status, [_handle, _u64p, _u64p, ctypes.c_size_t]),
+    "mc_guard_quiesce_engine": (_status, [_handle, ctypes.c_char_p, _u64p, _u64p, ctypes.c_size_t]),
     "mc_guard_endpoint": (_status, [_handle, ctypes.c_char_p, ctypes.c_size_t]),
     "mc_guard_stats": (_status, [_handle, ctypes.c_char_p, ctypes.c_size_t,
                                  ctypes.POINTER(ctypes.c_size_t)]),

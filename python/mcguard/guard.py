@@ -416,6 +416,20 @@ class Guard:
         del ka, kl
         self._check(st)
 
+    def quiesce_engine(self, session, addrs, lengths):
+        """Over an engine, sending side: the receiver at session quiesced
+        these ranges of its memory (the application brought them here):
+        no engine call of a transfer that began before writes there any
+        more, and this returns once none to session still runs."""
+        h = self._h()
+        a, na, ka = u64_array(addrs, "address")
+        ln, nl, kl = u64_array(lengths, "length")
+        if na != nl:
+            raise MCGuardError(MC_ERR_INVALID_ARG, "addrs and lengths differ in length")
+        st = self._lib.mc_guard_quiesce_engine(h, _session(session), a, ln, na)
+        del ka, kl
+        self._check(st)
+
     def _text(self, fn):
         """The text an export like mc_guard_stats copies out, however long."""
         h = self._h()

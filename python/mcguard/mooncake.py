@@ -638,6 +638,13 @@ class GuardedTransferEngine:
         them sent before the call can land (late ones are refused)."""
         return self._call("quiesce", lambda g: g.quiesce(buffer_addresses, lengths))
 
+    def quiesce_engine(self, target_hostname, buffer_addresses, lengths):
+        """Prefill side over Mooncake's engine: the decode side at
+        target_hostname quiesced these ranges of its memory (told over the
+        application's channel): returns 0 once no engine call of a write
+        that began before can land in them."""
+        return self._call("quiesce_engine", lambda g: g.quiesce_engine(target_hostname, buffer_addresses, lengths))
+
     def cancel(self, target_hostname):
         """Prefill side: cancel the transfers in flight to target_hostname
         (each of their calls returns a negative status)."""

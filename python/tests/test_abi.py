@@ -42,7 +42,7 @@ def raw():
 
 
 def test_version():
-    assert L.mc_guard_version() == b"0.3.2" == mcguard.version().encode()
+    assert L.mc_guard_version() == b"0.3.3" == mcguard.version().encode()
 
 
 def test_open_errors():

@@ -110,6 +110,9 @@ int main(void) {
     /* Waiting for engine calls is for guards over an engine: over TCP the
      * abort state and the receiver's quiesce say it. */
     CHECK_STATUS(mc_guard_wait_engine_calls(sender, opts.transfer_id, 0), MC_ERR_INVALID_ARG, sender, "quiesce");
+    CHECK_STATUS(mc_guard_quiesce_engine(sender, endpoint, &range_addr, &range_len, 1), MC_ERR_INVALID_ARG, sender,
+                 "over an engine");
+    CHECK_STATUS(mc_guard_quiesce_engine(sender, NULL, &range_addr, &range_len, 1), MC_ERR_INVALID_ARG, sender, "NULL");
     opts.deadline_ms = 10000;
     CHECK_STATUS(mc_guard_transfer(sender, endpoint, s, d, l, BLOCKS, &opts), MC_OK, sender, "");
     CHECK(opts.abort_state == MC_ABORT_NONE);

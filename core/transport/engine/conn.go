@@ -23,11 +23,22 @@ type conn struct {
 	// for (SetTransfer), 0 between transfers: a call counts for it until
 	// it returns (Plane.WaitTransfer).
 	transfer uint64
+	// began is the epoch of the receivers' quiesces the transfer began
+	// under (a later one's ranges are closed to it).
+	began uint64
 }
 
 // SetTransfer says which transfer the next calls are made for (0: none).
 // The session's lock orders it with them.
-func (c *conn) SetTransfer(id uint64) { c.transfer = id }
+func (c *conn) SetTransfer(id uint64) {
+	switch {
+	case id != 0 && c.transfer == 0:
+		c.began = c.p.startTransfer(c.session)
+	case id == 0 && c.transfer != 0:
+		c.p.endTransfer(c.session, c.began)
+	}
+	c.transfer = id
+}
 
 // Conn returns session's connection over the engine: no handshake, the
 // engine knows its peers.
@@ -52,7 +63,7 @@ func (c *conn) Write(ctx context.Context, descs []verify.Desc, _ int) error {
 			k, held = c.p.faults.Cut(d.Len)
 		}
 		if held {
-			c.p.hold(c.session, c.transfer, d.Src, d.Dst, d.Len)
+			c.p.hold(c, d.Src, d.Dst, d.Len)
 			continue
 		}
 		if k > 0 {
@@ -62,7 +73,7 @@ func (c *conn) Write(ctx context.Context, descs []verify.Desc, _ int) error {
 	if len(n) == 0 {
 		return nil
 	}
-	return c.p.call(ctx, c.transfer, func() error { return c.p.ops.Write(c.session, local, remote, n) }, nil)
+	return c.p.call(ctx, c, remote, n, func() error { return c.p.ops.Write(c.session, local, remote, n) }, nil)
 }
 
 // Fence calls the engine's fence, where it has one.
@@ -70,7 +81,7 @@ func (c *conn) Fence(ctx context.Context) error {
 	if c.p.ops.Fence == nil {
 		return nil
 	}
-	return c.p.call(ctx, c.transfer, func() error { return c.p.ops.Fence(c.session) }, nil)
+	return c.p.call(ctx, c, nil, nil, func() error { return c.p.ops.Fence(c.session) }, nil)
 }
 
 // FenceIsFinal is false: an engine's completion (Mooncake's spreads slices
@@ -97,7 +108,7 @@ func (c *conn) Read(ctx context.Context, ranges []verify.Range, out []byte, fenc
 		off += r.Len
 	}
 	s.hold()
-	if err := c.p.call(ctx, c.transfer, func() error { return c.p.ops.Read(c.session, local, remote, n) }, s.release); err != nil {
+	if err := c.p.call(ctx, c, nil, nil, func() error { return c.p.ops.Read(c.session, local, remote, n) }, s.release); err != nil {
 		// The engine may still write into the scratch: let it go, and
 		// give the next read fresh scratch.
 		c.scratch = nil

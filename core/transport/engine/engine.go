@@ -65,8 +65,9 @@ type Config struct {
 }
 
 // Plane is the engine data plane: the sender's side only. The engine
-// delivers to the peer by itself, so this guard has nothing to accept,
-// settle or quiesce for it.
+// delivers to the peer by itself, so this guard has nothing to accept or
+// settle for it, and a receiver's quiesce is kept at the sender
+// (QuiesceSession).
 type Plane struct {
 	ops     Ops
 	faults  *fault.Injector
@@ -85,6 +86,10 @@ type Plane struct {
 	// entry lives only while its calls run: the map is no larger than the
 	// calls running.
 	byTransfer map[uint64]*transferCalls
+	// epoch counts the receivers' quiesces kept here (QuiesceSession);
+	// sessions holds each session's fences and what runs under them.
+	epoch    uint64
+	sessions map[string]*sessionFences
 }
 
 // transferCalls are one transfer's engine calls still running.
@@ -104,7 +109,7 @@ func Open(cfg Config) (*Plane, error) {
 	if cfg.Timeout <= 0 {
 		return nil, fmt.Errorf("%w: an engine data plane needs a timeout for its calls", errs.Config)
 	}
-	p := &Plane{ops: cfg.Ops, linger: cfg.Linger, timeout: cfg.Timeout, inline: cfg.Inline, byTransfer: map[uint64]*transferCalls{}}
+	p := &Plane{ops: cfg.Ops, linger: cfg.Linger, timeout: cfg.Timeout, inline: cfg.Inline, byTransfer: map[uint64]*transferCalls{}, sessions: map[string]*sessionFences{}}
 	p.faults = fault.New(cfg.Faults, 0, "the engine callbacks ("+cfg.Ops.Name+")")
 	return p, nil
 }
@@ -167,9 +172,11 @@ func (p *Plane) Accept(transport.Peer, []byte, []memory.Region) ([]byte, error) 
 // engine did.
 func (p *Plane) Settle(context.Context, []memory.Region) error { return nil }
 
-// Quiesce cannot be promised: the engine writes without this library.
+// Quiesce cannot be promised here: the engine writes into this guard's
+// memory without this library. The senders' guards can keep it
+// (QuiesceSession), once the application tells them.
 func (p *Plane) Quiesce(context.Context, []memory.Region) error {
-	return fmt.Errorf("quiesce is not available over an engine data plane (%s): its writes do not pass through mcguard, so nothing here can refuse a late one; before reusing the ranges, wait until the sender's transfer has returned and its engine has nothing in flight", p.Describe())
+	return fmt.Errorf("quiesce is not available at the receiver over an engine data plane (%s): its writes do not pass through mcguard, so nothing here can refuse a late one; tell each sender's guard (mc_guard_quiesce_engine) before reusing the ranges", p.Describe())
 }
 
 // Abort: the peer's engine writes without us; nothing to cut off here.
@@ -196,16 +203,22 @@ func (p *Plane) Close() {
 	}
 }
 
-// begin admits one engine call for transfer (0: none) unless the plane
-// is closed.
-func (p *Plane) begin(transfer uint64) error {
+// begin admits one engine call for transfer (0: none) to session, of a
+// transfer that began under epoch began, unless the plane is closed or,
+// for a write (remote, n: its destinations), a receiver's quiesce kept
+// since the transfer began covers one of them.
+func (p *Plane) begin(transfer uint64, session string, began uint64, remote, n []uint64) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return fmt.Errorf("%w: the engine data plane is closed", errs.Closed)
 	}
+	if err := p.fencedLocked(session, began, remote, n); err != nil {
+		return err
+	}
 	p.calls.Add(1)
 	p.running.Add(1)
+	p.beginCallLocked(session, began)
 	if transfer != 0 {
 		t := p.byTransfer[transfer]
 		if t == nil {
@@ -218,18 +231,17 @@ func (p *Plane) begin(transfer uint64) error {
 }
 
 // end is begin's other half, once the engine call has returned.
-func (p *Plane) end(transfer uint64) {
+func (p *Plane) end(transfer uint64, session string, began uint64) {
 	p.running.Add(-1) // first: a waiter woken below sees it
-	if transfer != 0 {
-		p.mu.Lock()
-		if t := p.byTransfer[transfer]; t != nil {
-			if t.n--; t.n == 0 {
-				close(t.done)
-				delete(p.byTransfer, transfer)
-			}
+	p.mu.Lock()
+	if t := p.byTransfer[transfer]; transfer != 0 && t != nil {
+		if t.n--; t.n == 0 {
+			close(t.done)
+			delete(p.byTransfer, transfer)
 		}
-		p.mu.Unlock()
 	}
+	p.endCallLocked(session, began)
+	p.mu.Unlock()
 	p.calls.Done()
 }
 
@@ -274,7 +286,8 @@ func (p *Plane) WaitTransfer(ctx context.Context, transfer uint64) error {
 	}
 }
 
-// call runs one engine call and returns its error. By default the call
+// call runs one engine call (a write to remote, n; nil for others) and
+// returns its error. By default the call
 // runs apart, and call returns at ctx's deadline, or timeout_ms after it
 // began where ctx has none, or once ctx is cancelled: a callback that
 // never returns cannot hold the transfer past its deadline. The call
@@ -284,8 +297,9 @@ func (p *Plane) WaitTransfer(ctx context.Context, transfer uint64) error {
 // it runs on the caller's thread, which saves the hand-off to another
 // thread and back (tens of µs on a VM, more where a Python callback needs
 // a thread state), and a call that returns past its deadline fails then.
-func (p *Plane) call(ctx context.Context, transfer uint64, fn func() error, done func()) error {
-	if err := p.begin(transfer); err != nil {
+func (p *Plane) call(ctx context.Context, c *conn, remote, n []uint64, fn func() error, done func()) error {
+	transfer, session, began := c.transfer, c.session, c.began
+	if err := p.begin(transfer, session, began, remote, n); err != nil {
 		return err
 	}
 	if _, bounded := ctx.Deadline(); !bounded {
@@ -294,7 +308,7 @@ func (p *Plane) call(ctx context.Context, transfer uint64, fn func() error, done
 		defer cancel()
 	}
 	if p.inline {
-		defer p.end(transfer)
+		defer p.end(transfer, session, began)
 		err := fn()
 		if done != nil {
 			done()
@@ -306,7 +320,7 @@ func (p *Plane) call(ctx context.Context, transfer uint64, fn func() error, done
 	}
 	res := make(chan error, 1)
 	go func() {
-		defer p.end(transfer)
+		defer p.end(transfer, session, began)
 		err := fn()
 		if done != nil {
 			done()
@@ -326,18 +340,21 @@ func (p *Plane) call(ctx context.Context, transfer uint64, fn func() error, done
 var errCallTimeout = errors.New("the engine call took longer than timeout_ms")
 
 // hold hands a write to the engine after a delay, as fault injection asks:
-// the transfer was told it completed long before.
-func (p *Plane) hold(session string, transfer, local, remote, n uint64) {
-	if p.begin(transfer) != nil {
+// the transfer was told it completed long before. A receiver's quiesce
+// kept meanwhile (QuiesceSession) keeps it from the engine.
+func (p *Plane) hold(c *conn, local, remote, n uint64) {
+	transfer, session, began := c.transfer, c.session, c.began
+	dst, length := []uint64{remote}, []uint64{n}
+	if p.begin(transfer, session, began, dst, length) != nil {
 		return
 	}
 	time.AfterFunc(p.faults.Delay(), func() {
-		defer p.end(transfer)
+		defer p.end(transfer, session, began)
 		p.mu.Lock()
-		closed := p.closed
+		ok := !p.closed && p.fencedLocked(session, began, dst, length) == nil
 		p.mu.Unlock()
-		if !closed {
-			_ = p.ops.Write(session, []uint64{local}, []uint64{remote}, []uint64{n})
+		if ok { // a quiesce from now on waits for this call (counted since begin)
+			_ = p.ops.Write(session, []uint64{local}, dst, length)
 		}
 	})
 }
