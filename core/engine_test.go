@@ -211,7 +211,7 @@ func TestEngineErrorsAreReportedWithTheEnginesMessage(t *testing.T) {
 	require.Contains(t, err.Error(), "not registered with the engine")
 	err = p.send.Quiesce([]SyncRange{{p.src.addr(0), 64}})
 	require.Error(t, err)
-	require.Contains(t, err.Error(), "quiesce is not available over an engine")
+	require.Contains(t, err.Error(), "quiesce is not available at the receiver over an engine")
 	require.ErrorIs(t, p.recv.SetPeerGuard("a:1", "b:2"), errs.InvalidArg, "only for guards over an engine")
 }
 
