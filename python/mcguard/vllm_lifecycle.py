@@ -16,7 +16,10 @@ the module's own file is not touched. Where vLLM's connector does one thing:
   response's err_reqs, vLLM's own failed-load path;
 - decode (_handle_failed_recv, the one place a failed, timed-out or aborted
   pull's blocks are released): their ranges are quiesced first, so that no
-  late byte of the old transfer lands in a block a new request owns;
+  late byte of the old transfer lands in a block a new request owns; over
+  Mooncake's engine, which writes without the decode guard, the quiesce
+  goes over vLLM's side channel to each prefill worker, whose guard keeps
+  it (mc_guard_quiesce_engine) before it answers;
 - prefill (_send_blocks): over Mooncake's engine, a failed write returns to
   vLLM only once no engine call of it is still running; the decode side's
   pull (_build_pull_metadata) says where its guard listens, for the
@@ -40,7 +43,8 @@ log = logging.getLogger("mcguard.vllm")
 WORKER_METHODS = ("__init__", "register_kv_caches", "send_kv_to_decode", "_build_transfer_params", "_send_blocks",
                   "_build_pull_metadata", "process_pulling_result", "_handle_failed_recv",
                   "_logical_to_kernel_block_ids", "_get_transfer_regions")
-MODULE_NAMES = ("MooncakeConnectorWorker", "MooncakeXferMetadata", "MooncakeXferResponse", "_block_ids_for_region")
+MODULE_NAMES = ("MooncakeConnectorWorker", "MooncakeXferMetadata", "MooncakeXferResponse",
+                "MooncakeXferResponseStatus", "_block_ids_for_region")
 
 # The dst_ptrs lists of one send_kv_to_decode call's batches, in the task
 # that runs it (_build_transfer_params is awaited there).
@@ -48,6 +52,9 @@ _batches = contextvars.ContextVar("mcguard_vllm_batches", default=None)
 
 # How long a failed write over Mooncake's engine waits for its engine calls.
 ENGINE_CALLS_TIMEOUT_MS = 60000
+# How long the decode side waits for a prefill worker to keep its quiesce
+# (the prefill's guard waits up to its sync_timeout_ms for running calls).
+QUIESCE_ANSWER_MS = 30000
 
 
 def _enabled(name, default=True):
@@ -83,8 +90,11 @@ def wire(module):
 
     class GuardedXferMetadata(module.MooncakeXferMetadata, omit_defaults=True):
         """The decode side's pull with where its guard listens (over
-        Mooncake's engine the session is the engine's, not the guard's)."""
+        Mooncake's engine the session is the engine's, not the guard's);
+        or, with no blocks, its quiesce of ranges for the prefill's guard
+        to keep (over Mooncake's engine, where the decode guard cannot)."""
         mcguard_guard_endpoint: str = ""
+        mcguard_quiesce: list[list[int]] = []
 
     _Wiring(module, cls, GuardedXferResponse, GuardedXferMetadata, msgspec).apply()
 
@@ -121,6 +131,8 @@ class _Wiring:
                                        "block: %s" % (_vllm_version(), e)) from e
 
         async def send_kv_to_decode(self, identity, sock, meta):
+            if getattr(meta, "mcguard_quiesce", None):
+                return await w.keep_quiesce(self, identity, sock, meta)
             endpoint = getattr(meta, "mcguard_guard_endpoint", "")
             if endpoint and getattr(self.engine, "_engine", None) is not None:
                 self.engine.set_peer_guard("%s:%d" % (meta.remote_hostname, meta.remote_port), endpoint)
@@ -217,19 +229,66 @@ class _Wiring:
                                             err_reqs=list(response.err_reqs or []) + done, err_msg=why)
 
     def quiesce(self, worker, metas):
-        """Quiesce the blocks of failed pulls before vLLM releases them."""
-        ids = [m.local_block_ids for m in metas if any(m.local_block_ids)]
-        if not ids:
+        """Quiesce the blocks of failed pulls before vLLM releases them: at
+        the decode guard, or over Mooncake's engine (which writes without
+        it) at each prefill worker the pulls went to."""
+        metas = [m for m in metas if any(m.local_block_ids)]
+        if not metas:
             return
         try:
             ranges = []
-            for block_ids in ids:
-                ranges.extend(block_ranges(worker, self.module, block_ids))
+            for m in metas:
+                ranges.extend(block_ranges(worker, self.module, m.local_block_ids))
             ranges = merged(ranges)
-            worker.engine.guard.quiesce([a for a, _ in ranges], [n for _, n in ranges])
+            if getattr(worker.engine, "_engine", None) is None:
+                worker.engine.guard.quiesce([a for a, _ in ranges], [n for _, n in ranges])
+            else:
+                for addr in sorted({a for m in metas for a in prefill_workers(worker, m.remote_engine_id)}):
+                    self.quiesce_at_prefill(worker, addr, ranges)
         except Exception as e:  # vLLM releases the blocks regardless: say so loudly
             log.error("mcguard: quiesce of the blocks of %d failed pulls failed, so a late write of theirs can "
-                      "still land in a block vLLM gives to another request: %s", len(ids), e)
+                      "still land in a block vLLM gives to another request: %s", len(metas), e)
+
+    def quiesce_at_prefill(self, worker, addr, ranges):
+        """Send the quiesce to the prefill worker at addr over vLLM's side
+        channel and wait for its answer: once it came, no engine call of a
+        write begun before can land in ranges."""
+        import zmq
+        meta = self.pull_cls(remote_hostname=worker.hostname, remote_port=worker.rpc_port,
+                             remote_tp_size=worker.tp_size, remote_tp_rank=worker.tp_rank, req_blocks={},
+                             kv_caches_base_addr=[], block_lens=[], kv_block_lens=[],
+                             mcguard_quiesce=[[a, n] for a, n in ranges])
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, QUIESCE_ANSWER_MS)
+        try:
+            sock.connect(addr)
+            sock.send(self.encoder.encode(meta))
+            try:
+                answer = self.plain_decoder.decode(sock.recv())
+            except zmq.Again:
+                raise TimeoutError("no answer from the prefill worker at %s in %d ms" % (addr, QUIESCE_ANSWER_MS))
+        finally:
+            sock.close()
+        if answer.status != self.module.MooncakeXferResponseStatus.FINISH:
+            raise RuntimeError("the prefill worker at %s: %s" % (addr, answer.err_msg))
+
+    async def keep_quiesce(self, worker, identity, sock, meta):
+        """Prefill side: a decode worker's quiesce, kept by this guard over
+        Mooncake's engine; the answer says whether it holds."""
+        status, why = self.module.MooncakeXferResponseStatus, None
+        session = "%s:%d" % (meta.remote_hostname, meta.remote_port)
+        addrs, lens = [a for a, _ in meta.mcguard_quiesce], [n for _, n in meta.mcguard_quiesce]
+        try:
+            import asyncio
+            await asyncio.get_running_loop().run_in_executor(
+                None, lambda: worker.engine.guard.quiesce_engine(session, addrs, lens))
+        except Exception as e:
+            why = "mcguard: quiesce of %d ranges at %s: %s" % (len(addrs), session, e)
+            log.error("%s", why)
+        answer = self.module.MooncakeXferResponse(status=status.ERROR if why else status.FINISH, err_msg=why)
+        await sock.send_multipart((identity, self.encoder.encode(answer)))
 
 
 class _Answers:
@@ -248,6 +307,13 @@ class _Answers:
             identity, payload = frames
             frames = (identity, self._wiring.answer(self._worker, batches, payload))
         return await self._sock.send_multipart(frames, *args, **kwargs)
+
+
+def prefill_workers(worker, engine_id):
+    """The side-channel addresses of the prefill workers of engine_id this
+    decode worker pulls from (as receive_kv picks them), or all of them."""
+    agents = worker._remote_agents.get(engine_id, {})
+    return [addr for by_pp in agents.values() for addr in by_pp.values()]
 
 
 def block_ranges(worker, module, block_ids):

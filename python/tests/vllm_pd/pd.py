@@ -52,6 +52,11 @@ CASES = {
     "abort": dict(env={"MC_GUARD_VERIFY": "tail", "MC_GUARD_SAME_HOST": "off"}, abort=True),
     "abort-no-quiesce": dict(env={"MC_GUARD_VERIFY": "tail", "MC_GUARD_SAME_HOST": "off",
                                   "MC_GUARD_VLLM_QUIESCE": "0"}, abort=True),
+    # The same over Mooncake's engine: the write is held at the prefill's
+    # engine callbacks, and the quiesce is kept there.
+    "mooncake-abort": dict(env={"MC_GUARD_VERIFY": "tail", "MC_GUARD_VLLM_ENGINE": "mooncake"}, abort=True),
+    "mooncake-abort-no-quiesce": dict(env={"MC_GUARD_VERIFY": "tail", "MC_GUARD_VLLM_ENGINE": "mooncake",
+                                           "MC_GUARD_VLLM_QUIESCE": "0"}, abort=True),
     # The prefill side's write fails at its deadline while held back; the
     # decode side does not quiesce, so only the prefill's abort keeps the
     # held write out.
@@ -283,7 +288,11 @@ def run(case, requests, blocks):
         # request as its own batch, so every request is hit.
         decode_env.update(MC_GUARD_INJECT="drop", MC_GUARD_INJECT_RATE="1.0")
     if spec.get("abort") or spec.get("failed_send"):
-        decode_env.update(MC_GUARD_INJECT="hold", MC_GUARD_INJECT_RATE="1.0", MC_GUARD_INJECT_LAG_MAX_MS=str(HOLD_MS))
+        # Where a write is held back: at the decode guard's target, or over
+        # Mooncake's engine (which the decode guard does not see) at the
+        # prefill guard's engine callbacks.
+        held = prefill_env if spec["env"].get("MC_GUARD_VLLM_ENGINE") == "mooncake" else decode_env
+        held.update(MC_GUARD_INJECT="hold", MC_GUARD_INJECT_RATE="1.0", MC_GUARD_INJECT_LAG_MAX_MS=str(HOLD_MS))
         plan["settle_s"] = HOLD_MS / 1000 + 2
     if spec.get("abort"):
         decode_env["VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT"] = ABORT_TIMEOUT
@@ -328,7 +337,7 @@ def run(case, requests, blocks):
            "decode_stats": {k: decode_stats.get(k) for k in ("notices_received", "syncs", "sync_failures",
                                                                "quiesces", "refused_quiesced", "bytes_received")},
            "prefill_stats": {k: prefill_stats.get(k) for k in ("transfers", "transfers_ok", "transfers_failed",
-                                                                 "mismatches")}}
+                                                                 "mismatches", "quiesces")}}
     for r, x in sorted(result.items()):
         print("  [%s] request %s: %s, %d/%d blocks hash right%s%s" % (
             case, r, "received" if x["received"] else ("failed load" if x["finished"] else "never finished"),
