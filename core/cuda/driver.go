@@ -190,6 +190,49 @@ func (d *Driver) CopyToHost(dst []byte, src uint64, m Memory) error {
 	})
 }
 
+// CopyRangesToHost copies the device ranges [srcs[i], +lens[i]) into
+// dst one after another (len(dst) is the sum of lens). The copies are
+// queued together and waited for once per staging buffer's worth, not
+// once per range: a read-back of many small tails costs one stream
+// synchronisation, not one each.
+func (d *Driver) CopyRangesToHost(dst []byte, srcs, lens []uint64, m Memory) error {
+	return d.on(m.Ordinal, func(dev *device) error {
+		buf, err := d.getStaging()
+		if err != nil {
+			return err
+		}
+		defer d.putStaging(buf)
+		queued, out := 0, 0 // bytes queued into buf; where they go in dst
+		drain := func() error {
+			if queued == 0 {
+				return nil
+			}
+			if err := d.check(C.mcg_cu_stream_synchronize(d.c, dev.stream), "cuStreamSynchronize"); err != nil {
+				return err
+			}
+			out += copy(dst[out:], buf[:queued])
+			queued = 0
+			return nil
+		}
+		for i, src := range srcs {
+			for off := uint64(0); off < lens[i]; {
+				if queued == stagingSize {
+					if err := drain(); err != nil {
+						return err
+					}
+				}
+				k := min(lens[i]-off, uint64(stagingSize-queued))
+				if err := d.check(C.mcg_cu_dtoh_async(d.c, unsafe.Pointer(&buf[queued]), C.CUdeviceptr(src+off), C.size_t(k), dev.stream), "cuMemcpyDtoHAsync"); err != nil {
+					return err
+				}
+				queued += int(k)
+				off += k
+			}
+		}
+		return drain()
+	})
+}
+
 // CopyToDevice copies src into device memory at dst and returns once the
 // copy has completed.
 func (d *Driver) CopyToDevice(dst uint64, src []byte, m Memory) error {

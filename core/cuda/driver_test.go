@@ -101,6 +101,28 @@ func TestCopiesThroughStaging(t *testing.T) {
 	require.True(t, bytes.Equal(src, back))
 }
 
+// Many ranges staged together, small ones and ones that cross staging
+// buffers, land one after another in order.
+func TestCopiesRangesThroughStagingTogether(t *testing.T) {
+	d, m := model(t)
+	const n = 12 << 20
+	dev, err := m.Alloc(n)
+	require.NoError(t, err)
+	src := make([]byte, n)
+	_, _ = rand.Read(src)
+	mem := cuda.Memory{Device: true}
+	require.NoError(t, d.CopyToDevice(dev, src, mem))
+	var srcs, lens []uint64
+	var want []byte
+	for _, r := range [][2]uint64{{0, 64}, {4096, 64}, {1 << 20, 3<<20 + 5}, {8 << 20, 1}, {5 << 20, 4 << 20}, {n - 64, 64}} {
+		srcs, lens = append(srcs, dev+r[0]), append(lens, r[1])
+		want = append(want, src[r[0]:r[0]+r[1]]...)
+	}
+	got := make([]byte, len(want))
+	require.NoError(t, d.CopyRangesToHost(got, srcs, lens, mem))
+	require.True(t, bytes.Equal(want, got))
+}
+
 func TestSettleIsNeededAndEnough(t *testing.T) {
 	d, m := model(t)
 	dev, err := m.Alloc(4096)

@@ -37,7 +37,11 @@ func (t *Regions) LoadRanges(addrs, lens []uint64, abort func(), fn func(b []byt
 		for j < len(addrs) && r.Contains(addrs[j], lens[j]) {
 			j++
 		}
-		if !mem.Device {
+		switch {
+		case mem.Device && j-i > 1:
+			err = t.loadDevice(mem, addrs[i:j], lens[i:j], fn)
+			i = j
+		case !mem.Device:
 			touch(addrs[i:j], lens[i:j])
 		}
 		for ; i < j && err == nil; i++ {
@@ -47,6 +51,28 @@ func (t *Regions) LoadRanges(addrs, lens []uint64, abort func(), fn func(b []byt
 		if err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// loadDevice runs fn on each range of device memory in a held region,
+// staged together: one stream synchronisation per staging buffer's worth
+// of ranges, not one per range.
+func (t *Regions) loadDevice(mem cuda.Memory, addrs, lens []uint64, fn func(b []byte) error) error {
+	var total uint64
+	for _, n := range lens {
+		total += n
+	}
+	buf := make([]byte, total)
+	if err := t.gpu.CopyRangesToHost(buf, addrs, lens, mem); err != nil {
+		return fmt.Errorf("%w: staging %d ranges from [%#x, +%d) on from the GPU: %v", errs.Device, len(addrs), addrs[0], lens[0], err)
+	}
+	var off uint64
+	for _, n := range lens {
+		if err := fn(buf[off : off+n]); err != nil {
+			return err
+		}
+		off += n
 	}
 	return nil
 }
