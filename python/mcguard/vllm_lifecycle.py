@@ -29,6 +29,7 @@ MC_GUARD_VLLM_QUIESCE=0 leaves quiesce out (a diagnostic: the abort test's
 control shows what it protects).
 """
 
+import asyncio
 import contextvars
 import logging
 import os
@@ -253,7 +254,7 @@ class _Wiring:
         """Send the quiesce to the prefill worker at addr over vLLM's side
         channel and wait for its answer: once it came, no engine call of a
         write begun before can land in ranges."""
-        import zmq
+        import zmq  # vLLM's dependency, not mcguard's
         meta = self.pull_cls(remote_hostname=worker.hostname, remote_port=worker.rpc_port,
                              remote_tp_size=worker.tp_size, remote_tp_rank=worker.tp_rank, req_blocks={},
                              kv_caches_base_addr=[], block_lens=[], kv_block_lens=[],
@@ -281,7 +282,6 @@ class _Wiring:
         session = "%s:%d" % (meta.remote_hostname, meta.remote_port)
         addrs, lens = [a for a, _ in meta.mcguard_quiesce], [n for _, n in meta.mcguard_quiesce]
         try:
-            import asyncio
             await asyncio.get_running_loop().run_in_executor(
                 None, lambda: worker.engine.guard.quiesce_engine(session, addrs, lens))
         except Exception as e:
