@@ -159,3 +159,30 @@ func TestRegisterDeviceWithTheModel(t *testing.T) {
 	host := newMem(t, 4096)
 	require.ErrorIs(t, g.RegisterDevice(host.addr(0), 4096), errs.Device, "host memory is not device memory")
 }
+
+// Digests of device memory are staged a run of ranges at a time on both
+// sides; each is still the digest of its own range: a byte changed in one
+// destination after it landed fails the sync naming that descriptor only.
+func TestDeviceDigestsNameTheDescriptorThatDiffers(t *testing.T) {
+	key, m := cudaModel(t)
+	const n, size = 12, 32 << 10
+	send := openGuard(t, "{"+key+`, "verify": "digest", "same_host": "off"}`)
+	recv := openGuard(t, "{"+key+"}")
+	src, srcView := devAlloc(t, m, n*size)
+	dst, dstView := devAlloc(t, m, n*size)
+	require.NoError(t, send.Register(src, n*size))
+	require.NoError(t, recv.Register(dst, n*size))
+	fill(srcView)
+	descs := make([]verify.Desc, n)
+	for i := range descs {
+		descs[i] = verify.Desc{Src: src + uint64(i*size), Dst: dst + uint64(i*size), Len: size}
+	}
+	res, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{})
+	require.NoError(t, err)
+	dstView[7*size+100] ^= 0xff
+	err = recv.SyncTransfers([]uint64{res.ID}, 0)
+	require.ErrorIs(t, err, errs.Verify)
+	require.Contains(t, err.Error(), "descriptor 7")
+	require.NotContains(t, err.Error(), "descriptor 6")
+	require.NotContains(t, err.Error(), "descriptor 8")
+}

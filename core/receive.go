@@ -237,7 +237,8 @@ func (c *syncCall) settle(ranges []SyncRange, digests []uint64, landed []transpo
 	// Host memory needs no hook: the target applied its writes before it
 	// acknowledged them, and the application learned of the transfer
 	// through a message (a syscall), which orders memory. GPU memory does:
-	for _, ordinal := range g.regions.Devices(c.regions) {
+	devices := g.regions.Devices(c.regions)
+	for _, ordinal := range devices {
 		if err := g.regions.GPU().Settle(ordinal, stream); err != nil {
 			g.stats.syncFailures.Add(1)
 			return fmt.Errorf("%w: GPU %d: %v", errs.Device, ordinal, err)
@@ -251,7 +252,15 @@ func (c *syncCall) settle(ranges []SyncRange, digests []uint64, landed []transpo
 		c.vr = append(c.vr, verify.Range(r))
 	}
 	c.landed, c.set, c.at = landed, 0, 0
-	if err := verify.CompareDigests(c.vr, digests, c.known, c.digest, what); err != nil {
+	known := c.known
+	if len(devices) > 0 && len(ranges) > 1 {
+		var err error
+		if known, err = c.deviceDigests(); err != nil {
+			g.stats.syncFailures.Add(1)
+			return err
+		}
+	}
+	if err := verify.CompareDigests(c.vr, digests, known, c.digest, what); err != nil {
 		g.stats.syncFailures.Add(1)
 		return err
 	}
@@ -285,6 +294,30 @@ func (c *syncCall) landedDigest(r verify.Range) (uint64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// deviceDigests reads the digests of every synced range at once where
+// some are in device memory (staged a run at a time, not a range at a
+// time), and returns the lookup CompareDigests asks first: a digest taken
+// as the range landed, else the one just read.
+func (c *syncCall) deviceDigests() (func(verify.Range) (uint64, bool), error) {
+	addrs, lens, read := make([]uint64, len(c.vr)), make([]uint64, len(c.vr)), make([]uint64, len(c.vr))
+	for i, r := range c.vr {
+		addrs[i], lens[i] = r.Addr, r.Len
+	}
+	if err := c.g.regions.Digests(addrs, lens, read); err != nil {
+		return nil, err
+	}
+	c.g.stats.digestsRead.Add(int64(len(read)))
+	next := 0
+	return func(r verify.Range) (uint64, bool) {
+		i := next
+		next++
+		if d, ok := c.landedDigest(r); ok {
+			return d, true
+		}
+		return read[i], true
+	}, nil
 }
 
 // readDigest is a synced range's digest read from memory.

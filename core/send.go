@@ -390,8 +390,16 @@ func isMismatch(err error) bool {
 	return errors.As(err, &mismatch)
 }
 
-// digestSources takes each source's digest into digests.
+// digestSources takes each source's digest into digests: where device
+// memory may be among them, staged together (regions.Digests).
 func (g *Guard) digestSources(chunk []verify.Desc, digests []uint64) (err error) {
+	if g.regions.GPU() != nil && len(chunk) > 1 {
+		addrs, lens := make([]uint64, len(chunk)), make([]uint64, len(chunk))
+		for i, d := range chunk {
+			addrs[i], lens[i] = d.Src, d.Len
+		}
+		return g.regions.Digests(addrs, lens, digests[:len(chunk)])
+	}
 	for i, d := range chunk {
 		if digests[i], err = g.regions.Digest(d.Src, d.Len); err != nil {
 			return err

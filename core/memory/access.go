@@ -37,12 +37,16 @@ func (t *Regions) LoadRanges(addrs, lens []uint64, abort func(), fn func(b []byt
 		for j < len(addrs) && r.Contains(addrs[j], lens[j]) {
 			j++
 		}
-		switch {
-		case mem.Device && j-i > 1:
-			err = t.loadDevice(mem, addrs[i:j], lens[i:j], fn)
-			i = j
-		case !mem.Device:
+		if !mem.Device {
 			touch(addrs[i:j], lens[i:j])
+		}
+		for mem.Device && err == nil && j-i > 1 {
+			k := deviceBatch(lens[i:j])
+			if k < 2 {
+				break // a range this large goes alone
+			}
+			err = t.loadDevice(mem, addrs[i:i+k], lens[i:i+k], fn)
+			i += k
 		}
 		for ; i < j && err == nil; i++ {
 			err = t.load(mem, addrs[i], lens[i], fn)
@@ -53,6 +57,33 @@ func (t *Regions) LoadRanges(addrs, lens []uint64, abort func(), fn func(b []byt
 		}
 	}
 	return nil
+}
+
+// maxDeviceBatch bounds the bytes of device memory staged into one host
+// buffer for a run of ranges.
+const maxDeviceBatch = 16 << 20
+
+// deviceBatch is how many of the first ranges of lens are staged together.
+func deviceBatch(lens []uint64) int {
+	var total uint64
+	for k, n := range lens {
+		if total += n; total > maxDeviceBatch {
+			return k
+		}
+	}
+	return len(lens)
+}
+
+// Digests takes the digest of each range [addrs[i], +lens[i]) into
+// out[i]: host memory in place, device memory staged a run of ranges at a
+// time (one stream synchronisation per run, not one per range).
+func (t *Regions) Digests(addrs, lens, out []uint64) error {
+	k := 0
+	return t.LoadRanges(addrs, lens, nil, func(b []byte) error {
+		out[k] = verify.DigestOf(b)
+		k++
+		return nil
+	})
 }
 
 // loadDevice runs fn on each range of device memory in a held region,
