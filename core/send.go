@@ -390,10 +390,11 @@ func isMismatch(err error) bool {
 	return errors.As(err, &mismatch)
 }
 
-// digestSources takes each source's digest into digests: where device
-// memory may be among them, staged together (regions.Digests).
+// digestSources takes each source's digest into digests: a chunk of
+// device memory staged together (regions.Digests); host memory one by
+// one in place, allocating nothing.
 func (g *Guard) digestSources(chunk []verify.Desc, digests []uint64) (err error) {
-	if g.regions.GPU() != nil && len(chunk) > 1 {
+	if len(chunk) > 1 && g.onDevice(chunk[0].Src, chunk[0].Len) {
 		addrs, lens := make([]uint64, len(chunk)), make([]uint64, len(chunk))
 		for i, d := range chunk {
 			addrs[i], lens[i] = d.Src, d.Len
@@ -406,6 +407,15 @@ func (g *Guard) digestSources(chunk []verify.Desc, digests []uint64) (err error)
 		}
 	}
 	return nil
+}
+
+// onDevice reports whether [addr, +n) is registered device memory.
+func (g *Guard) onDevice(addr, n uint64) bool {
+	if g.regions.GPU() == nil {
+		return false
+	}
+	mem, err := g.regions.Memory(addr, n)
+	return err == nil && mem.Device
 }
 
 // inlineDigestBytes: a chunk this small is digested before its writes go
