@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/transport"
 )
 
 // Addresses: a guard listens on, and sessions name, "host:port" where host
@@ -91,7 +92,7 @@ func reachControl(ctx context.Context, session string, timeout time.Duration) (s
 	var refused error
 	for _, ip := range ips {
 		addr := net.JoinHostPort(ip.String(), strconv.Itoa(port))
-		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		c, err := transport.Connect(ctx, addr)
 		if err == nil {
 			c.Close()
 			return addr, nil

@@ -22,9 +22,12 @@ import (
 // oldest is shut down for each new one), and per connection at most
 // controlHWM messages queued each way (replies to a peer that does not
 // read them are dropped). An honest peer has one request in flight.
+// controlBacklog is the listen queue's length (the kernel caps it at
+// net.core.somaxconn).
 const (
 	maxControlConns = 1024
 	controlHWM      = 4
+	controlBacklog  = 1024
 )
 
 // controlServer answers handshakes and notices on a ZMQ ROUTER socket. The
@@ -51,6 +54,9 @@ func newControlServer(zctx *zmq.Context, listen string, handle func(peer, body [
 	sock.SetIpv6(true)
 	sock.SetSndhwm(controlHWM)
 	sock.SetRcvhwm(controlHWM)
+	// ZeroMQ's accept queue holds 100 by default: a flood of strangers
+	// fills it, and the kernel drops an honest peer's SYN behind them.
+	sock.SetBacklog(controlBacklog)
 	fail := func(err error) (*controlServer, error) {
 		sock.Close()
 		return nil, err

@@ -160,8 +160,9 @@ var errShutBeforeHello = errors.New("the target closed the connection before ans
 
 func dialOnce(ctx context.Context, addr string, peer transport.Peer, table *peerTable, gen uint64, cfg *Config, stripe int) (*conn, error) {
 	timeout, local := cfg.Timeout, cfg.Regions
-	d := net.Dialer{Timeout: timeout}
-	c, err := d.DialContext(ctx, "tcp", addr)
+	connectCtx, cancel := context.WithTimeout(ctx, timeout)
+	c, err := transport.Connect(connectCtx, addr)
+	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("%w: data connection to %s: %v", errs.Peer, addr, err)
 	}

@@ -20,6 +20,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -127,7 +128,7 @@ class Side:
     """One vLLM worker process's connector, built as vLLM's model runner
     builds it, over a KV cache of real tensors."""
 
-    def __init__(self, role, engine_id, dist_port):
+    def __init__(self, role, engine_id, dist_port, model):
         import torch
         # The one stand-in: PyPI's torch is a CUDA build, and the worker
         # asks it for the current device, which needs a CUDA driver.
@@ -142,10 +143,10 @@ class Side:
         from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector as mc
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
         self.torch, self.mc = torch, mc
-        model = ModelConfig(model=model_dir(), skip_tokenizer_init=True, dtype="float32", max_model_len=2048)
+        model_config = ModelConfig(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=2048)
         kv = KVTransferConfig(kv_connector="MooncakeConnector", kv_role=role, engine_id=engine_id,
                               kv_connector_extra_config={"mooncake_protocol": "tcp"})
-        self.config = VllmConfig(model_config=model, cache_config=CacheConfig(block_size=BLOCK_SIZE),
+        self.config = VllmConfig(model_config=model_config, cache_config=CacheConfig(block_size=BLOCK_SIZE),
                                  kv_transfer_config=kv)
         spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=HEADS, head_size=HEAD_SIZE, dtype=torch.float32)
         page = spec.page_size_bytes
@@ -200,7 +201,7 @@ def take_env(env):
 
 def prefill_main(conn, env, plan):
     take_env(env)
-    side = Side("kv_producer", "prefill", plan["dist_ports"][0])
+    side = Side("kv_producer", "prefill", plan["dist_ports"][0], plan["model"])
     mc = side.mc
     for r, blocks in plan["prefill_blocks"].items():
         side.fill(int(r), blocks)
@@ -225,7 +226,7 @@ def prefill_main(conn, env, plan):
 
 def decode_main(conn, env, plan):
     take_env(env)
-    side = Side("kv_consumer", "decode", plan["dist_ports"][1])
+    side = Side("kv_consumer", "decode", plan["dist_ports"][1], plan["model"])
     mc = side.mc
     conn.send(("ready", None))
     conn.recv()  # go
@@ -273,13 +274,22 @@ def decode_main(conn, env, plan):
 
 def run(case, requests, blocks):
     spec = CASES[case]
+    metadata, model = plugin_metadata(), model_dir()
+    try:
+        return run_in(case, requests, blocks, spec, metadata, model)
+    finally:
+        shutil.rmtree(metadata, ignore_errors=True)
+        shutil.rmtree(model, ignore_errors=True)
+
+
+def run_in(case, requests, blocks, spec, metadata, model):
     base = {"MC_GUARD_VLLM": "1", "VLLM_TARGET_DEVICE": "cpu", "VLLM_HOST_IP": "127.0.0.1",
             "MC_GUARD_SECRET": SECRET,
-            "PYTHONPATH": os.pathsep.join([PYTHON_DIR, plugin_metadata(), os.environ.get("PYTHONPATH", "")])}
+            "PYTHONPATH": os.pathsep.join([PYTHON_DIR, metadata, os.environ.get("PYTHONPATH", "")])}
     base.update(spec["env"])
     plan = {"prefill_blocks": {str(r): [r * blocks + i for i in range(blocks)] for r in range(requests)},
             "decode_blocks": {str(r): decode_blocks(r, blocks) for r in range(requests)},
-            "bootstrap_port": free_port(), "dist_ports": [free_port(), free_port()],
+            "model": model, "bootstrap_port": free_port(), "dist_ports": [free_port(), free_port()],
             "abort": bool(spec.get("abort")), "wait_s": 45, "settle_s": 0.5}
     prefill_env = dict(base, VLLM_MOONCAKE_BOOTSTRAP_PORT=str(plan["bootstrap_port"]))
     decode_env = dict(base)
