@@ -32,10 +32,10 @@ control shows what it protects).
 import asyncio
 import contextvars
 import logging
-import os
 import threading
 
-from .guard import MCGuardError
+from .lifecycle import check_transfers, merged, over_mooncake, settle_failed_write
+from .plugin_hooks import enabled
 
 log = logging.getLogger("mcguard.vllm")
 
@@ -51,16 +51,9 @@ MODULE_NAMES = ("MooncakeConnectorWorker", "MooncakeXferMetadata", "MooncakeXfer
 # that runs it (_build_transfer_params is awaited there).
 _batches = contextvars.ContextVar("mcguard_vllm_batches", default=None)
 
-# How long a failed write over Mooncake's engine waits for its engine calls.
-ENGINE_CALLS_TIMEOUT_MS = 60000
 # How long the decode side waits for a prefill worker to keep its quiesce
 # (the prefill's guard waits up to its sync_timeout_ms for running calls).
 QUIESCE_ANSWER_MS = 30000
-
-
-def _enabled(name, default=True):
-    v = os.environ.get(name, "").strip().lower()
-    return default if not v else v not in ("0", "false", "no", "off")
 
 
 def _vllm_version():
@@ -135,7 +128,7 @@ class _Wiring:
             if getattr(meta, "mcguard_quiesce", None):
                 return await w.keep_quiesce(self, identity, sock, meta)
             endpoint = getattr(meta, "mcguard_guard_endpoint", "")
-            if endpoint and getattr(self.engine, "_engine", None) is not None:
+            if endpoint and over_mooncake(self.engine):
                 self.engine.set_peer_guard("%s:%d" % (meta.remote_hostname, meta.remote_port), endpoint)
             batches = []
             token = _batches.set(batches)
@@ -159,13 +152,8 @@ class _Wiring:
             if ret == 0:
                 with self._mcguard_mu:
                     self._mcguard_sent[id(dst_ptrs)] = self.engine.last_transfer_id
-            elif getattr(self.engine, "_engine", None) is not None:
-                # Over Mooncake's engine a call given up at its deadline may
-                # still run; vLLM frees or rewrites the blocks once told.
-                rc = self.engine.wait_engine_calls(timeout_ms=ENGINE_CALLS_TIMEOUT_MS)
-                if rc != 0:
-                    log.error("mcguard: a failed write to %s still has engine calls running after %d ms",
-                              remote_session, ENGINE_CALLS_TIMEOUT_MS)
+            else:  # vLLM frees or rewrites the blocks once told
+                settle_failed_write(self.engine, remote_session)
             return ret
 
         def _build_pull_metadata(self, pull_metas, **kwargs):
@@ -177,7 +165,7 @@ class _Wiring:
             return orig["process_pulling_result"](self, w.checked(self, response, pull_metas), pull_metas)
 
         def _handle_failed_recv(self, pull_metas, req_ids, reason):
-            if _enabled("MC_GUARD_VLLM_QUIESCE"):
+            if enabled("MC_GUARD_VLLM_QUIESCE"):
                 w.quiesce(self, [pull_metas[r] for r in req_ids if r in pull_metas])
             return orig["_handle_failed_recv"](self, pull_metas, req_ids, reason)
 
@@ -191,7 +179,7 @@ class _Wiring:
             setattr(cls, name, fn)
         cls._mcguard_wired = True
         log.info("mcguard: vLLM %s's MooncakeConnectorWorker: sync before received, quiesce before release%s",
-                 _vllm_version(), "" if _enabled("MC_GUARD_VLLM_QUIESCE") else " (quiesce OFF)")
+                 _vllm_version(), "" if enabled("MC_GUARD_VLLM_QUIESCE") else " (quiesce OFF)")
 
     def answer(self, worker, batches, payload):
         """The response payload with the ids of the batches sent since the
@@ -212,16 +200,8 @@ class _Wiring:
         done = [r for r in (response.ok_reqs or []) if r in pull_metas and any(pull_metas[r].local_block_ids)]
         if not done:
             return response
-        ids = list(getattr(response, "mcguard_transfer_ids", None) or [])
-        why = None
-        if not ids:
-            why = ("mcguard: the prefill side sent no guarded transfer ids for %s: is MC_GUARD_VLLM=1 set there?"
-                   % done)
-        else:
-            try:
-                worker.engine.guard.sync_transfers(ids)
-            except MCGuardError as e:
-                why = "mcguard: the receiver's check of transfers %s failed: %s" % ([hex(i) for i in ids], e)
+        why = check_transfers(worker.engine.guard, list(getattr(response, "mcguard_transfer_ids", None) or []) or None,
+                              "is MC_GUARD_VLLM=1 set on the prefill side?")
         if why is None:
             return response
         log.error("%s; requests %s are reported as failed loads", why, done)
@@ -241,7 +221,7 @@ class _Wiring:
             for m in metas:
                 ranges.extend(block_ranges(worker, self.module, m.local_block_ids))
             ranges = merged(ranges)
-            if getattr(worker.engine, "_engine", None) is None:
+            if not over_mooncake(worker.engine):
                 worker.engine.guard.quiesce([a for a, _ in ranges], [n for _, n in ranges])
             else:
                 for addr in sorted({a for m in metas for a in prefill_workers(worker, m.remote_engine_id)}):
@@ -335,15 +315,4 @@ def block_ranges(worker, module, block_ids):
                 raise ValueError("block %d of %s at %#x is outside the registered KV storage"
                                  % (b, region.layer_name, start))
             out.append((start, min(region.block_len, base + size - start)))
-    return out
-
-
-def merged(ranges):
-    """ranges sorted, with overlapping and adjacent ones joined."""
-    out = []
-    for a, n in sorted(ranges):
-        if out and a <= out[-1][0] + out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], a + n - out[-1][0]))
-        else:
-            out.append((a, n))
     return out

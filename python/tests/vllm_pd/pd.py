@@ -21,13 +21,13 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PYTHON_DIR = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))
+from pd_common import PYTHON_DIR, expect, free_port, plugin_metadata, take_env  # noqa: E402
 
 BLOCK_SIZE = 32  # tokens; vLLM's CPU platform wants a multiple of 32
 HEADS, HEAD_SIZE = 2, 64
@@ -77,12 +77,6 @@ def decode_blocks(request, blocks):
     return [NUM_BLOCKS - 1 - (request * blocks + i) for i in range(blocks)]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def block_bytes(torch, seed, shape):
     """A block's content, the same in every process for one seed."""
     g = torch.Generator().manual_seed(seed)
@@ -91,25 +85,6 @@ def block_bytes(torch, seed, shape):
 
 def seed_of(request, layer, i):
     return 1_000_000 * (request + 1) + 1000 * layer + i
-
-
-def plugin_metadata():
-    """A folder with mcguard's distribution metadata (its vLLM entry point,
-    from pyproject.toml), as an editable install writes it: vLLM finds the
-    plugin in the working tree through importlib.metadata."""
-    root = os.path.dirname(PYTHON_DIR)
-    with open(os.path.join(root, "pyproject.toml")) as f:
-        text = f.read()
-    group = '[project.entry-points."vllm.general_plugins"]'
-    entry = text.split(group, 1)[1].strip().splitlines()[0]
-    d = tempfile.mkdtemp(prefix="mcguard-vllm-plugin-")
-    info = os.path.join(d, "mcguard-0.0.0.dist-info")
-    os.mkdir(info)
-    with open(os.path.join(info, "METADATA"), "w") as f:
-        f.write("Metadata-Version: 2.1\nName: mcguard\nVersion: 0.0.0\n")
-    with open(os.path.join(info, "entry_points.txt"), "w") as f:
-        f.write("[vllm.general_plugins]\n%s\n" % entry.replace('"', ""))
-    return d
 
 
 def model_dir():
@@ -190,15 +165,6 @@ class Side:
         self.connector.clear_connector_metadata()
 
 
-def take_env(env):
-    """A spawned process's settings, its path included (it started with
-    the parent's)."""
-    os.environ.update(env)
-    for p in reversed(env["PYTHONPATH"].split(os.pathsep)):
-        if p and p not in sys.path:
-            sys.path.insert(0, p)
-
-
 def prefill_main(conn, env, plan):
     take_env(env)
     side = Side("kv_producer", "prefill", plan["dist_ports"][0], plan["model"])
@@ -274,7 +240,7 @@ def decode_main(conn, env, plan):
 
 def run(case, requests, blocks):
     spec = CASES[case]
-    metadata, model = plugin_metadata(), model_dir()
+    metadata, model = plugin_metadata("vllm.general_plugins"), model_dir()
     try:
         return run_in(case, requests, blocks, spec, metadata, model)
     finally:
@@ -285,7 +251,7 @@ def run(case, requests, blocks):
 def run_in(case, requests, blocks, spec, metadata, model):
     base = {"MC_GUARD_VLLM": "1", "VLLM_TARGET_DEVICE": "cpu", "VLLM_HOST_IP": "127.0.0.1",
             "MC_GUARD_SECRET": SECRET,
-            "PYTHONPATH": os.pathsep.join([PYTHON_DIR, metadata, os.environ.get("PYTHONPATH", "")])}
+            "PYTHONPATH": os.pathsep.join([metadata, PYTHON_DIR, os.environ.get("PYTHONPATH", "")])}
     base.update(spec["env"])
     plan = {"prefill_blocks": {str(r): [r * blocks + i for i in range(blocks)] for r in range(requests)},
             "decode_blocks": {str(r): decode_blocks(r, blocks) for r in range(requests)},
@@ -354,19 +320,6 @@ def run_in(case, requests, blocks, spec, metadata, model):
             x["good"], x["blocks"], ", load errors %s" % x["load_errors"] if x["load_errors"] else "",
             " (now request %d's)" % x["owner"] if x["owner"] != int(r) else ""), flush=True)
     return out
-
-
-def expect(conn, proc, what, timeout):
-    deadline = time.monotonic() + timeout
-    while not conn.poll(0.2):
-        if not proc.is_alive():
-            raise RuntimeError("the %s process exited (status %s) before %r" % (proc.name, proc.exitcode, what))
-        if time.monotonic() > deadline:
-            raise RuntimeError("no %r from the %s process in %d s" % (what, proc.name, timeout))
-    msg = conn.recv()
-    if msg[0] != what:
-        raise RuntimeError("expected %r, got %r" % (what, msg[:1]))
-    return msg
 
 
 def main(argv=None):
