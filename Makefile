@@ -29,7 +29,7 @@ export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 export MCGUARD_CUDA_MODEL := $(CURDIR)/$(CUDA_MODEL)
 export MCGUARD_NIC_MODEL  := $(CURDIR)/$(NIC_MODEL)
 
-.PHONY: device-check test-vllm all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench fuzz soak endurance install clean mooncake-venv nixl-venv bench-peer
+.PHONY: device-check test-vllm test-sglang all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench fuzz soak endurance install clean mooncake-venv nixl-venv bench-peer
 
 FUZZTIME ?= 30s
 FUZZ_WIRE := FuzzDecodeHeader FuzzDecodeRanges FuzzDecodeNotice
@@ -164,8 +164,17 @@ bench: build
 VLLM_VERSION  ?= 0.33.0
 MCGUARD_CACHE ?= $(HOME)/.cache/mcguard
 test-vllm: $(LIB)
-	@py=$$(MCGUARD_CACHE=$(MCGUARD_CACHE) scripts/vllm-venv.sh $(VLLM_VERSION) $(MOONCAKE_VERSION)) && \
+	@py=$$(MCGUARD_CACHE=$(MCGUARD_CACHE) scripts/framework-venv.sh vllm $(VLLM_VERSION) $(MOONCAKE_VERSION)) && \
 	  MCGUARD_REQUIRE_VLLM=1 $$py -m pytest -s -v -p no:cacheprovider python/tests/test_vllm_pd.py python/tests/test_vllm_plugin.py
+
+## test-sglang: prefill and decode through SGLang's own Mooncake KV manager
+## (python/tests/test_sglang_pd.py), in a virtual environment with the
+## pinned SGLang and Mooncake wheel kept in $(MCGUARD_CACHE) (made once:
+## about 3 minutes and 11 GB; reused after)
+SGLANG_VERSION ?= 0.5.23
+test-sglang: $(LIB)
+	@py=$$(MCGUARD_CACHE=$(MCGUARD_CACHE) scripts/framework-venv.sh sglang $(SGLANG_VERSION) $(MOONCAKE_VERSION)) && \
+	  MCGUARD_REQUIRE_SGLANG=1 $$py -m pytest -s -v -p no:cacheprovider python/tests/test_sglang_pd.py python/tests/test_sglang_plugin.py
 
 ## device-check: the GPU check (an NVIDIA machine with PyTorch; see scripts/device-check.sh)
 DEVICE_CHECK_ARGS ?=
