@@ -60,3 +60,76 @@ def expect(conn, proc, what, timeout):
     if msg[0] != what:
         raise RuntimeError("expected %r, got %r" % (what, msg[:1]))
     return msg
+
+
+def run_pair(case, prefill_main, decode_main, prefill_env, decode_env, plan):
+    """Run prefill_main and decode_main, each in a spawned process with its
+    settings and plan: both say "ready" (the prefill with its data plane),
+    the decode side is told "go" and answers "result" (its result and
+    guard stats), then the prefill side is told "stop" and answers "sent"
+    (its result and guard stats). Returns (data plane, decode result,
+    decode stats, prefill result, prefill stats); both processes are gone
+    when it returns."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    p_here, p_there = ctx.Pipe()
+    d_here, d_there = ctx.Pipe()
+    prefill = ctx.Process(target=prefill_main, args=(p_there, prefill_env, plan), daemon=True, name="prefill")
+    decode = ctx.Process(target=decode_main, args=(d_there, decode_env, plan), daemon=True, name="decode")
+    t0 = time.monotonic()
+    prefill.start()
+    decode.start()
+    try:
+        _, transport = expect(p_here, prefill, "ready", 180)
+        expect(d_here, decode, "ready", 180)
+        print("  [%s] both sides up in %.1f s; prefill's data plane: %s" % (case, time.monotonic() - t0, transport),
+              flush=True)
+        d_here.send("go")
+        _, result, decode_stats = expect(d_here, decode, "result", 120)
+        p_here.send("stop")
+        _, sent, prefill_stats = expect(p_here, prefill, "sent", 60)
+    finally:
+        for c in (p_here, d_here):
+            try:
+                c.send("stop")
+            except (BrokenPipeError, OSError):
+                pass
+        for p in (prefill, decode):
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    return transport, result, decode_stats, sent, prefill_stats
+
+
+# The guard counters a harness reports from each side.
+DECODE_STATS = ("notices_received", "syncs", "sync_failures", "quiesces", "refused_quiesced", "bytes_received")
+PREFILL_STATS = ("transfers", "transfers_ok", "transfers_failed", "mismatches", "quiesces")
+
+
+def picked(stats, names):
+    return {k: stats.get(k) for k in names}
+
+
+def framework_or_skip(module, variable, what):
+    """Skip the calling test module, saying why, where module is not
+    importable; fail instead where environment variable is 1 (the make
+    target that made the environment for it)."""
+    import importlib
+    import pytest
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        if os.environ.get(variable) == "1":
+            raise RuntimeError("%s=1 and %s is not importable by %s" % (variable, module, sys.executable))
+        pytest.skip(what, allow_module_level=True)
+
+
+def run_case(pd, case):
+    """Run harness pd's case in a fresh interpreter; print its per-request
+    lines and return its JSON result."""
+    import json
+    import subprocess
+    p = subprocess.run([sys.executable, pd, case], capture_output=True, text=True, timeout=420)
+    print("\n".join(line for line in p.stdout.splitlines() if line.startswith("  [")))
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-8000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])

@@ -5,35 +5,22 @@ decode side. Needs SGLang in this interpreter: `make test-sglang` makes
 that environment and runs these; `make test` skips them, saying so
 (MCGUARD_REQUIRE_SGLANG=1 fails instead)."""
 
-import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PD = os.path.join(HERE, "sglang_pd", "pd.py")
+sys.path.insert(0, HERE)
+from pd_common import framework_or_skip, run_case as run_pd  # noqa: E402
 
-try:
-    import sglang  # noqa: F401
-    HAVE_SGLANG = True
-except ImportError:
-    HAVE_SGLANG = False
-
-if not HAVE_SGLANG:
-    if os.environ.get("MCGUARD_REQUIRE_SGLANG") == "1":
-        raise RuntimeError("MCGUARD_REQUIRE_SGLANG=1 and SGLang is not importable by %s" % sys.executable)
-    pytest.skip("SGLang is not installed in this interpreter (about 11 GB): make test-sglang installs it in a cache "
-                "outside the clone and runs these", allow_module_level=True)
+framework_or_skip("sglang", "MCGUARD_REQUIRE_SGLANG", "SGLang is not installed in this interpreter (about 11 GB): "
+                  "make test-sglang installs it in a cache outside the clone and runs these")
 
 
 def run_case(case):
-    p = subprocess.run([sys.executable, PD, case], capture_output=True, text=True, timeout=420)
-    lines = [line for line in p.stdout.splitlines() if line.startswith("  [")]
-    print("\n".join(lines))
-    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-8000:]
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out = run_pd(PD, case)
     regions = sum(r["regions"] for r in out["rooms"].values())
     good = sum(r["good"] for r in out["rooms"].values())
     pages = sum(r["pages"] for r in out["rooms"].values())
@@ -74,6 +61,17 @@ def test_without_verification_the_same_drop_is_wrong_bytes_reported_a_success():
 
 def test_an_aborted_rooms_late_write_does_not_land_in_the_reused_pages():
     out = run_case("abort")
+    x = out["rooms"]["0"]
+    assert x["status"] == "Failed" and x["released"] and x["owner"] == 100, x
+    assert x["bad"] == 0, "the aborted room's held write overwrote the new request's pages: %s" % x
+    assert out["decode_stats"]["quiesces"] >= 1, out
+
+
+def test_a_deferred_release_frees_at_once_and_the_late_write_still_does_not_land():
+    """SGLang's deferred release (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE)
+    would hold the pages for every prefill rank's acknowledgement; with the
+    decode guard keeping the quiesce they are freed at once."""
+    out = run_case("abort-deferred")
     x = out["rooms"]["0"]
     assert x["status"] == "Failed" and x["released"] and x["owner"] == 100, x
     assert x["bad"] == 0, "the aborted room's held write overwrote the new request's pages: %s" % x

@@ -4,9 +4,7 @@ own MooncakeConnector worker, mcguard switched in by vLLM's plugin loader
 this interpreter: `make test-vllm` makes that environment and runs these;
 `make test` skips them, saying so (MCGUARD_REQUIRE_VLLM=1 fails instead)."""
 
-import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -15,26 +13,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PD = os.path.join(HERE, "vllm_pd", "pd.py")
 sys.path.insert(0, os.path.dirname(PD))
 import pd  # noqa: E402
+from pd_common import framework_or_skip, run_case as run_pd  # noqa: E402
 
-try:
-    import vllm  # noqa: F401
-    HAVE_VLLM = True
-except ImportError:
-    HAVE_VLLM = False
-
-if not HAVE_VLLM:
-    if os.environ.get("MCGUARD_REQUIRE_VLLM") == "1":
-        raise RuntimeError("MCGUARD_REQUIRE_VLLM=1 and vLLM is not importable by %s" % sys.executable)
-    pytest.skip("vLLM is not installed in this interpreter (about 10 GB): make test-vllm installs it in a cache "
-                "outside the clone and runs these", allow_module_level=True)
+framework_or_skip("vllm", "MCGUARD_REQUIRE_VLLM", "vLLM is not installed in this interpreter (about 10 GB): make "
+                  "test-vllm installs it in a cache outside the clone and runs these")
 
 
 def run_case(case):
-    p = subprocess.run([sys.executable, PD, case], capture_output=True, text=True, timeout=420)
-    lines = [line for line in p.stdout.splitlines() if line.startswith("  [")]
-    print("\n".join(lines))
-    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-8000:]
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out = run_pd(PD, case)
     blocks = sum(r["blocks"] for r in out["requests"].values())
     good = sum(r["good"] for r in out["requests"].values())
     print("  [%s] vLLM %s: %d requests, %d blocks hashed on the decode side, %d as they must be" % (

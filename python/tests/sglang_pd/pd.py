@@ -18,7 +18,6 @@ import argparse
 import ctypes
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import random
 import shutil
@@ -29,7 +28,8 @@ import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from pd_common import PYTHON_DIR, expect, free_port, plugin_metadata, take_env  # noqa: E402
+from pd_common import (DECODE_STATS, PREFILL_STATS, PYTHON_DIR, free_port, picked, plugin_metadata,  # noqa: E402
+                       run_pair, take_env)
 
 LAYERS, PAGES, PAGE_SIZE, HEADS, HEAD_DIM = 2, 64, 16, 2, 64
 SLOTS = 16  # metadata slots (aux index) per side
@@ -51,6 +51,9 @@ CASES = {
     # decode guard, and SGLang's release gives its pages and slot to a new
     # request at once.
     "abort": dict(env={"MC_GUARD_VERIFY": "tail", "MC_GUARD_SAME_HOST": "off"}, abort=True),
+    # The same with SGLang's deferred release on: freed at once all the same.
+    "abort-deferred": dict(env={"MC_GUARD_VERIFY": "tail", "MC_GUARD_SAME_HOST": "off",
+                                "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": "1"}, abort=True, deferred=True),
     "abort-no-quiesce": dict(env={"MC_GUARD_VERIFY": "tail", "MC_GUARD_SAME_HOST": "off",
                                   "MC_GUARD_SGLANG_QUIESCE": "0"}, abort=True),
     # The prefill's write fails at its deadline while held back; the decode
@@ -191,17 +194,26 @@ def prefill_main(conn, env, plan):
     os._exit(0)  # SGLang's threads and the guard go with the process
 
 
-def release_pages(side, receiver, freed):
-    """SGLang's release of a failed request's pages (DecodeTransferQueue.
-    _release_request, with the plugin's quiesce before it), over a
+def release_pages(side, receiver, slot, freed, deferred):
+    """SGLang's release of a failed request's pages and metadata slot
+    (DecodeTransferQueue._release_request, or _defer_release where its
+    deferred release is on; the plugin's quiesce before either), over a
     scheduler of its own: its KV release records what it frees."""
     from sglang.srt.disaggregation import decode
     queue = object.__new__(decode.DecodeTransferQueue)
     queue.scheduler = types.SimpleNamespace(enable_hisparse=False)
-    queue.enable_host_receive, queue.tree_cache = False, None
+    queue.enable_host_receive, queue.tree_cache, queue.enable_staging = False, None, False
+    queue.metadata_buffers = side.meta
+    queue.req_to_metadata_buffer_idx_allocator = types.SimpleNamespace(free=lambda idx: None)
+    queue.deferred_kv_release_timeout, queue._deferred_releases = 30, []
     decode.release_kv_cache = lambda req, tree_cache, checkpoint=False: freed.append(req.rid)
-    queue._release_request(types.SimpleNamespace(req=types.SimpleNamespace(rid=receiver.bootstrap_room),
-                                                 kv_receiver=receiver))
+    room = receiver.bootstrap_room
+    req = types.SimpleNamespace(req=types.SimpleNamespace(rid=room, bootstrap_room=room), kv_receiver=receiver,
+                                metadata_buffer_index=slot)
+    if deferred:
+        queue._defer_release(req)
+    else:
+        queue._release_request(req)
 
 
 def decode_main(conn, env, plan):
@@ -227,7 +239,7 @@ def decode_main(conn, env, plan):
     if plan["abort"]:
         time.sleep(1.0)  # room 0's write is held at this side's guard now
         receivers["0"].abort()
-        release_pages(side, receivers["0"], freed)
+        release_pages(side, receivers["0"], plan["decode_rooms"]["0"][1], freed, plan["deferred"])
         side.fill(REUSED, *plan["decode_rooms"]["0"])  # a new request's KV, in the released pages, at once
         owner["0"] = REUSED
     status, took = {}, {}
@@ -241,7 +253,7 @@ def decode_main(conn, env, plan):
         good = [g == w for g, w in zip(got, want)]
         result[r] = {"status": status[r], "pages": len(pages), "regions": len(good), "good": sum(good),
                      "bad": len(good) - sum(good), "slot_good": all(good[len(pages) * 2 * LAYERS:]),
-                     "owner": owner[r], "released": receivers[r].bootstrap_room in freed, "seconds": took[r]}
+                     "owner": owner[r], "released": int(r) + 1 in freed, "seconds": took[r]}
     conn.send(("result", result, side.guard().stats()))
     conn.recv()
     os._exit(0)
@@ -268,7 +280,8 @@ def run_in(case, rooms, pages, spec, metadata, model):
     plan = {"rooms": {str(r): ([r * pages + i for i in range(pages)], r) for r in range(rooms)},
             "decode_rooms": {str(r): ([PAGES - 1 - (r * pages + i) for i in range(pages)], SLOTS - 1 - r)
                              for r in range(rooms)},
-            "model": model, "bootstrap_port": free_port(), "abort": bool(spec.get("abort")), "wait_s": 45,
+            "model": model, "bootstrap_port": free_port(), "abort": bool(spec.get("abort")),
+            "deferred": bool(spec.get("deferred")), "wait_s": 45,
             "settle_s": 0.5}
     prefill_env, decode_env = dict(base), dict(base)
     if spec.get("fault") == "drop":
@@ -278,40 +291,13 @@ def run_in(case, rooms, pages, spec, metadata, model):
         plan["settle_s"] = HOLD_MS / 1000 + 2
     if spec.get("failed_send"):
         prefill_env["MC_GUARD_TIMEOUT_MS"] = "1500"  # the write's deadline, before the held write lands
-    ctx = mp.get_context("spawn")
-    p_here, p_there = ctx.Pipe()
-    d_here, d_there = ctx.Pipe()
-    prefill = ctx.Process(target=prefill_main, args=(p_there, prefill_env, plan), daemon=True, name="prefill")
-    decode = ctx.Process(target=decode_main, args=(d_there, decode_env, plan), daemon=True, name="decode")
-    t0 = time.monotonic()
-    prefill.start()
-    decode.start()
-    try:
-        _, transport = expect(p_here, prefill, "ready", 180)
-        expect(d_here, decode, "ready", 180)
-        print("  [%s] both sides up in %.1f s; prefill's data plane: %s" % (case, time.monotonic() - t0, transport),
-              flush=True)
-        d_here.send("go")
-        _, result, decode_stats = expect(d_here, decode, "result", 120)
-        p_here.send("stop")
-        _, sent, prefill_stats = expect(p_here, prefill, "sent", 60)
-    finally:
-        for c in (p_here, d_here):
-            try:
-                c.send("stop")
-            except (BrokenPipeError, OSError):
-                pass
-        for p in (prefill, decode):
-            p.join(10)
-            if p.is_alive():
-                p.kill()
+    transport, result, decode_stats, sent, prefill_stats = run_pair(case, prefill_main, decode_main, prefill_env,
+                                                                    decode_env, plan)
     import sglang
     out = {"case": case, "sglang": sglang.__version__, "rooms": result, "prefill_status": sent,
            "prefill_transport": transport,
-           "decode_stats": {k: decode_stats.get(k) for k in ("notices_received", "syncs", "sync_failures",
-                                                               "quiesces", "refused_quiesced", "bytes_received")},
-           "prefill_stats": {k: prefill_stats.get(k) for k in ("transfers", "transfers_ok", "transfers_failed",
-                                                                 "mismatches")}}
+           "decode_stats": picked(decode_stats, DECODE_STATS),
+           "prefill_stats": picked(prefill_stats, PREFILL_STATS)}
     for r, x in sorted(result.items()):
         print("  [%s] room %s: prefill %s, decode %s; %d/%d pages and the slot: %d/%d regions hash right%s" % (
             case, r, sent.get(r), x["status"], x["pages"], x["pages"], x["good"], x["regions"],

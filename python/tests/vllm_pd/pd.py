@@ -18,7 +18,6 @@ Run with an interpreter that has vLLM (make test-vllm's environment).
 import argparse
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import shutil
 import sys
@@ -27,7 +26,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from pd_common import PYTHON_DIR, expect, free_port, plugin_metadata, take_env  # noqa: E402
+from pd_common import (DECODE_STATS, PREFILL_STATS, PYTHON_DIR, free_port, picked, plugin_metadata,  # noqa: E402
+                       run_pair, take_env)
 
 BLOCK_SIZE = 32  # tokens; vLLM's CPU platform wants a multiple of 32
 HEADS, HEAD_SIZE = 2, 64
@@ -280,40 +280,13 @@ def run_in(case, requests, blocks, spec, metadata, model):
         decode_env["MC_GUARD_VLLM_QUIESCE"] = "0"
         plan["prefill_blocks"] = {"0": plan["prefill_blocks"]["0"]}
         plan["decode_blocks"] = {"0": plan["decode_blocks"]["0"]}
-    ctx = mp.get_context("spawn")
-    p_here, p_there = ctx.Pipe()
-    d_here, d_there = ctx.Pipe()
-    prefill = ctx.Process(target=prefill_main, args=(p_there, prefill_env, plan), daemon=True)
-    decode = ctx.Process(target=decode_main, args=(d_there, decode_env, plan), daemon=True)
-    t0 = time.monotonic()
-    prefill.start()
-    decode.start()
-    try:
-        _, transport = expect(p_here, prefill, "ready", 180)
-        expect(d_here, decode, "ready", 180)
-        print("  [%s] both sides up in %.1f s; prefill's data plane: %s" % (case, time.monotonic() - t0, transport),
-              flush=True)
-        d_here.send("go")
-        _, result, decode_stats = expect(d_here, decode, "result", 120)
-        p_here.send("stop")
-        _, sent, prefill_stats = expect(p_here, prefill, "sent", 30)
-    finally:
-        for c in (p_here, d_here):
-            try:
-                c.send("stop")
-            except (BrokenPipeError, OSError):
-                pass
-        for p in (prefill, decode):
-            p.join(10)
-            if p.is_alive():
-                p.kill()
+    transport, result, decode_stats, sent, prefill_stats = run_pair(case, prefill_main, decode_main, prefill_env,
+                                                                    decode_env, plan)
     import vllm
     out = {"case": case, "vllm": vllm.__version__, "requests": result, "prefill_finished_sending": sent,
            "prefill_transport": transport,
-           "decode_stats": {k: decode_stats.get(k) for k in ("notices_received", "syncs", "sync_failures",
-                                                               "quiesces", "refused_quiesced", "bytes_received")},
-           "prefill_stats": {k: prefill_stats.get(k) for k in ("transfers", "transfers_ok", "transfers_failed",
-                                                                 "mismatches", "quiesces")}}
+           "decode_stats": picked(decode_stats, DECODE_STATS),
+           "prefill_stats": picked(prefill_stats, PREFILL_STATS)}
     for r, x in sorted(result.items()):
         print("  [%s] request %s: %s, %d/%d blocks hash right%s%s" % (
             case, r, "received" if x["received"] else ("failed load" if x["finished"] else "never finished"),
