@@ -25,20 +25,24 @@ thing:
   byte of its transfer lands in a page another request owns; with the
   decode guard keeping that quiesce, a deferred release
   (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE) frees at once;
-- prefill over Mooncake's engine: a failed write returns to SGLang only
-  once no engine call of it still runs; the decode side's registration
-  says where its guard listens (one more frame), for the notices.
+- over Mooncake's engine, which writes without the decode guard: that
+  quiesce goes to each prefill rank the request pulls from, over SGLang's
+  own ZeroMQ channel (a message its bootstrap thread takes beside ABORT),
+  whose guard keeps it (mc_guard_quiesce_engine) and answers on the
+  decode thread's channel; the pages go back after the answers. A failed
+  write returns to SGLang only once no engine call of it still runs; the
+  decode side's registration says where its guard listens (one more
+  frame), for the notices.
 
 MC_GUARD_SGLANG_QUIESCE=0 leaves quiesce out (a diagnostic: the abort
-test's control shows what it protects). Over Mooncake's engine the decode
-guard sees no write and cannot keep a quiesce: SGLang's deferred release
-stays in charge there.
+test's control shows what it protects).
 """
 
 import collections
 import importlib
 import json
 import logging
+import secrets
 import threading
 
 from .lifecycle import check_transfers, merged, over_mooncake, settle_failed_write
@@ -53,12 +57,22 @@ GUARD_FRAME = b"mcguard-guard "
 # Rooms whose ids a guard keeps at most (a room that never concludes,
 # a status message never applied): the oldest go first.
 MAX_ROOMS = 65536
+# Over Mooncake's engine: the decode side's quiesce, sent to a prefill
+# rank, and its answer; how long the decode side waits for the answers
+# (the prefill's guard waits up to its sync_timeout_ms for running calls);
+# how many quiesces a prefill rank keeps at once (more are refused).
+QUIESCE_TAG = b"MCGUARD_QUIESCE"
+QUIESCED_TAG = b"MCGUARD_QUIESCED"
+QUIESCE_ANSWER_MS = 30000
+MAX_QUIESCES = 8
 
 ENGINE_METHODS = ("__init__", "batch_transfer_sync", "get_session_id")
 MANAGER_METHODS = ("__init__", "transfer_worker", "send_kv_status_message", "_encode_kv_status_message",
                    "parse_kv_status_message", "apply_prefill_status", "build_receiver_registration_message",
-                   "_publish_peer_registration")
-CONN_NAMES = ("MooncakeKVManager", "MooncakeKVReceiver", "KVArgsRegisterInfo", "KVPoll", "DisaggregationMode")
+                   "_publish_peer_registration", "_handle_abort_notification", "handle_abort_ack_message",
+                   "_send_multipart_locked")
+CONN_NAMES = ("MooncakeKVManager", "MooncakeKVReceiver", "KVArgsRegisterInfo", "KVPoll", "DisaggregationMode",
+              "NetworkAddress")
 QUEUE_METHODS = ("_release_request", "_defer_release", "_do_release")
 
 # The room the current transfer worker thread is sending.
@@ -202,6 +216,8 @@ def wire_manager(module):
                 raise RuntimeError("mcguard: SGLang's Mooncake engine is %s, not mcguard's: the plugin's engine switch "
                                    "did not take effect" % type(guarded).__name__)
             self._mcguard_mu, self._mcguard_ids = threading.Lock(), collections.OrderedDict()
+            self._mcguard_answers = Answers()
+            self._mcguard_quiesces = threading.BoundedSemaphore(MAX_QUIESCES)
         return __init__
 
     def transfer_worker(orig):
@@ -278,11 +294,29 @@ def wire_manager(module):
             return orig(self, session, info, *args, **kwargs)
         return _publish_peer_registration
 
+    def abort_notification(orig):
+        def _handle_abort_notification(self, msg):
+            if msg and msg[0] == QUIESCE_TAG:
+                keep_quiesce(self, msg, module.NetworkAddress)
+                return True
+            return orig(self, msg)
+        return _handle_abort_notification
+
+    def abort_ack(orig):
+        def handle_abort_ack_message(self, msg):
+            if msg and msg[0] == QUIESCED_TAG:
+                if len(msg) == 3:
+                    self._mcguard_answers.deliver(msg[1], msg[2].decode("utf-8", "replace"))
+                return True
+            return orig(self, msg)
+        return handle_abort_ack_message
+
     wrap_methods(cls, {"__init__": init, "transfer_worker": transfer_worker,
                        "send_kv_status_message": send_kv_status_message, "_encode_kv_status_message": encode,
                        "parse_kv_status_message": parse, "apply_prefill_status": apply,
                        "build_receiver_registration_message": registration,
-                       "_publish_peer_registration": publish})
+                       "_publish_peer_registration": publish,
+                       "_handle_abort_notification": abort_notification, "handle_abort_ack_message": abort_ack})
 
     info_cls = module.KVArgsRegisterInfo
     from_zmq = info_cls.from_zmq.__func__
@@ -359,15 +393,14 @@ def wire_decode(module):
 
 def quiesce_request(decode_req):
     """Quiesce the KV pages and metadata slot a request asked its prefill
-    to write, at the decode guard, before SGLang releases them."""
+    to write before SGLang releases them: at the decode guard, or over
+    Mooncake's engine at each prefill rank it pulls from."""
     receiver = decode_req.kv_receiver
     dest = getattr(receiver, "_mcguard_dest", None)
     if dest is None:  # no destination was ever sent: nothing can be on its way
         return
     mgr = receiver.kv_mgr
     engine = mgr.engine.engine
-    if over_mooncake(engine):
-        return
     pages, aux = dest
     args = mgr.kv_args
     ranges = [(ptr + p * n, n) for ptr, n in zip(args.kv_data_ptrs, args.kv_item_lens) for p in pages]
@@ -375,7 +408,115 @@ def quiesce_request(decode_req):
         ranges += [(ptr + aux * n, n) for ptr, n in zip(args.aux_data_ptrs, args.aux_item_lens)]
     ranges = merged(ranges)
     try:
-        engine.guard.quiesce([a for a, _ in ranges], [n for _, n in ranges])
+        if over_mooncake(engine):
+            quiesce_at_prefills(receiver, ranges)
+        else:
+            engine.guard.quiesce([a for a, _ in ranges], [n for _, n in ranges])
     except Exception as e:  # SGLang releases the pages regardless: say so loudly
         log.error("mcguard: quiesce of room %s's %d pages failed, so a late write of its can still land in a page "
                   "SGLang gives to another request: %s", receiver.bootstrap_room, len(pages), e)
+
+
+def quiesce_at_prefills(receiver, ranges):
+    """Send the quiesce of ranges to each prefill rank receiver pulls from
+    over SGLang's channel, and wait for every answer: once they came, no
+    engine call of a write begun before can land in ranges."""
+    mgr = receiver.kv_mgr
+    infos = list(receiver.bootstrap_infos or [])
+    if not infos:
+        return
+    token = secrets.token_hex(16).encode()
+    msg = [QUIESCE_TAG, token, mgr.get_session_id().encode(), str(mgr.local_ip).encode(), str(mgr.rank_port).encode(),
+           json.dumps(ranges).encode()]
+    wait = mgr._mcguard_answers.expect(token, len(infos))
+    try:
+        for info in infos:
+            sock, lock = receiver._connect_to_bootstrap_server(info)
+            with lock:
+                sock.send_multipart(msg)
+        errors = wait.result(QUIESCE_ANSWER_MS / 1000)
+    finally:
+        mgr._mcguard_answers.forget(token)
+    if errors:
+        raise RuntimeError("; ".join(errors))
+
+
+def keep_quiesce(mgr, msg, address):
+    """Prefill side: a decode rank's quiesce over Mooncake's engine, kept by
+    this guard on a thread of its own (it waits for running engine calls);
+    the answer goes to the decode rank's channel. address is SGLang's
+    NetworkAddress."""
+    try:
+        _, token, session, ip, port, body = msg
+        ranges = json.loads(body)
+        addrs, lens = [int(a) for a, _ in ranges], [int(n) for _, n in ranges]
+        to = address(ip.decode("ascii"), int(port))
+        session = session.decode("ascii")
+    except (ValueError, TypeError, UnicodeDecodeError) as e:
+        log.error("mcguard: a malformed quiesce message (%d frames): %s", len(msg), e)
+        return
+
+    def answer(why):
+        try:
+            mgr._send_multipart_locked(to.to_tcp(), [QUIESCED_TAG, token, why.encode()], is_ipv6=to.is_ipv6)
+        except Exception as e:  # the decode side times out and says so
+            log.error("mcguard: cannot answer the quiesce of %s: %s", session, e)
+
+    if not mgr._mcguard_quiesces.acquire(blocking=False):
+        return answer("mcguard: %d quiesces are running at this prefill rank" % MAX_QUIESCES)
+
+    def keep():
+        why = ""
+        try:
+            mgr.engine.engine.guard.quiesce_engine(session, addrs, lens)
+        except Exception as e:
+            why = "mcguard: quiesce of %d ranges at %s: %s" % (len(addrs), session, e)
+            log.error("%s", why)
+        finally:
+            mgr._mcguard_quiesces.release()
+        answer(why)
+    threading.Thread(target=keep, name="mcguard-quiesce", daemon=True).start()
+
+
+class Answers:
+    """The decode side's quiesces waiting for their prefill ranks' answers,
+    by token: an answer no quiesce waits for is dropped."""
+
+    def __init__(self):
+        self._mu = threading.Lock()
+        self._waits = {}
+
+    def expect(self, token, n):
+        w = _Wait(n)
+        with self._mu:
+            self._waits[token] = w
+        return w
+
+    def deliver(self, token, why):
+        with self._mu:
+            w = self._waits.get(token)
+        if w is not None:
+            w.add(why)
+
+    def forget(self, token):
+        with self._mu:
+            self._waits.pop(token, None)
+
+
+class _Wait:
+    def __init__(self, n):
+        self._cond, self._left, self._errors = threading.Condition(), n, []
+
+    def add(self, why):
+        with self._cond:
+            self._left -= 1
+            if why:
+                self._errors.append(why)
+            self._cond.notify_all()
+
+    def result(self, timeout):
+        """The answers' errors once all came; TimeoutError before."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._left <= 0, timeout):
+                raise TimeoutError("%d prefill ranks did not answer the quiesce in %.0f s" % (self._left, timeout))
+            return list(self._errors)

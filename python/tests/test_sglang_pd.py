@@ -59,12 +59,18 @@ def test_without_verification_the_same_drop_is_wrong_bytes_reported_a_success():
     assert any(x["status"] == "Success" and x["bad"] > 0 for x in out["rooms"].values()), out
 
 
-def test_an_aborted_rooms_late_write_does_not_land_in_the_reused_pages():
-    out = run_case("abort")
+# Where the quiesce is kept: the decode guard over mcguard's data plane,
+# the prefill's guard over Mooncake's engine (told over SGLang's channel).
+ABORTS = [("abort", "decode_stats"), ("mooncake-abort", "prefill_stats")]
+
+
+@pytest.mark.parametrize("case,kept_by", ABORTS)
+def test_an_aborted_rooms_late_write_does_not_land_in_the_reused_pages(case, kept_by):
+    out = run_case(case)
     x = out["rooms"]["0"]
     assert x["status"] == "Failed" and x["released"] and x["owner"] == 100, x
     assert x["bad"] == 0, "the aborted room's held write overwrote the new request's pages: %s" % x
-    assert out["decode_stats"]["quiesces"] >= 1, out
+    assert out[kept_by]["quiesces"] >= 1, out
 
 
 def test_a_deferred_release_frees_at_once_and_the_late_write_still_does_not_land():
@@ -78,13 +84,14 @@ def test_a_deferred_release_frees_at_once_and_the_late_write_still_does_not_land
     assert out["decode_stats"]["quiesces"] >= 1, out
 
 
-def test_without_the_plugins_quiesce_the_late_write_corrupts_the_reused_pages():
+@pytest.mark.parametrize("case,kept_by", ABORTS)
+def test_without_the_plugins_quiesce_the_late_write_corrupts_the_reused_pages(case, kept_by):
     """The control of the abort case: MC_GUARD_SGLANG_QUIESCE=0."""
-    out = run_case("abort-no-quiesce")
+    out = run_case(case + "-no-quiesce")
     x = out["rooms"]["0"]
     assert x["status"] == "Failed" and x["released"] and x["owner"] == 100, x
     assert x["bad"] > 0, "the held write did not land: the abort case proves nothing here: %s" % x
-    assert out["decode_stats"]["quiesces"] == 0, out
+    assert out[kept_by]["quiesces"] == 0, out
 
 
 def test_a_failed_send_lands_nothing_after_it_was_reported():

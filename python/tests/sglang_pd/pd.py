@@ -56,6 +56,11 @@ CASES = {
                                 "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": "1"}, abort=True, deferred=True),
     "abort-no-quiesce": dict(env={"MC_GUARD_VERIFY": "tail", "MC_GUARD_SAME_HOST": "off",
                                   "MC_GUARD_SGLANG_QUIESCE": "0"}, abort=True),
+    # The same over Mooncake's engine: the write is held at the prefill's
+    # engine callbacks, and the quiesce is kept there.
+    "mooncake-abort": dict(env={"MC_GUARD_VERIFY": "tail", "MC_GUARD_SGLANG_ENGINE": "mooncake"}, abort=True),
+    "mooncake-abort-no-quiesce": dict(env={"MC_GUARD_VERIFY": "tail", "MC_GUARD_SGLANG_ENGINE": "mooncake",
+                                           "MC_GUARD_SGLANG_QUIESCE": "0"}, abort=True),
     # The prefill's write fails at its deadline while held back; the decode
     # side does not quiesce, so only the prefill's abort keeps it out.
     "failed-send": dict(env={"MC_GUARD_VERIFY": "tail", "MC_GUARD_SAME_HOST": "off",
@@ -189,8 +194,8 @@ def prefill_main(conn, env, plan):
                 started.add(r)
         time.sleep(0.02)
     status = {r: final(s.poll, deadline) for r, s in senders.items()}
+    conn.recv()  # stop: the decode side is done, its quiesces kept here included
     conn.send(("sent", status, side.guard().stats()))
-    conn.recv()  # stop
     os._exit(0)  # SGLang's threads and the guard go with the process
 
 
@@ -287,7 +292,11 @@ def run_in(case, rooms, pages, spec, metadata, model):
     if spec.get("fault") == "drop":
         decode_env.update(MC_GUARD_INJECT="drop", MC_GUARD_INJECT_RATE="1.0")
     if spec.get("abort") or spec.get("failed_send"):
-        decode_env.update(MC_GUARD_INJECT="hold", MC_GUARD_INJECT_RATE="1.0", MC_GUARD_INJECT_LAG_MAX_MS=str(HOLD_MS))
+        # Where a write is held back: at the decode guard's target, or over
+        # Mooncake's engine (which the decode guard does not see) at the
+        # prefill guard's engine callbacks.
+        held = prefill_env if spec["env"].get("MC_GUARD_SGLANG_ENGINE") == "mooncake" else decode_env
+        held.update(MC_GUARD_INJECT="hold", MC_GUARD_INJECT_RATE="1.0", MC_GUARD_INJECT_LAG_MAX_MS=str(HOLD_MS))
         plan["settle_s"] = HOLD_MS / 1000 + 2
     if spec.get("failed_send"):
         prefill_env["MC_GUARD_TIMEOUT_MS"] = "1500"  # the write's deadline, before the held write lands
