@@ -111,3 +111,78 @@ def test_on_sglangs_own_modules():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-4000:]
     assert p.stdout.split()[-3:] == ["True", "True", "True"], p.stdout
+
+
+class FakeAddress:
+    def __init__(self, host, port):
+        self.host, self.port, self.is_ipv6 = host, port, False
+
+    def to_tcp(self):
+        return "tcp://%s:%d" % (self.host, self.port)
+
+
+class FakePrefill:
+    """What keep_quiesce uses of a prefill rank's manager."""
+
+    def __init__(self, fail=None):
+        import threading
+        self.sent, self.kept, self.fail = [], [], fail
+        self._mcguard_quiesces = threading.BoundedSemaphore(sglang_lifecycle.MAX_QUIESCES)
+        guard = types.SimpleNamespace(quiesce_engine=self.quiesce_engine)
+        self.engine = types.SimpleNamespace(engine=types.SimpleNamespace(guard=guard))
+
+    def quiesce_engine(self, session, addrs, lens):
+        if self.fail:
+            raise RuntimeError(self.fail)
+        self.kept.append((session, addrs, lens))
+
+    def _send_multipart_locked(self, endpoint, parts, is_ipv6=False):
+        self.sent.append((endpoint, parts))
+
+
+def quiesce_msg(body=b"[[4096, 8192], [65536, 4096]]"):
+    return [sglang_lifecycle.QUIESCE_TAG, b"tok", b"10.0.0.1:5", b"10.0.0.1", b"7000", body]
+
+
+def wait_for(cond):
+    import time
+    deadline = time.monotonic() + 5
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return cond()
+
+
+def test_a_prefill_rank_keeps_a_quiesce_and_answers():
+    mgr = FakePrefill()
+    sglang_lifecycle.keep_quiesce(mgr, quiesce_msg(), FakeAddress)
+    assert wait_for(lambda: mgr.sent)
+    assert mgr.kept == [("10.0.0.1:5", [4096, 65536], [8192, 4096])]
+    assert mgr.sent == [("tcp://10.0.0.1:7000", [sglang_lifecycle.QUIESCED_TAG, b"tok", b""])]
+
+
+def test_a_quiesce_that_fails_is_answered_with_why():
+    mgr = FakePrefill(fail="engine calls still running")
+    sglang_lifecycle.keep_quiesce(mgr, quiesce_msg(), FakeAddress)
+    assert wait_for(lambda: mgr.sent)
+    assert b"engine calls still running" in mgr.sent[0][1][2]
+
+
+def test_a_malformed_quiesce_is_dropped_not_raised():
+    for msg in (quiesce_msg(b"not json"), quiesce_msg(b"[[1]]"), quiesce_msg()[:4],
+                quiesce_msg()[:4] + [b"port", b"[]"]):
+        mgr = FakePrefill()
+        sglang_lifecycle.keep_quiesce(mgr, msg, FakeAddress)
+        assert mgr.sent == [] and mgr.kept == [], msg
+
+
+def test_the_decode_side_waits_for_every_answer_and_no_longer():
+    answers = sglang_lifecycle.Answers()
+    w = answers.expect(b"t", 2)
+    answers.deliver(b"t", "")
+    answers.deliver(b"other", "nobody waits for this")
+    with pytest.raises(TimeoutError, match="1 prefill ranks did not answer"):
+        w.result(0.05)
+    answers.deliver(b"t", "refused")
+    assert w.result(0.05) == ["refused"]
+    answers.forget(b"t")
+    answers.deliver(b"t", "late")  # dropped
