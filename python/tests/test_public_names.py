@@ -22,6 +22,7 @@ NAMES = {
     "mcguard.mooncake": ["GuardedTransferEngine"],
     "mcguard.metrics": ["Collector"],
     "mcguard.vllm_plugin": ["register"],
+    "mcguard.sglang_plugin": ["register"],
     "mcguard.stress": ["main"],
     "mcguard.cli": ["main"],
 }
@@ -38,7 +39,7 @@ def test_the_names_users_import_stay(module):
 
 def test_entry_points_name_what_exists():
     text = open(os.path.join(ROOT, "pyproject.toml")).read()
-    for target in ("mcguard.cli:main", "mcguard.vllm_plugin:register"):
+    for target in ("mcguard.cli:main", "mcguard.vllm_plugin:register", "mcguard.sglang_plugin:register"):
         assert target in text
         module, name = target.split(":")
         assert callable(getattr(importlib.import_module(module), name))
