@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"net"
 	"time"
 )
@@ -18,7 +19,10 @@ func Connect(ctx context.Context, addr string) (net.Conn, error) {
 	for {
 		attempt, cancel := context.WithTimeout(ctx, wait)
 		c, err := (&net.Dialer{}).DialContext(attempt, "tcp", addr)
-		unanswered := attempt.Err() != nil
+		// The dialer's own timer, set from attempt's deadline, can fire
+		// before attempt says it is done: either is an unanswered connect.
+		var ne net.Error
+		unanswered := attempt.Err() != nil || (errors.As(err, &ne) && ne.Timeout())
 		cancel()
 		if err == nil || ctx.Err() != nil || !unanswered {
 			return c, err

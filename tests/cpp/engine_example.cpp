@@ -24,7 +24,11 @@ namespace {
 
 class LoopEngine {
    public:
-    explicit LoopEngine(std::chrono::microseconds lag) : lag_(lag), deliverer_([this] { deliver(); }) {}
+    // lag: how long after it is posted a write lands. until_read: a write
+    // lands only once the engine served a read after it was posted (so the
+    // first read-back of a write always sees the bytes before it).
+    explicit LoopEngine(std::chrono::microseconds lag, bool until_read = false)
+        : lag_(lag), until_read_(until_read), deliverer_([this] { deliver(); }) {}
     ~LoopEngine() {
         {
             std::lock_guard<std::mutex> l(mu_);
@@ -93,8 +97,10 @@ class LoopEngine {
             // NIC read them), written when the deliverer gets to them.
             const auto *src = reinterpret_cast<const uint8_t *>(local[i]);
             posted_.push_back({remote[i], std::vector<uint8_t>(src, src + len[i]),
-                               std::chrono::steady_clock::now() + lag_});
+                               std::chrono::steady_clock::now() + lag_, until_read_});
         }
+        if (!write)  // what was posted before this read may land now
+            for (auto &p : posted_) p.held = false;
         cv_.notify_all();
         return MC_OK;
     }
@@ -107,6 +113,10 @@ class LoopEngine {
                 continue;
             }
             auto &w = posted_.front();
+            if (w.held) {
+                cv_.wait(l);
+                continue;
+            }
             if (std::chrono::steady_clock::now() < w.due) {
                 cv_.wait_until(l, w.due);
                 continue;
@@ -120,9 +130,11 @@ class LoopEngine {
         uint64_t dst;
         std::vector<uint8_t> bytes;
         std::chrono::steady_clock::time_point due;
+        bool held;  // until the engine serves a read
     };
 
     std::chrono::microseconds lag_;
+    bool until_read_;
     std::mutex mu_;
     std::condition_variable cv_;
     bool stop_ = false;
@@ -152,7 +164,9 @@ struct Pd {
     mc_guard_t prefill = 0, decode = 0;
     std::vector<uint64_t> s, d, n;
 
-    explicit Pd(const char *config, std::chrono::microseconds lag = std::chrono::microseconds(2000)) : engine(lag) {
+    explicit Pd(const char *config, std::chrono::microseconds lag = std::chrono::microseconds(2000),
+                bool until_read = false)
+        : engine(lag, until_read) {
         mc_transport_ops ops = engine.ops();
         EXPECT_EQ(MC_OK, mc_guard_open_with_transport(config, &ops, &engine, &prefill)) << last_error(0);
         EXPECT_EQ(MC_OK, mc_guard_open(nullptr, &decode)) << last_error(0);
@@ -192,7 +206,9 @@ TEST(EngineExample, OffReturnsBeforeTheBytesLand) {
 }
 
 TEST(EngineExample, TailAndSampleReturnOnlyOnceTheBytesLanded) {
-    Pd pd(R"({"retry_sleep_s": 0.0005})");
+    // Writes land only after the guard's first read-back of them: however
+    // the machine schedules this thread, the check must poll at least once.
+    Pd pd(R"({"retry_sleep_s": 0.0005})", std::chrono::microseconds(0), true);
     for (int mode : {MC_VERIFY_TAIL, MC_VERIFY_SAMPLE, MC_VERIFY_FULL}) {
         pd.fill(mode + 10);
         mc_transfer_opts o{};
