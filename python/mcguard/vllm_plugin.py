@@ -27,7 +27,7 @@ or, keeping Mooncake's engine:
 import logging
 import os
 
-from .plugin_hooks import engine_class, on_import, provide_mooncake_engine
+from .plugin_hooks import enabled, engine_class, on_import, provide_mooncake_engine
 
 log = logging.getLogger("mcguard.vllm")
 
@@ -64,7 +64,7 @@ def _wire_lifecycle(module):
 
 def register():
     """vLLM's entry point: active only with MC_GUARD_VLLM=1."""
-    if os.environ.get("MC_GUARD_VLLM", "").strip().lower() not in ("1", "true", "yes", "on"):
+    if not enabled("MC_GUARD_VLLM", default=False):
         return None
     # The decode side's sync takes the transfers by their notices, in every
     # verification mode: guards in vLLM's processes send them unless the
