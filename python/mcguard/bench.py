@@ -11,11 +11,12 @@ import json
 import statistics
 import sys
 
+from .cli import prog
 from .stress import parse_args, run, table
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python3 -m mcguard.bench")
+    p = argparse.ArgumentParser(prog=prog("bench"))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--inject", default="none")

@@ -13,6 +13,14 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _DIRS = {"--include": "include", "--libdir": "", "--cmake-dir": "cmake", "--pkgconfig-dir": "pkgconfig"}
 
 
+def prog(command):
+    """How a tool names itself in its usage: as the mcguard command's
+    subcommand when run through it, else as the module run with -m."""
+    if os.path.basename(sys.argv[0]) == "mcguard":
+        return "mcguard " + command
+    return "%s -m mcguard.%s" % (os.path.basename(sys.executable) or "python3", command)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 
+from .cli import prog
 from .stress import SUMMARY_COLUMNS, table
 
 
@@ -25,7 +26,7 @@ def run_stress(verify, seconds, extra):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python3 -m mcguard.demo")
+    p = argparse.ArgumentParser(prog=prog("demo"))
     p.add_argument("--seconds", type=float, default=5.0)
     a, extra = p.parse_known_args(argv)
     rows = [run_stress(mode, a.seconds, extra) for mode in ("off", "tail")]

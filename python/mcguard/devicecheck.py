@@ -23,6 +23,8 @@ import os
 import sys
 import time
 
+from .cli import prog
+
 MODES = ["off", "tail", "sample", "full", "digest"]
 # How long the prefill process waits for one answer of the decode process.
 ANSWER_SECONDS = 60.0
@@ -139,7 +141,7 @@ def run_mode(args, torch, mcguard, decode, endpoint, remote, path, same_host, mo
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python3 -m mcguard.devicecheck")
+    p = argparse.ArgumentParser(prog=prog("devicecheck"))
     p.add_argument("--out", default="build/device-check")
     p.add_argument("--blocks", type=int, default=256)
     p.add_argument("--block-bytes", type=int, default=256 << 10)

@@ -29,6 +29,8 @@ import sys
 import threading
 import time
 
+from .cli import prog
+
 SIZES = {"1x4KiB": (1, 4 << 10), "64x256KiB": (64, 256 << 10), "512x16KiB": (512, 16 << 10),
          "4096x4KiB": (4096, 4 << 10), "1x64MiB": (1, 64 << 20)}
 REGION = 64 << 20
@@ -502,7 +504,7 @@ def main(argv=None):
 
 
 def run_bench(argv=None):
-    p = argparse.ArgumentParser(prog="python3 -m mcguard.peerbench")
+    p = argparse.ArgumentParser(prog=prog("peerbench"))
     p.add_argument("--serve", help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--latency-iters", type=int, default=1000)

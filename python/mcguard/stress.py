@@ -43,6 +43,7 @@ import time
 from multiprocessing.connection import Client, Listener
 
 from . import models
+from .cli import prog
 from .guard import STATUS_NAMES, VERIFY_MODES, Guard, MCGuardError
 
 
@@ -60,7 +61,7 @@ ENGINE_DELIVERY_FAULTS = [f for f in DELIVERY_FAULTS if f != "stale"] + ["lie"]
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python3 -m mcguard.stress", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=prog("stress"), description=__doc__.splitlines()[0])
     p.add_argument("--verify", choices=MODES, default="tail")
     p.add_argument("--inject", choices=FAULTS, default="none")
     p.add_argument("--inject-rate", type=float, default=0.1, help="drop, tear, stale, lie: fraction of writes hit")

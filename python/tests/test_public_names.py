@@ -66,3 +66,13 @@ def test_every_module_imports_alone():
         p = subprocess.run([sys.executable, "-c", "import mcguard.%s" % name], env=ENV, capture_output=True,
                            text=True, timeout=60)
         assert p.returncode == 0, "mcguard.%s: %s" % (name, p.stderr[-2000:])
+
+
+@pytest.mark.parametrize("command", ["stress", "bench", "demo"])
+def test_a_subcommand_of_the_mcguard_command_names_itself_so(command):
+    """mcguard stress --help says `usage: mcguard stress`, as typed."""
+    code = ("import sys; sys.argv = ['/usr/local/bin/mcguard', %r, '--help']\n"
+            "from mcguard import cli; sys.exit(cli.main())" % command)
+    p = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.startswith("usage: mcguard %s " % command), p.stdout[:200]
