@@ -1,7 +1,8 @@
 #!/bin/sh
 # Install mcguard into a scratch prefix, then build a consumer with
 # find_package (asking for this version) and another with pkg-config, and
-# run both; both report the header's version.
+# run both as built, with no LD_LIBRARY_PATH (both carry the library's
+# directory); both report the header's version.
 set -eu
 src=$1 bin=$2 lib=$3 version=$4
 prefix=$bin/consumer-prefix
@@ -9,7 +10,7 @@ rm -rf "$prefix" "$bin/consumer-build"
 cmake --install "$bin" --prefix "$prefix" >/dev/null
 cmake -S "$src/tests/consumer" -B "$bin/consumer-build" -DCMAKE_PREFIX_PATH="$prefix" -DMCGUARD_WANT="$version" >/dev/null
 cmake --build "$bin/consumer-build" >/dev/null
-LD_LIBRARY_PATH=$prefix/lib "$bin/consumer-build/consumer"
+env -u LD_LIBRARY_PATH "$bin/consumer-build/consumer"
 libdir=$(ls -d "$prefix"/lib*/pkgconfig | head -n 1)
 # The .pc file names the configured prefix; point pkg-config at the scratch one.
 pcversion=$(PKG_CONFIG_PATH=$libdir pkg-config --modversion mcguard)
@@ -20,4 +21,4 @@ if [ "$pcversion" != "$header" ] || [ "$version" != "$header" ]; then
 fi
 flags=$(PKG_CONFIG_PATH=$libdir pkg-config --define-variable=prefix="$prefix" --cflags --libs mcguard)
 cc -o "$bin/consumer-pc" "$src/tests/consumer/main.c" $flags
-LD_LIBRARY_PATH=$(dirname "$libdir") "$bin/consumer-pc"
+env -u LD_LIBRARY_PATH "$bin/consumer-pc"
