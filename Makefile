@@ -112,7 +112,13 @@ $(LIB): $(GO_SRC) | deps-system deps-go
 	  -ldflags "-extldflags=-Wl,--version-script=$(CURDIR)/export/mcguard.map,-soname,libmcguard.so" ./export
 
 ## test: Go (race detector), C/C++ (ctest), Python (pytest)
-test: deps build test-go test-c test-python
+# Every suite runs, whichever fails first; the summary names those that
+# failed.
+TEST_SUITES := test-go test-c test-python
+test: deps build
+	@failed=""; for t in $(TEST_SUITES); do $(MAKE) --no-print-directory $$t || failed="$$failed $$t"; done; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed" >&2; exit 1; fi; \
+	echo "make test: $(TEST_SUITES): all passed"
 
 # The tests that skip under the race detector (it allocates and grows RSS
 # for its own bookkeeping), run again without it: every one of them.
