@@ -10,8 +10,6 @@ import (
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/logs"
-	"github.com/mcguard/mcguard/core/transport/rdma"
-	"github.com/mcguard/mcguard/core/transport/tcp"
 	"github.com/mcguard/mcguard/verify"
 )
 
@@ -41,7 +39,7 @@ type Config struct {
 	CUDALibrary string
 	// Transport: "tcp", "rdma" or "auto". RequireRDMA turns auto's
 	// fallback to TCP into an error (the silent fallback that hid
-	// Mooncake users' corruption). VerbsLibrary names another libibverbs.
+	// Mooncake users' corruption).
 	Transport   string
 	RequireRDMA bool
 	// SameHost: "auto" (where the handshake shows one host and the
@@ -60,24 +58,12 @@ type Config struct {
 	// where it could; else read from memory). Sync is the default: it
 	// proves more, and landing measured no faster on the machines we
 	// have (BENCHMARKS.md).
-	DigestAt     string
-	VerbsLibrary string
-	RDMADevice   string // empty: the first device with an active port
-	RDMAGIDIndex int    // -1: the first RoCE v2 GID
-	RDMAQPs      int    // queue pairs per session that a batch's writes are striped over
-	TCPStripes   int    // TCP data connections per session that a large batch is striped over
+	DigestAt string
+	// Planes are each data plane's own settings (transports.go).
+	Planes PlaneSettings
 	// PostAhead: over TCP to another host, a read-back mode sends each
 	// chunk's writes while the chunk before it is checked (verify.Pipeline).
 	PostAhead bool
-	// EngineInlineCalls: over an engine, each callback runs on the calling
-	// thread (no hand-off to another one: tens of µs less per call on a
-	// VM), and a call past its deadline fails only once it returns. By
-	// default each runs apart and the transfer returns at its deadline
-	// (timeout_ms per call without one) even if the callback never does.
-	EngineInlineCalls bool
-	// BusyPoll: how long a TCP read that expects bytes soon spins before
-	// its thread sleeps (a wake-up costs tens of µs on a VM).
-	BusyPoll time.Duration
 	// LogLevel, when set, is the process's log level (see core/logs).
 	LogLevel string
 	Verify   verify.Config // the verification policy, and when notices are sent
@@ -128,11 +114,8 @@ func DefaultConfig() Config {
 		SameHost:       "auto",
 		SameHostWriter: "sender",
 		DigestAt:       "sync",
-		RDMAGIDIndex:   -1,
-		RDMAQPs:        1,
-		TCPStripes:     1,
+		Planes:         defaultPlaneSettings(),
 		PostAhead:      true,
-		BusyPoll:       50 * time.Microsecond,
 		SyncTimeout:    5 * time.Second,
 		Verify:         verify.Defaults(),
 		Inject:         fault.Config{Mode: fault.None, Rate: 0.1, LagMax: 20 * time.Millisecond},
@@ -163,16 +146,8 @@ func LoadConfig(getenv config.Getenv, configJSON string) (Config, error) {
 	l.Choice("same_host", []string{"MC_GUARD_SAME_HOST"}, &c.SameHost, []string{"auto", "off", "required"}, nil)
 	l.Choice("same_host_writer", []string{"MC_GUARD_SAME_HOST_WRITER"}, &c.SameHostWriter, []string{"sender", "receiver"}, nil)
 	l.Choice("digest_at", []string{"MC_GUARD_DIGEST_AT"}, &c.DigestAt, []string{"landing", "sync"}, nil)
-	l.String("verbs_library", []string{"MC_GUARD_VERBS_LIBRARY"}, &c.VerbsLibrary)
-	l.String("rdma_device", []string{"MC_GUARD_RDMA_DEVICE"}, &c.RDMADevice)
-	l.Int("rdma_gid_index", []string{"MC_GUARD_RDMA_GID_INDEX"}, &c.RDMAGIDIndex, -1, 255)
-	l.Int("rdma_qps", []string{"MC_GUARD_RDMA_QPS"}, &c.RDMAQPs, 1, rdma.MaxQPs)
-	l.Int("tcp_stripes", []string{"MC_GUARD_TCP_STRIPES"}, &c.TCPStripes, 1, tcp.MaxStripes)
+	c.Planes.load(l)
 	l.Bool("post_ahead", []string{"MC_GUARD_POST_AHEAD"}, &c.PostAhead)
-	l.Bool("engine_inline_calls", []string{"MC_GUARD_ENGINE_INLINE_CALLS"}, &c.EngineInlineCalls)
-	busyPoll := int(c.BusyPoll / time.Microsecond)
-	l.Int("busy_poll_us", []string{"MC_GUARD_BUSY_POLL_US"}, &busyPoll, 0, int(tcp.MaxBusyPoll/time.Microsecond))
-	c.BusyPoll = time.Duration(busyPoll) * time.Microsecond
 	l.Choice("log_level", []string{"MC_GUARD_LOG_LEVEL"}, &c.LogLevel, logs.Levels, nil)
 	c.Verify = verify.Load(l)
 	l.Choice("inject", []string{"MC_GUARD_INJECT"}, &c.Inject.Mode, fault.Modes, map[string]string{"": "none", "off": "none"})

@@ -3,6 +3,7 @@ package core
 import (
 	"fmt"
 
+	"github.com/mcguard/mcguard/core/config"
 	"github.com/mcguard/mcguard/core/cuda"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/fault"
@@ -15,8 +16,8 @@ import (
 )
 
 // dataPlanes are the data planes a guard can send over, in the order that
-// transport "auto" tries them. Adding one is an entry here and a folder
-// under core/transport. TCP comes last and every guard serves it: it is
+// transport "auto" tries them. Adding one is an entry here, its settings
+// in PlaneSettings, and a folder under core/transport. TCP comes last and every guard serves it: it is
 // the fallback, and peers whose own data plane is TCP reach any guard.
 var dataPlanes = []struct {
 	name  string
@@ -27,15 +28,15 @@ var dataPlanes = []struct {
 		if g.engineOps == nil {
 			return nil, fmt.Errorf("%w: transport engine is the application's own engine, handed over with mc_guard_open_with_transport", errs.Config)
 		}
-		p, err := engine.Open(engine.Config{Ops: *g.engineOps, Faults: g.cfg.Inject, Linger: g.cfg.Timeout, Timeout: g.cfg.Timeout, Inline: g.cfg.EngineInlineCalls})
+		p, err := engine.Open(engine.Config{Ops: *g.engineOps, Faults: g.cfg.Inject, Linger: g.cfg.Timeout, Timeout: g.cfg.Timeout, Inline: g.cfg.Planes.Engine.InlineCalls})
 		if err == nil {
 			g.engine = p
 		}
 		return p, err
 	}},
 	{rdma.Name, false, func(g *Guard, _ string) (transport.Transport, error) {
-		return rdma.Open(rdma.Config{Library: g.cfg.VerbsLibrary, Device: g.cfg.RDMADevice, GIDIndex: g.cfg.RDMAGIDIndex,
-			QPs: g.cfg.RDMAQPs, Timeout: g.cfg.Timeout, GPU: g.regions.GPU(), Joined: &g.stats.joined})
+		return rdma.Open(rdma.Config{Settings: g.cfg.Planes.RDMA, Timeout: g.cfg.Timeout, GPU: g.regions.GPU(),
+			Joined: &g.stats.joined})
 	}},
 	{tcp.Name, false, func(g *Guard, host string) (transport.Transport, error) {
 		faults := g.cfg.Inject
@@ -45,9 +46,27 @@ var dataPlanes = []struct {
 		return tcp.New(tcp.Config{Host: host, Timeout: g.cfg.Timeout, Regions: g.regions, Tokens: g.auth.tokens.sender,
 			Faults: faults, TailBytes: g.cfg.Verify.TailBytes, Notice: g.takeNotice, SameHost: g.cfg.SameHost, MACReplies: len(g.cfg.Secret) > 0,
 			SameHostWriter: g.cfg.SameHostWriter, Pushed: &g.stats.pushed, Mapped: &g.stats.mapped, Joined: &g.stats.joined,
-			DigestAtLanding: g.cfg.DigestAt == "landing", Stripes: g.cfg.TCPStripes, BusyPoll: g.cfg.BusyPoll,
+			DigestAtLanding: g.cfg.DigestAt == "landing", Settings: g.cfg.Planes.TCP,
 			Refused: func(reason string) { g.metrics.refusedWrites.Add(1, reason) }})
 	}},
+}
+
+// PlaneSettings are each data plane's own settings, which its package
+// declares and reads (Settings.Load).
+type PlaneSettings struct {
+	TCP    tcp.Settings
+	RDMA   rdma.Settings
+	Engine engine.Settings
+}
+
+func defaultPlaneSettings() PlaneSettings {
+	return PlaneSettings{TCP: tcp.DefaultSettings(), RDMA: rdma.DefaultSettings()}
+}
+
+func (p *PlaneSettings) load(l *config.Loader) {
+	p.RDMA.Load(l)
+	p.TCP.Load(l)
+	p.Engine.Load(l)
 }
 
 // openDataPlanes opens TCP, and the data plane cfg.Transport names (auto:

@@ -38,12 +38,9 @@ const qpDepth = 256
 
 // Config is what the RDMA data plane needs of its guard.
 type Config struct {
-	Library  string        // libibverbs to load ("": the system's)
-	Device   string        // "": the first device with an active port
-	GIDIndex int           // -1: the first RoCE v2 GID
-	QPs      int           // queue pairs per session, 1 to MaxQPs
-	Timeout  time.Duration // bounds every completion wait
-	GPU      *cuda.Driver  // for GPU regions (dmabuf export); nil: none
+	Settings
+	Timeout time.Duration // bounds every completion wait
+	GPU     *cuda.Driver  // for GPU regions (dmabuf export); nil: none
 	// Joined, if set, counts the descriptors that went inside another
 	// descriptor's WRITE (consecutive ones joined).
 	Joined *atomic.Int64

@@ -17,7 +17,7 @@ func TestTargetQueuePairsAreBounded(t *testing.T) {
 	old := maxTargetQPs
 	maxTargetQPs = 8
 	t.Cleanup(func() { maxTargetQPs = old })
-	tr, err := Open(Config{Library: nic, GIDIndex: -1, QPs: 1, Timeout: time.Second})
+	tr, err := Open(Config{Settings: Settings{Library: nic, GIDIndex: -1, QPs: 1}, Timeout: time.Second})
 	require.NoError(t, err)
 	defer tr.Close()
 	qp := verbs.QPInfo{QPN: 7, GID: tr.GID()} // a GID the model answers to

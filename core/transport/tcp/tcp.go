@@ -45,13 +45,8 @@ type Config struct {
 	Notice func(body []byte, landed transport.Landed, conn *transport.ConnAuth) error
 	// DigestAtLanding: digest marked writes as they land (landed.go).
 	DigestAtLanding bool
-	// Stripes is the data connections per session (1 to MaxStripes; 0
-	// means 1): see stripes.go.
-	Stripes int
-	// BusyPoll is how long a read that expects bytes soon spins before it
-	// sleeps (0: never; at most MaxBusyPoll): see spin.go.
-	BusyPoll time.Duration
-	spins    *SpinCounts // set by New
+	Settings                    // stripes and busy polling
+	spins           *SpinCounts // set by New
 	// SameHost is SameHostAuto, SameHostOff or SameHostRequired: as a
 	// sender whether to offer same-host transfers, as a target whether
 	// to grant them.

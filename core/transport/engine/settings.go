@@ -1,0 +1,18 @@
+package engine
+
+import "github.com/mcguard/mcguard/core/config"
+
+// Settings are the engine data plane's own settings, as an operator sets them.
+type Settings struct {
+	// InlineCalls: each callback runs on the calling thread (no hand-off
+	// to another one: tens of µs less per call on a VM), and a call past
+	// its deadline fails only once it returns. By default each runs apart
+	// and the transfer returns at its deadline (timeout_ms per call without
+	// one) even if the callback never does.
+	InlineCalls bool
+}
+
+// Load reads engine_inline_calls (MC_GUARD_ENGINE_INLINE_CALLS) over s.
+func (s *Settings) Load(l *config.Loader) {
+	l.Bool("engine_inline_calls", []string{"MC_GUARD_ENGINE_INLINE_CALLS"}, &s.InlineCalls)
+}
