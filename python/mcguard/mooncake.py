@@ -110,6 +110,7 @@ class GuardedTransferEngine:
         self._local = threading.local()
         self._mu = threading.Lock()
         self._batches = {}  # batch id -> Future
+        self._reached = set()  # sessions an async submission found reachable
         self._batch_ids = itertools.count(1)
         self._pool = None
         self._managed = {}  # address -> ctypes view of allocate_managed_buffer's memory (the guard's)
@@ -484,10 +485,16 @@ class GuardedTransferEngine:
     # Asynchronous batches: each runs the synchronous call on a small pool;
     # the caller collects it with get_batch_transfer_status or
     # transfer_check_status, which forget it.
-    def _submit(self, what, call):
-        """A batch id (> 0) for call() running in the background, or None (logged)."""
+    def _submit(self, what, target_hostname, call):
+        """A batch id (> 0) for call() running in the background, or None
+        (logged) when it cannot start: no guard, too many uncollected
+        batches, or a target that cannot be reached (Mooncake opens the
+        segment before it hands out a batch id, and returns 0 when that
+        fails)."""
         if self._guard is None:
             log.error("mcguard: %s: %s", what, self._why_no_guard())
+            return None
+        if not self._reachable(target_hostname, what):
             return None
         with self._mu:
             if len(self._batches) >= MAX_PENDING_BATCHES:
@@ -499,6 +506,30 @@ class GuardedTransferEngine:
             batch_id = next(self._batch_ids)
             self._batches[batch_id] = self._pool.submit(self._settled, what, call)
         return batch_id
+
+    def _reachable(self, target_hostname, what):
+        """Whether target_hostname answered once: a handshake with its guard
+        (over Mooncake's engine: Mooncake's probe), done once per session;
+        the set is bounded, emptied when full."""
+        if target_hostname in self._reached:
+            return True
+        if self._engine is not None:
+            ok = self._engine.send_probe(target_hostname) == 0
+            if not ok:
+                log.error("mcguard: %s: %r cannot be reached", what, target_hostname)
+        else:
+            try:
+                self._guard.peer_regions(target_hostname)
+                ok = True
+            except MCGuardError as e:
+                log.error("mcguard: %s: %r cannot be reached: %s", what, target_hostname, e)
+                ok = False
+        if ok:
+            with self._mu:
+                if len(self._reached) >= MAX_PENDING_BATCHES:
+                    self._reached.clear()
+                self._reached.add(target_hostname)
+        return ok
 
     @staticmethod
     def _settled(what, call):
@@ -522,7 +553,7 @@ class GuardedTransferEngine:
         if op is None:
             return 0
         buffers, peers, lengths = list(buffers), list(peer_buffer_addresses), list(lengths)
-        batch_id = self._submit(what, lambda: self.batch_transfer_sync(target_hostname, buffers, peers, lengths,
+        batch_id = self._submit(what, target_hostname, lambda: self.batch_transfer_sync(target_hostname, buffers, peers, lengths,
                                                                         op, None, transport_hint))
         return batch_id or 0
 
@@ -537,12 +568,13 @@ class GuardedTransferEngine:
                                          transport_hint)
 
     def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length, transport_hint=""):
-        """A batch id for transfer_check_status, or -1 (Mooncake's convention)."""
+        """A batch id for transfer_check_status, or 0 on failure to submit
+        (Mooncake's convention)."""
         self._hint(transport_hint, "transfer_submit_write")
-        batch_id = self._submit("transfer_submit_write",
+        batch_id = self._submit("transfer_submit_write", target_hostname,
                                 lambda: self.batch_transfer_sync_write(target_hostname, [buffer],
                                                                        [peer_buffer_address], [length]))
-        return batch_id or -1
+        return batch_id or 0
 
     def _take(self, batch_id, what):
         with self._mu:

@@ -61,6 +61,11 @@ def main():
         status = a.transfer_check_status(bid)
     out["check_status"] = status
     out["send_probe"] = a.send_probe(session)
+    # A peer nobody registered: the async calls return the failure sentinel 0
+    # at once, and the probe fails without raising.
+    out["async_unknown_peer"] = a.batch_transfer_async_write("unreachable_peer:9", [0], [0], [16])
+    out["submit_unknown_peer"] = a.transfer_submit_write("unreachable_peer:9", 0, 0, 16)
+    out["probe_unknown_peer_fails"] = a.send_probe("unreachable_peer:9") != 0
     out["warmup_efa_segment"] = a.warmup_efa_segment(session)
     topo = json.loads(a.get_local_topology())
     out["topology_shape"] = sorted(topo) and all(len(v) == 2 for v in topo.values())

@@ -155,10 +155,25 @@ def test_pending_batches_are_bounded(pair, monkeypatch):
     monkeypatch.setattr(mooncake, "MAX_PENDING_BATCHES", 2)
     ids = [send.batch_transfer_async_write(recv.session, [src], [recv.addr], [64]) for _ in range(2)]
     assert send.batch_transfer_async_write(recv.session, [src], [recv.addr], [64]) == 0, "never collected"
-    assert send.transfer_submit_write(recv.session, src, recv.addr, 64) == -1
+    assert send.transfer_submit_write(recv.session, src, recv.addr, 64) == 0
     assert send.get_batch_transfer_status(ids) == 0
     assert send.batch_transfer_async_write(recv.session, [src], [recv.addr], [64]) > 0
     assert MAX_PENDING_BATCHES >= 1024
+
+
+def test_async_submission_to_an_unreachable_peer_returns_zero(pair):
+    """Mooncake opens the segment before it hands out a batch id: a peer
+    that cannot be reached gets 0 at once, not an id that fails later."""
+    send, src, recv = pair
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    closed = "127.0.0.1:%d" % s.getsockname()[1]
+    s.close()
+    for peer in ("unreachable_peer:9", closed):
+        assert send.batch_transfer_async_write(peer, [0], [0], [16]) == 0
+        assert send.transfer_submit_write(peer, 0, 0, 16) == 0
+    batch_id = send.batch_transfer_async_write(recv.session, [src], [recv.addr], [64])
+    assert batch_id > 0 and send.get_batch_transfer_status([batch_id]) == 0
 
 
 def test_probe_engine_and_efa(pair):
@@ -204,7 +219,7 @@ def test_calls_before_initialize_fail_cleanly():
     e = GuardedTransferEngine()
     assert e.allocate_managed_buffer(4096) == 0
     assert e.batch_transfer_async_write("127.0.0.1:1", [1], [1], [1]) == 0
-    assert e.transfer_submit_write("127.0.0.1:1", 1, 1, 1) == -1
+    assert e.transfer_submit_write("127.0.0.1:1", 1, 1, 1) == 0
     assert e.transfer_check_status(1) == -1
     assert e.get_batch_transfer_status([1]) == -1
     assert e.free_managed_buffer(1, 1) == -1

@@ -20,7 +20,8 @@ MOONCAKE_0_3_13 = {
     "first_buffer_nonzero": True, "transfer_sync_write": 0, "landed": True, "notifies": [["req-1", "done"]],
     "notifies_again": [], "sync_write": 0, "sync_read": 0, "read_matches": True, "batch_sync_read": 0,
     "async_ids_positive": True, "batch_status": 0, "async_read": 0, "async_mismatched": 0, "check_status": 1,
-    "send_probe": 0, "warmup_efa_segment": 0, "topology_shape": True, "opcodes": [0, 1], "free": [0, 0],
+    "send_probe": 0, "async_unknown_peer": 0, "submit_unknown_peer": 0, "probe_unknown_peer_fails": True,
+    "warmup_efa_segment": 0, "topology_shape": True, "opcodes": [0, 1], "free": [0, 0],
 }
 
 # Mooncake 0.3.13's public TransferEngine methods; the CUDA-stream ones
