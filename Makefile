@@ -1,11 +1,16 @@
 # mcguard — build, test, demo, bench, install, clean.
 # `make demo` and `make test` do all set-up on a fresh Debian/Ubuntu machine
-# with Go and Python: system packages (apt, when root), Go modules, pytest.
+# with Go and Python: system packages (apt, when root), Go modules, and the
+# Python tools in build/venv (never the system's Python).
 
 PYTHON   ?= python3
 GO       ?= go
 PREFIX   ?= /usr/local
 LIB      := build/libmcguard.so
+# The Python that runs the tests, the demo and the benchmarks: PYTHON's
+# virtual environment with pytest and prometheus-client (deps-python).
+TOOLS_VENV := build/venv
+PY         := $(TOOLS_VENV)/bin/python
 # Mooncake's own wheel (TCP, no CUDA), the peer the API parity test runs.
 MOONCAKE_VENV    := build/venv-mooncake
 MOONCAKE_VERSION := 0.3.13.post1
@@ -29,7 +34,7 @@ export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 export MCGUARD_CUDA_MODEL := $(CURDIR)/$(CUDA_MODEL)
 export MCGUARD_NIC_MODEL  := $(CURDIR)/$(NIC_MODEL)
 
-.PHONY: device-check test-vllm test-sglang all build deps deps-system deps-go deps-python test test-go test-python test-c demo bench fuzz soak endurance install clean mooncake-venv nixl-venv bench-peer
+.PHONY: device-check test-vllm test-sglang all build deps deps-system deps-go deps-python venv-support test test-go test-python test-c demo bench fuzz soak endurance install clean mooncake-venv nixl-venv bench-peer
 
 FUZZTIME ?= 30s
 FUZZ_WIRE := FuzzDecodeHeader FuzzDecodeRanges FuzzDecodeNotice
@@ -55,19 +60,26 @@ deps-system:
 deps-go:
 	@$(GO) mod download
 
-deps-python:
-	@$(PYTHON) -c "import pytest" 2>/dev/null || $(PYTHON) -m pip install -q pytest
-	@$(PYTHON) -c "import prometheus_client" 2>/dev/null || $(PYTHON) -m pip install -q prometheus-client
+# The Python tools the tests need go into build/venv, never the system's
+# Python: it sees the system's packages and adds only what is missing.
+deps-python: $(TOOLS_VENV)/.installed
+$(TOOLS_VENV)/.installed: | venv-support
+	$(PYTHON) -m venv --system-site-packages $(TOOLS_VENV)
+	@$(PY) -c "import pytest" 2>/dev/null || $(PY) -m pip install -q pytest
+	@$(PY) -c "import prometheus_client" 2>/dev/null || $(PY) -m pip install -q prometheus-client
+	touch $@
 
-## mooncake-venv: Mooncake's wheel in build/venv-mooncake, for the test that
-## runs one script on Mooncake and on GuardedTransferEngine
-mooncake-venv: $(MOONCAKE_VENV)/.installed
-$(MOONCAKE_VENV)/.installed:
-	@# Debian's own python3 makes virtual environments only with python3-venv.
+# Debian's own python3 makes virtual environments only with python3-venv.
+venv-support:
 	@$(PYTHON) -c "import ensurepip" 2>/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then echo "installing: python3-venv"; \
 	    (apt-get install -y --no-install-recommends python3-venv || (apt-get update && apt-get install -y --no-install-recommends python3-venv)) >/dev/null; \
 	  else echo "$(PYTHON) cannot make a virtual environment; run: sudo apt-get install -y python3-venv"; exit 1; fi; }
+
+## mooncake-venv: Mooncake's wheel in build/venv-mooncake, for the test that
+## runs one script on Mooncake and on GuardedTransferEngine
+mooncake-venv: $(MOONCAKE_VENV)/.installed
+$(MOONCAKE_VENV)/.installed: | venv-support
 	$(PYTHON) -m venv $(MOONCAKE_VENV)
 	$(MOONCAKE_VENV)/bin/pip install -q mooncake-transfer-engine-non-cuda==$(MOONCAKE_VERSION)
 	touch $@
@@ -146,14 +158,14 @@ test-c: $(LIB)
 	cd $(CTEST_DIR) && ctest --output-on-failure
 
 test-python: $(LIB) $(CUDA_MODEL) $(NIC_MODEL) deps-python mooncake-venv
-	$(PYTHON) -m pytest -q -rs python/tests
+	$(PY) -m pytest -q -rs python/tests
 
 ## demo: the PD stress on loopback with injected lag, verify=off beside verify=tail
-demo: build
-	$(PYTHON) -m mcguard.demo
+demo: build deps-python
+	$(PY) -m mcguard.demo
 
 ## bench: guarded vs unguarded vs a raw socket pair (Go), one vs four queue pairs on the NIC model, small-transfer latency through the C ABI (same host and socket, two processes), and the stress's off vs tail (Python)
-bench: build
+bench: build deps-python
 	cmake -S . -B $(CTEST_DIR) -DMCGUARD_LIBRARY=$(CURDIR)/$(LIB) >/dev/null
 	cmake --build $(CTEST_DIR) --target latency
 	$(CTEST_DIR)/latency 20000
@@ -161,7 +173,7 @@ bench: build
 	$(GO) test -run '^$$' -bench Modes -benchtime 3s -count 5 ./core/
 	$(GO) test -run '^$$' -bench RDMAModelStripes -benchtime 20x -count 5 ./core/
 	$(GO) test -run '^$$' -bench Quiesce -benchtime 1x -count 3 ./core/
-	$(PYTHON) -m mcguard.bench --rounds 5 --seconds 4
+	$(PY) -m mcguard.bench --rounds 5 --seconds 4
 
 ## test-vllm: prefill and decode through vLLM's own MooncakeConnector worker
 ## (python/tests/test_vllm_pd.py), in a virtual environment with the pinned

@@ -7,6 +7,7 @@ hold.
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 
@@ -17,7 +18,7 @@ from .stress import SUMMARY_COLUMNS, table
 def run_stress(verify, seconds, extra):
     cmd = [sys.executable, "-m", "mcguard.stress", "--verify", verify, "--inject", "lag",
            "--seconds", str(seconds), "--json"] + extra
-    print("$ " + " ".join(cmd[1:]), file=sys.stderr, flush=True)
+    print("$ " + shlex.join(cmd), file=sys.stderr, flush=True)  # pasteable, interpreter included
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     lines = proc.stdout.strip().splitlines()
     if not lines:
