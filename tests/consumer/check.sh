@@ -22,3 +22,12 @@ fi
 flags=$(PKG_CONFIG_PATH=$libdir pkg-config --define-variable=prefix="$prefix" --cflags --libs mcguard)
 cc -o "$bin/consumer-pc" "$src/tests/consumer/main.c" $flags
 env -u LD_LIBRARY_PATH "$bin/consumer-pc"
+# The examples from the same prefix: the C++ one built by its own CMake
+# project (find_package), the C one by pkg-config; both run their two
+# processes.
+rm -rf "$bin/examples-build"
+cmake -S "$src/examples" -B "$bin/examples-build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$bin/examples-build" >/dev/null
+env -u LD_LIBRARY_PATH "$bin/examples-build/prefill_decode_cpp"
+cc -o "$bin/example-pc" "$src/examples/c/prefill_decode.c" $flags
+env -u LD_LIBRARY_PATH sh "$src/examples/c/run.sh" "$bin/example-pc"

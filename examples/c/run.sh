@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs tests/c/pd_example.c as two processes: decode prints its endpoint and
+# Runs prefill_decode (prefill_decode.c) as two processes: decode prints its endpoint and
 # KV address, prefill transfers and prints the transfer id, decode syncs it.
 set -eu
 exe=$1

@@ -3,10 +3,10 @@
  * the prefill side writes the blocks in digest mode and forwards the
  * transfer id (its own "done" message, as a serving engine sends one); the
  * decode side syncs that id, which compares the digests, and only then
- * reads the blocks. pd_example.sh runs the two.
+ * reads the blocks. run.sh runs the two.
  *
- *   pd_example decode            prints "ENDPOINT ADDRESS", reads the id
- *   pd_example prefill EP ADDR   prints the transfer id */
+ *   prefill_decode decode            prints "ENDPOINT ADDRESS", reads the id
+ *   prefill_decode prefill EP ADDR   prints the transfer id */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,7 +20,7 @@ enum { BLOCKS = 64, BLOCK = 64 << 10 };
 static int fail(mc_guard_t g, const char *what, mc_status st) {
     char msg[512];
     mc_guard_last_error(g, msg, sizeof msg);
-    fprintf(stderr, "pd_example: %s: status %d: %s\n", what, st, msg);
+    fprintf(stderr, "prefill_decode: %s: status %d: %s\n", what, st, msg);
     return 1;
 }
 
@@ -43,7 +43,7 @@ static int decode(void) {
     if ((st = mc_guard_sync_transfers(g, &id, 1, NULL)) != MC_OK) return fail(g, "sync_transfers", st);
     for (size_t i = 0; i < (size_t)BLOCKS * BLOCK; i++) {
         if (kv[i] != pattern(i)) {
-            fprintf(stderr, "pd_example: byte %zu differs after a successful sync\n", i);
+            fprintf(stderr, "prefill_decode: byte %zu differs after a successful sync\n", i);
             return 1;
         }
     }
@@ -77,6 +77,6 @@ static int prefill(const char *endpoint, uint64_t remote) {
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "decode") == 0) return decode();
     if (argc == 4 && strcmp(argv[1], "prefill") == 0) return prefill(argv[2], strtoull(argv[3], NULL, 10));
-    fprintf(stderr, "usage: pd_example decode | pd_example prefill ENDPOINT ADDRESS\n");
+    fprintf(stderr, "usage: prefill_decode decode | prefill_decode prefill ENDPOINT ADDRESS\n");
     return 2;
 }
