@@ -34,7 +34,7 @@ export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 export MCGUARD_CUDA_MODEL := $(CURDIR)/$(CUDA_MODEL)
 export MCGUARD_NIC_MODEL  := $(CURDIR)/$(NIC_MODEL)
 
-.PHONY: device-check test-vllm test-sglang all build deps deps-system deps-go deps-python venv-support test test-go test-python test-c demo bench fuzz soak endurance install clean mooncake-venv nixl-venv bench-peer
+.PHONY: device-check test-vllm test-sglang all build deps deps-system deps-go deps-python venv-support test test-go test-python test-c demo bench fuzz soak endurance install clean mooncake-venv nixl-venv bench-peer perf-report
 
 FUZZTIME ?= 30s
 FUZZ_WIRE := FuzzDecodeHeader FuzzDecodeRanges FuzzDecodeNotice
@@ -95,6 +95,18 @@ $(MOONCAKE_VENV)/.nixl-installed: $(MOONCAKE_VENV)/.installed
 ## processes each, rounds interleaved, SHA-1 checked
 bench-peer: build mooncake-venv nixl-venv
 	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.peerbench $(BENCH_PEER_ARGS)
+
+## perf-report: the performance page's figures: bench-peer beside Mooncake
+## and NIXL (same host and sockets), then over Mooncake's engine, each run's
+## JSON in build/perf; scripts/perf_report.py draws docs/perf/*.png and
+## rewrites the page's tables (matplotlib, in build/venv)
+PERF_ROUNDS ?= 3
+PERF_ENGINES ?= mooncake nixl socket mcguard-off mcguard-tail mcguard-digest mcguard-socket-off mcguard-socket-tail mcguard-socket-digest
+perf-report: build mooncake-venv nixl-venv deps-python
+	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.peerbench --rounds $(PERF_ROUNDS) --engines $(PERF_ENGINES) --json build/perf/peer.json
+	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.peerbench --rounds $(PERF_ROUNDS) --over-mooncake --json build/perf/over-mooncake.json
+	@$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q matplotlib
+	$(PY) scripts/perf_report.py build/perf/peer.json build/perf/over-mooncake.json
 
 ## build: build/libmcguard.so and its cgo-generated header build/libmcguard.h,
 ## the software models of the CUDA driver and of an RDMA NIC the tests use,

@@ -21,6 +21,7 @@ import hashlib
 import json
 import mmap
 import os
+import platform
 import signal
 import socket
 import statistics
@@ -524,6 +525,9 @@ def run_bench(argv=None):
                         "consecutive blocks; mcguard joins them into one write per run), or a fixed shuffle of "
                         "the blocks (scattered: one write per descriptor). The raw socket pair moves one "
                         "stream either way")
+    p.add_argument("--json", metavar="PATH",
+                   help="also write every round's figure, the machine and the settings to PATH "
+                        "(what scripts/perf_report.py plots)")
     p.add_argument("--over-mooncake", action="store_true",
                    help="engines: Mooncake alone, the vLLM fix's tail polling, mcguard over Mooncake with the "
                         "same check (desctail), tail and sample (slice-aware) and digest")
@@ -590,11 +594,40 @@ def run_bench(argv=None):
             recv.close()
     print(summary(results, engines, a.sizes))
     print("layout: %s destination blocks" % a.layout)
+    if a.json:
+        write_json(a.json, results, engines, a, bad)
+        print("figures written to %s" % a.json)
     if bad:
         print("DESTINATION MISMATCH (round, size, engine): %s" % bad)
         return 1
     print("every destination matched its source (SHA-1 at the receiver)")
     return 0
+
+
+def machine():
+    """What the figures were taken on."""
+    from .guard import version
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
+            "python": platform.python_version(), "mcguard": version()}
+
+
+def write_json(path, results, engines, a, bad):
+    """Every round's figure per engine and shape (µs for 1x4KiB, else GB/s)."""
+    doc = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "rounds": a.rounds,
+           "seconds": a.seconds, "latency_iters": a.latency_iters, "layout": a.layout,
+           "nixl_tls": a.nixl_tls, "engines": engines, "sizes": a.sizes,
+           "units": {s: "us" if s == "1x4KiB" else "GB/s" for s in a.sizes},
+           "figures": {k: {s: results[(k, s)] for s in a.sizes} for k in engines},
+           "mismatches": [list(b) for b in bad]}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
 
 
 def summary(results, engines, sizes):
