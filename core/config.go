@@ -57,7 +57,7 @@ type Config struct {
 	// then) or "landing" (taken by the TCP target as the bytes landed,
 	// where it could; else read from memory). Sync is the default: it
 	// proves more, and landing measured no faster on the machines we
-	// have (BENCHMARKS.md).
+	// have (measured on a 2-core VM).
 	DigestAt string
 	// Planes are each data plane's own settings (transports.go).
 	Planes PlaneSettings

@@ -92,11 +92,11 @@ def throughput_plot(plt, run, out):
     sizes = [s for s in run["sizes"] if s != LATENCY]
     if not sizes:
         return None
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(10.5, 4.5))
     bars(ax, run, run["engines"], sizes, lambda r, e, s: (med(r, e, s), spread(r, e, s)))
     ax.set_ylabel("GB/s (median, whiskers: min–max)")
     ax.set_title("Throughput by batch shape, two processes on one host (%s)" % run["date"])
-    ax.legend(fontsize=8, ncol=2)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -129,7 +129,7 @@ def fraction_plot(plt, run, out):
     others = [e for e in run["engines"] if e != "mooncake"]
     if not sizes or not others:
         return None
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(10.5, 4.5))
 
     def value(r, e, s):
         ref = med(r, "mooncake", s)
@@ -139,7 +139,7 @@ def fraction_plot(plt, run, out):
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_ylabel("fraction of Mooncake alone")
     ax.set_title("Over Mooncake's own engine (TCP): what each check keeps (%s)" % run["date"])
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -150,12 +150,13 @@ def replace_section(page, name, body):
     """The text between <!-- NAME:begin --> and <!-- NAME:end --> becomes body."""
     with open(page) as f:
         text = f.read()
-    pat = re.compile(r"(<!-- %s:begin -->\n).*?(\n<!-- %s:end -->)" % (re.escape(name), re.escape(name)), re.S)
+    pat = re.compile(r"(<!-- %s:begin -->\n)(?:.*?\n)?(<!-- %s:end -->)" % (re.escape(name), re.escape(name)),
+                     re.S)
     if not pat.search(text):
         print("%s has no %s markers: its table left as it was" % (page, name), file=sys.stderr)
         return False
     with open(page, "w") as f:
-        f.write(pat.sub(lambda m: m.group(1) + body + m.group(2), text))
+        f.write(pat.sub(lambda m: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), text))
     return True
 
 

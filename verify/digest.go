@@ -13,7 +13,7 @@ import (
 // DigestOf is the end-to-end checksum of digest mode: xxh3-64. It was
 // measured against CRC32C (hash/crc32 with the Castagnoli table, SSE4.2)
 // in BenchmarkDigest; xxh3 is faster here and its 64 bits make a chance
-// match 2^32 times rarer (see BENCHMARKS.md).
+// match 2^32 times rarer (measured on a 2-core VM).
 func DigestOf(b []byte) uint64 { return xxh3.Hash(b) }
 
 // Digester computes DigestOf over data written in pieces.

@@ -3,7 +3,7 @@
  *
  * A 1 x 4 KiB transfer on one host takes about 5 µs inside the library;
  * through ctypes and the wrapper that builds its arguments it took 9-10
- * (BENCHMARKS.md). A receiver's sync of one transfer takes about 1.5 µs
+ * (measured on a 2-core VM). A receiver's sync of one transfer takes about 1.5 µs
  * inside; through ctypes 5-6. This module takes Python lists of ints as they are,
  * converts them on the stack where they are short, and calls the library
  * with the GIL released, as ctypes does.

@@ -487,7 +487,7 @@ def spin_note(before, after):
     """How the measurement's busy polling went, sender and receiver: a
     small-transfer figure depends on whether both ends kept spinning
     (most waits spin, nearly all pay) or backed off (few spin), and a run
-    settles in one or the other (BENCHMARKS.md)."""
+    settles in one or the other (measured on a 2-core VM)."""
     if not before or not after:
         return ""
     parts = []

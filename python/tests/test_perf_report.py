@@ -35,3 +35,6 @@ def test_only_the_marked_section_is_rewritten(tmp_path):
     assert perf_report.replace_section(str(page), "peer", "new")
     assert page.read_text() == "intro\n<!-- peer:begin -->\nnew\n<!-- peer:end -->\nafter\n"
     assert not perf_report.replace_section(str(page), "other", "x")
+    page.write_text("<!-- peer:begin -->\n<!-- peer:end -->\n")
+    assert perf_report.replace_section(str(page), "peer", "table")
+    assert page.read_text() == "<!-- peer:begin -->\ntable\n<!-- peer:end -->\n"
