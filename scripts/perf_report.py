@@ -88,6 +88,16 @@ def bars(ax, run, engines, sizes, value):
     ax.set_xticklabels(sizes)
 
 
+def save(plt, fig, ax, out, title):
+    """Title, the legend beside the bars, and the PNG written."""
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def throughput_plot(plt, run, out):
     sizes = [s for s in run["sizes"] if s != LATENCY]
     if not sizes:
@@ -95,12 +105,7 @@ def throughput_plot(plt, run, out):
     fig, ax = plt.subplots(figsize=(10.5, 4.5))
     bars(ax, run, run["engines"], sizes, lambda r, e, s: (med(r, e, s), spread(r, e, s)))
     ax.set_ylabel("GB/s (median, whiskers: min–max)")
-    ax.set_title("Throughput by batch shape, two processes on one host (%s)" % run["date"])
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save(plt, fig, ax, out, "Throughput by batch shape, two processes on one host (%s)" % run["date"])
 
 
 def latency_plot(plt, run, out):
@@ -138,12 +143,7 @@ def fraction_plot(plt, run, out):
     bars(ax, run, others, sizes, value)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_ylabel("fraction of Mooncake alone")
-    ax.set_title("Over Mooncake's own engine (TCP): what each check keeps (%s)" % run["date"])
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save(plt, fig, ax, out, "Over Mooncake's own engine (TCP): what each check keeps (%s)" % run["date"])
 
 
 def replace_section(page, name, body):
