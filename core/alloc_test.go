@@ -2,6 +2,7 @@ package core
 
 import (
 	"bytes"
+	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 	"unsafe"
 
@@ -159,7 +160,7 @@ func TestAllocFreeCyclesLeaveNoMappings(t *testing.T) {
 	for i := 0; i < 60; i++ {
 		dst := allocated(t, recv, 8192)
 		fill(src.b)
-		_, err := send.Transfer(recv.Endpoint(), []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 8192}}, TransferOptions{})
+		_, err := send.Transfer(recv.Endpoint(), []desc.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 8192}}, TransferOptions{})
 		require.NoError(t, err)
 		require.Equal(t, src.b, dst.b)
 		require.LessOrEqual(t, sharedmem.Mapped(), before+2, "cycle %d: at most the live allocation and the one freed last", i)
@@ -167,7 +168,7 @@ func TestAllocFreeCyclesLeaveNoMappings(t *testing.T) {
 	}
 	require.EqualValues(t, 60*8192, mapped(t, send))
 	other := allocated(t, recv, 4096) // a transfer after the last free lets go of its mapping
-	_, err := send.Transfer(recv.Endpoint(), []verify.Desc{{Src: src.addr(0), Dst: other.addr(0), Len: 4096}}, TransferOptions{})
+	_, err := send.Transfer(recv.Endpoint(), []desc.Desc{{Src: src.addr(0), Dst: other.addr(0), Len: 4096}}, TransferOptions{})
 	require.NoError(t, err)
 	require.Equal(t, before+1, sharedmem.Mapped())
 }

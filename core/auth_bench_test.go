@@ -1,6 +1,7 @@
 package core
 
 import (
+	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 	"time"
 
@@ -21,7 +22,7 @@ func BenchmarkAuthenticatedReplies(b *testing.B) {
 		b.Run(shape.name, func(b *testing.B) {
 			type side struct {
 				send, recv *Guard
-				descs      []verify.Desc
+				descs      []desc.Desc
 			}
 			open := func(secret string) side {
 				src := benchMem(b, shape.n*shape.size)
@@ -31,7 +32,7 @@ func BenchmarkAuthenticatedReplies(b *testing.B) {
 				mustNoErr(b, s.send.Register(src.addr(0), uint64(shape.n*shape.size)))
 				mustNoErr(b, s.recv.Register(dst.addr(0), uint64(shape.n*shape.size)))
 				for i := 0; i < shape.n; i++ {
-					s.descs = append(s.descs, verify.Desc{Src: src.addr(i * shape.size), Dst: dst.addr(i * shape.size), Len: uint64(shape.size)})
+					s.descs = append(s.descs, desc.Desc{Src: src.addr(i * shape.size), Dst: dst.addr(i * shape.size), Len: uint64(shape.size)})
 				}
 				return s
 			}

@@ -3,13 +3,13 @@ package core
 import (
 	"bytes"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/errs"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // unregisterPromptly fails t unless g unregisters addr within two
@@ -38,13 +38,13 @@ func TestBatchedWritesAcrossSourceRegions(t *testing.T) {
 			fill(p.src.b)
 			fill(other.b)
 			// Sources alternate between the two regions, runs of 1 to 3.
-			descs, want := make([]verify.Desc, n), make([]byte, n*size)
+			descs, want := make([]desc.Desc, n), make([]byte, n*size)
 			for i := range descs {
 				from := p.src
 				if (i/(1+i%3))%2 == 1 {
 					from = other
 				}
-				descs[i] = verify.Desc{Src: from.addr(i * size), Dst: p.dst.addr(i * size), Len: size}
+				descs[i] = desc.Desc{Src: from.addr(i * size), Dst: p.dst.addr(i * size), Len: size}
 				copy(want[i*size:], from.b[i*size:(i+1)*size])
 			}
 			res, err := p.send.Transfer(p.session, descs, TransferOptions{})

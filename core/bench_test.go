@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"io"
 	"net"
 	"testing"
@@ -32,9 +33,9 @@ func BenchmarkModes(b *testing.B) {
 
 func benchModes(b *testing.B, plane, baseline string, mapped bool, n, size int) {
 	send, recv, src, dst := benchPair(b, `{"verify": "off", `+plane+`}`, n*size, mapped)
-	descs := make([]verify.Desc, n)
+	descs := make([]desc.Desc, n)
 	for i := range descs {
-		descs[i] = verify.Desc{Src: src.addr(i * size), Dst: dst.addr(i * size), Len: uint64(size)}
+		descs[i] = desc.Desc{Src: src.addr(i * size), Dst: dst.addr(i * size), Len: uint64(size)}
 	}
 	raw := newRawPair(b, n*size)
 	defer raw.close()
@@ -165,7 +166,7 @@ func BenchmarkSmallTransfer(b *testing.B) {
 func benchSmall(b *testing.B, plane string, m verify.Mode, sync bool) {
 	sameHost := map[string]string{"socket": "off", "same-host": "required"}[plane]
 	send, recv, src, dst := benchPair(b, `{"verify": "`+string(m)+`", "same_host": "`+sameHost+`"}`, 4096, false)
-	descs := []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}
+	descs := []desc.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}
 	ids := make([]uint64, 1)
 	transfer := func() {
 		res, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{})
@@ -296,9 +297,9 @@ func BenchmarkRDMAModelStripes(b *testing.B) {
 		}
 		senders[qps] = g
 	}
-	descs := make([]verify.Desc, n)
+	descs := make([]desc.Desc, n)
 	for i := range descs {
-		descs[i] = verify.Desc{Src: src.addr(i * size), Dst: dst.addr(i * size), Len: size}
+		descs[i] = desc.Desc{Src: src.addr(i * size), Dst: dst.addr(i * size), Len: size}
 	}
 	modes := []verify.Mode{verify.Off, verify.Tail, verify.Digest}
 	spent := map[string]time.Duration{}

@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -43,9 +44,9 @@ func TestDeviceToDeviceInEveryMode(t *testing.T) {
 	for _, mode := range verify.Modes {
 		t.Run(string(mode), func(t *testing.T) {
 			fill(srcView)
-			descs := make([]verify.Desc, n)
+			descs := make([]desc.Desc, n)
 			for i := range descs {
-				descs[i] = verify.Desc{Src: src + uint64(i*size), Dst: dst + uint64(i*size), Len: size}
+				descs[i] = desc.Desc{Src: src + uint64(i*size), Dst: dst + uint64(i*size), Len: size}
 			}
 			res, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{Verify: &mode})
 			require.NoError(t, err)
@@ -81,7 +82,7 @@ func TestMixedHostAndDeviceBatch(t *testing.T) {
 	require.NoError(t, recv.Register(devDst, 2*size))
 	fill(hostSrc.b)
 	fill(devSrcView)
-	descs := []verify.Desc{
+	descs := []desc.Desc{
 		{Src: hostSrc.addr(0), Dst: devDst, Len: size},                // host -> device
 		{Src: devSrc, Dst: hostDst.addr(0), Len: size},                // device -> host
 		{Src: devSrc + size, Dst: devDst + size, Len: size},           // device -> device
@@ -104,7 +105,7 @@ func TestDeviceCopyFailureIsAFailedTransfer(t *testing.T) {
 	dst, _ := devAlloc(t, m, size)
 	require.NoError(t, send.Register(src, size))
 	require.NoError(t, recv.Register(dst, size))
-	d := []verify.Desc{{Src: src, Dst: dst, Len: size}}
+	d := []desc.Desc{{Src: src, Dst: dst, Len: size}}
 	m.FailCopies(1) // the sender's staging copy of the source
 	_, err := send.Transfer(recv.Endpoint(), d, TransferOptions{})
 	require.ErrorIs(t, err, errs.Device)
@@ -114,7 +115,7 @@ func TestDeviceCopyFailureIsAFailedTransfer(t *testing.T) {
 	host := newMem(t, size)
 	require.NoError(t, send.Register(host.addr(0), size))
 	m.FailCopies(1) // now the target's copy into its GPU memory
-	_, err = send.Transfer(recv.Endpoint(), []verify.Desc{{Src: host.addr(0), Dst: dst, Len: size}}, TransferOptions{})
+	_, err = send.Transfer(recv.Endpoint(), []desc.Desc{{Src: host.addr(0), Dst: dst, Len: size}}, TransferOptions{})
 	require.ErrorIs(t, err, errs.Device)
 	require.Contains(t, err.Error(), "the target's GPU copy failed")
 }
@@ -173,9 +174,9 @@ func TestDeviceDigestsNameTheDescriptorThatDiffers(t *testing.T) {
 	require.NoError(t, send.Register(src, n*size))
 	require.NoError(t, recv.Register(dst, n*size))
 	fill(srcView)
-	descs := make([]verify.Desc, n)
+	descs := make([]desc.Desc, n)
 	for i := range descs {
-		descs[i] = verify.Desc{Src: src + uint64(i*size), Dst: dst + uint64(i*size), Len: size}
+		descs[i] = desc.Desc{Src: src + uint64(i*size), Dst: dst + uint64(i*size), Len: size}
 	}
 	res, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{})
 	require.NoError(t, err)

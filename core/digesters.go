@@ -1,10 +1,9 @@
 package core
 
 import (
+	"github.com/mcguard/mcguard/core/desc"
 	"runtime"
 	"sync/atomic"
-
-	"github.com/mcguard/mcguard/verify"
 )
 
 // A chunk's sources are digested beside its writes on another goroutine.
@@ -15,7 +14,7 @@ import (
 // digestJob is one chunk's digests to take: a session's own, reused by
 // each of its transfers (under the session's lock, one at a time).
 type digestJob struct {
-	chunk   []verify.Desc
+	chunk   []desc.Desc
 	digests []uint64
 	done    chan error // made once; the result of each run
 }
@@ -34,7 +33,7 @@ func maxIdleDigesters() int32 { return int32(max(runtime.GOMAXPROCS(0), 2)) }
 // digestInBackground takes chunk's digests into digests on a worker; the
 // result comes on the returned channel, which the caller must read before
 // it reuses job, chunk or digests.
-func (g *Guard) digestInBackground(job *digestJob, chunk []verify.Desc, digests []uint64) <-chan error {
+func (g *Guard) digestInBackground(job *digestJob, chunk []desc.Desc, digests []uint64) <-chan error {
 	if job.done == nil {
 		job.done = make(chan error, 1)
 	}

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"github.com/mcguard/mcguard/core/desc"
 	"runtime"
 	"testing"
 	"time"
@@ -8,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/errs"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // Background digests run on workers that are reused, of which only a few
@@ -21,9 +21,9 @@ func TestDigestWorkersAreReusedAndEndWithTheGuard(t *testing.T) {
 	m := newMem(t, n*size)
 	fill(m.b)
 	require.NoError(t, g.Register(m.addr(0), n*size))
-	chunk := make([]verify.Desc, n)
+	chunk := make([]desc.Desc, n)
 	for i := range chunk {
-		chunk[i] = verify.Desc{Src: m.addr(i * size), Len: size}
+		chunk[i] = desc.Desc{Src: m.addr(i * size), Len: size}
 	}
 	want := make([]uint64, n)
 	require.NoError(t, g.digestSources(chunk, want))
@@ -58,7 +58,7 @@ func TestDigestWorkersAreReusedAndEndWithTheGuard(t *testing.T) {
 	require.LessOrEqual(t, runtime.NumGoroutine(), before+1, "workers are reused, not started per job")
 
 	// A source that is not registered fails the job, not the worker.
-	bad := []verify.Desc{{Src: m.addr(0) + n*size, Len: size}}
+	bad := []desc.Desc{{Src: m.addr(0) + n*size, Len: size}}
 	require.ErrorIs(t, <-g.digestInBackground(&job, bad, got[:1]), errs.NotRegistered)
 	require.NoError(t, <-g.digestInBackground(&job, chunk, got))
 

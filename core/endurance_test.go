@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"net"
 	"os"
 	"strings"
@@ -16,7 +17,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/wire"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // TestEndurance runs one receiver for MCGUARD_ENDURANCE_HANDSHAKES
@@ -58,9 +58,9 @@ func TestEndurance(t *testing.T) {
 	}
 	round := func(s *longLived) error {
 		fill(s.src.b)
-		d := make([]verify.Desc, blocks)
+		d := make([]desc.Desc, blocks)
 		for i := range d {
-			d[i] = verify.Desc{Src: s.src.addr(i * size), Dst: s.dst.addr(i * size), Len: size}
+			d[i] = desc.Desc{Src: s.src.addr(i * size), Dst: s.dst.addr(i * size), Len: size}
 		}
 		res, err := s.g.Transfer(recv.Endpoint(), d, TransferOptions{})
 		if err == nil && s.name == "digest" {

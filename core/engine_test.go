@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"sync"
 	"testing"
 	"time"
@@ -206,7 +207,7 @@ func TestEngineErrorsAreReportedWithTheEnginesMessage(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, err.Error(), `no segment named "nobody:9"`)
 	require.Equal(t, AbortUnconfirmed, res.Abort, "the engine's writes pass no guard that could confirm an abort")
-	_, err = p.send.Transfer(p.session, []verify.Desc{{Src: p.src.addr(0), Dst: p.dst.addr(0) + 8192, Len: 64}}, TransferOptions{})
+	_, err = p.send.Transfer(p.session, []desc.Desc{{Src: p.src.addr(0), Dst: p.dst.addr(0) + 8192, Len: 64}}, TransferOptions{})
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "not registered with the engine")
 	err = p.send.Quiesce([]SyncRange{{p.src.addr(0), 64}})
@@ -231,7 +232,7 @@ func TestEngineHungCallEndsAtTheDeadline(t *testing.T) {
 	require.NoError(t, g.Register(m.addr(0), 4096))
 	require.NoError(t, f.register("decode:1", m.addr(0), 4096))
 	start := time.Now()
-	_, err = g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{Deadline: 100 * time.Millisecond})
+	_, err = g.Transfer("decode:1", []desc.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{Deadline: 100 * time.Millisecond})
 	require.ErrorIs(t, err, errs.Timeout)
 	require.Contains(t, err.Error(), "may still land")
 	require.Less(t, time.Since(start), 2*time.Second)
@@ -265,13 +266,13 @@ func TestWaitEngineCallsWaitsForItsTransferOnly(t *testing.T) {
 
 	// Transfer A gives up at its deadline with its write still in the
 	// engine; transfer B, to another session, is still in its write.
-	a, err := g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{Deadline: 100 * time.Millisecond})
+	a, err := g.Transfer("decode:1", []desc.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{Deadline: 100 * time.Millisecond})
 	require.ErrorIs(t, err, errs.Timeout)
 	require.NotZero(t, a.ID, "a failed transfer has an id to wait on")
 	require.Equal(t, "decode:1", <-entered)
 	bDone := make(chan error, 1)
 	go func() {
-		_, err := g.Transfer("decode:2", []verify.Desc{{Src: m.addr(4096), Dst: m.addr(4096), Len: 64}}, TransferOptions{})
+		_, err := g.Transfer("decode:2", []desc.Desc{{Src: m.addr(4096), Dst: m.addr(4096), Len: 64}}, TransferOptions{})
 		bDone <- err
 	}()
 	require.Equal(t, "decode:2", <-entered)
@@ -324,7 +325,7 @@ func TestEngineHeldWritesCountForTheirTransfer(t *testing.T) {
 	require.NoError(t, f.register("decode:1", m.addr(0), 4096))
 	var ids []uint64
 	for range 20 {
-		res, err := g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{})
+		res, err := g.Transfer("decode:1", []desc.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{})
 		require.NoError(t, err, "off trusts the engine: the held write is not seen")
 		ids = append(ids, res.ID)
 	}
@@ -346,7 +347,7 @@ func TestWaitEngineCallsEndsWhenTheGuardCloses(t *testing.T) {
 	m := newMem(t, 4096)
 	require.NoError(t, g.Register(m.addr(0), 4096))
 	require.NoError(t, f.register("decode:1", m.addr(0), 4096))
-	res, err := g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{})
+	res, err := g.Transfer("decode:1", []desc.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{})
 	require.NoError(t, err)
 	waited, started := make(chan error, 1), make(chan struct{})
 	go func() {
@@ -405,10 +406,10 @@ func TestEngineCallEndsAtTimeoutAndCancelAtOnce(t *testing.T) {
 	m := newMem(t, 4096)
 	require.NoError(t, g.Register(m.addr(0), 4096))
 	require.NoError(t, f.register("decode:1", m.addr(0), 4096))
-	desc := []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}
+	descs := []desc.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}
 
 	start := time.Now()
-	res, err := g.Transfer("decode:1", desc, TransferOptions{})
+	res, err := g.Transfer("decode:1", descs, TransferOptions{})
 	took := time.Since(start)
 	require.ErrorIs(t, err, errs.Timeout)
 	require.Contains(t, err.Error(), "timeout_ms")
@@ -418,7 +419,7 @@ func TestEngineCallEndsAtTimeoutAndCancelAtOnce(t *testing.T) {
 
 	done := make(chan error, 1)
 	go func() {
-		_, err := g.Transfer("decode:1", desc, TransferOptions{})
+		_, err := g.Transfer("decode:1", descs, TransferOptions{})
 		done <- err
 	}()
 	<-entered
@@ -451,7 +452,7 @@ func TestEngineInlineCallPastItsDeadlineFails(t *testing.T) {
 	require.NoError(t, g.Register(m.addr(0), 4096))
 	require.NoError(t, f.register("decode:1", m.addr(0), 4096))
 	start := time.Now()
-	_, err = g.Transfer("decode:1", []verify.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{})
+	_, err = g.Transfer("decode:1", []desc.Desc{{Src: m.addr(0), Dst: m.addr(0), Len: 64}}, TransferOptions{})
 	require.ErrorIs(t, err, errs.Timeout)
 	require.GreaterOrEqual(t, time.Since(start), 400*time.Millisecond, "inline: once the callback returned")
 	require.Zero(t, g.engine.InFlight())
@@ -493,7 +494,7 @@ func TestQuiesceEngineKeepsAHeldWriteOutOfTheQuiescedRange(t *testing.T) {
 	require.NoError(t, g.Register(src.addr(0), 8192))
 	require.NoError(t, f.register("decode:1", dst.addr(0), 8192))
 	fill(src.b[:4096])
-	old, err := g.Transfer("decode:1", []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}, TransferOptions{})
+	old, err := g.Transfer("decode:1", []desc.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}, TransferOptions{})
 	require.NoError(t, err, "off trusts the engine: the held write is not seen")
 	start := time.Now()
 	require.NoError(t, g.QuiesceEngine("decode:1", []SyncRange{{Addr: dst.addr(0), Len: 4096}}))
@@ -509,7 +510,7 @@ func TestQuiesceEngineKeepsAHeldWriteOutOfTheQuiescedRange(t *testing.T) {
 	defer g2.Close()
 	require.NoError(t, g2.Register(src.addr(0), 8192))
 	require.NoError(t, g2.QuiesceEngine("decode:1", []SyncRange{{Addr: dst.addr(0), Len: 4096}}), "nothing runs: at once")
-	_, err = g2.Transfer("decode:1", []verify.Desc{{Src: src.addr(4096), Dst: dst.addr(0), Len: 4096}}, TransferOptions{})
+	_, err = g2.Transfer("decode:1", []desc.Desc{{Src: src.addr(4096), Dst: dst.addr(0), Len: 4096}}, TransferOptions{})
 	require.NoError(t, err, "begun after the quiesce")
 	require.Equal(t, src.b[4096:], dst.b[:4096])
 	require.Zero(t, g.engine.Sessions(), "no fence state is kept once nothing runs under it")
@@ -537,7 +538,7 @@ func TestQuiesceEngineFailsATransferUnderWay(t *testing.T) {
 	require.NoError(t, f.register("decode:1", dst.addr(0), 8192))
 	done := make(chan error, 1)
 	go func() {
-		_, err := g.Transfer("decode:1", []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096},
+		_, err := g.Transfer("decode:1", []desc.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096},
 			{Src: src.addr(4096), Dst: dst.addr(4096), Len: 4096}}, TransferOptions{})
 		done <- err
 	}()

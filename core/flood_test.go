@@ -2,6 +2,7 @@ package core
 
 import (
 	"encoding/json"
+	"github.com/mcguard/mcguard/core/desc"
 	"os"
 	"os/exec"
 	"strconv"
@@ -10,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mcguard/mcguard/verify"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 )
@@ -109,7 +109,7 @@ func TestControlFloodIsBounded(t *testing.T) {
 			s.mu.Lock()
 			s.disconnect()
 			s.mu.Unlock()
-			if _, err := send.Transfer(recv.Endpoint(), []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}, TransferOptions{}); err != nil {
+			if _, err := send.Transfer(recv.Endpoint(), []desc.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}, TransferOptions{}); err != nil {
 				failures.Add(1)
 				t.Logf("honest handshake %d: %v", i, err)
 			}

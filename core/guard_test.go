@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"net"
 	"runtime"
 	"sync"
@@ -70,10 +71,10 @@ func newPair(t *testing.T, sendJS, recvJS string, size int) *pair {
 }
 
 // blocks returns n descriptors of size bytes each, src block i to dst block i.
-func (p *pair) blocks(n, size int) []verify.Desc {
-	d := make([]verify.Desc, n)
+func (p *pair) blocks(n, size int) []desc.Desc {
+	d := make([]desc.Desc, n)
 	for i := range d {
-		d[i] = verify.Desc{Src: p.src.addr(i * size), Dst: p.dst.addr(i * size), Len: uint64(size)}
+		d[i] = desc.Desc{Src: p.src.addr(i * size), Dst: p.dst.addr(i * size), Len: uint64(size)}
 	}
 	return d
 }
@@ -81,7 +82,7 @@ func (p *pair) blocks(n, size int) []verify.Desc {
 // transferer returns a transfer of descs to p's receiver, followed where
 // sync is set by the receiver's sync of it, that allocates nothing of its
 // own: for the allocation tests.
-func (p *pair) transferer(t testing.TB, descs []verify.Desc, sync bool) func() {
+func (p *pair) transferer(t testing.TB, descs []desc.Desc, sync bool) func() {
 	ids := make([]uint64, 1)
 	return func() {
 		res, err := p.send.Transfer(p.session, descs, TransferOptions{})
@@ -116,7 +117,7 @@ func TestTransferLargeDescriptorIsSliced(t *testing.T) {
 	size := 9<<20 + 123 // over two wire slices, not a multiple of one
 	p := newPair(t, "", "", size)
 	fill(p.src.b)
-	_, err := p.send.Transfer(p.recv.Endpoint(), []verify.Desc{{Src: p.src.addr(0), Dst: p.dst.addr(0), Len: uint64(size)}}, TransferOptions{})
+	_, err := p.send.Transfer(p.recv.Endpoint(), []desc.Desc{{Src: p.src.addr(0), Dst: p.dst.addr(0), Len: uint64(size)}}, TransferOptions{})
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(p.src.b, p.dst.b))
 }
@@ -234,10 +235,10 @@ func TestSameSessionBatchesNeverInterleave(t *testing.T) {
 		}
 		require.NoError(t, send.Register(m.addr(0), n*size))
 	}
-	descs := func(m *mem) []verify.Desc {
-		d := make([]verify.Desc, n)
+	descs := func(m *mem) []desc.Desc {
+		d := make([]desc.Desc, n)
 		for i := range d {
-			d[i] = verify.Desc{Src: m.addr(i * size), Dst: dst.addr(i * size), Len: size}
+			d[i] = desc.Desc{Src: m.addr(i * size), Dst: dst.addr(i * size), Len: size}
 		}
 		return d
 	}
@@ -283,9 +284,9 @@ func TestConcurrentSessionsUseSeparateScratch(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for round := 0; round < 10 && failed[i] == nil; round++ {
-				d := make([]verify.Desc, n)
+				d := make([]desc.Desc, n)
 				for j := range d {
-					d[j] = verify.Desc{Src: src.addr((i*n + j) * size), Dst: dsts[i].addr(j * size), Len: size}
+					d[j] = desc.Desc{Src: src.addr((i*n + j) * size), Dst: dsts[i].addr(j * size), Len: size}
 				}
 				_, failed[i] = send.Transfer(recvs[i].Endpoint(), d, TransferOptions{})
 			}
@@ -308,25 +309,25 @@ func TestConcurrentSessionsUseSeparateScratch(t *testing.T) {
 func TestTransferRejectsBadInput(t *testing.T) {
 	p := newPair(t, `{"connect_timeout_ms": 200}`, "", 4096)
 	ep := p.recv.Endpoint()
-	ok := verify.Desc{Src: p.src.addr(0), Dst: p.dst.addr(0), Len: 64}
+	ok := desc.Desc{Src: p.src.addr(0), Dst: p.dst.addr(0), Len: 64}
 	cases := []struct {
 		name    string
 		session string
-		descs   []verify.Desc
+		descs   []desc.Desc
 		want    error
 	}{
 		{"no descriptors", ep, nil, errs.InvalidArg},
-		{"zero length", ep, []verify.Desc{ok, {Src: ok.Src, Dst: ok.Dst}}, errs.InvalidArg},
-		{"source unregistered", ep, []verify.Desc{{Src: p.src.addr(0) + 8192, Dst: ok.Dst, Len: 8}}, errs.NotRegistered},
-		{"source overruns region", ep, []verify.Desc{{Src: p.src.addr(4000), Dst: ok.Dst, Len: 200}}, errs.NotRegistered},
-		{"source wraps", ep, []verify.Desc{{Src: ^uint64(0) - 4, Dst: ok.Dst, Len: 64}}, errs.NotRegistered},
-		{"destination unregistered", ep, []verify.Desc{{Src: ok.Src, Dst: p.dst.addr(0) + 8192, Len: 8}}, errs.NotRegistered},
-		{"destination wraps", ep, []verify.Desc{{Src: ok.Src, Dst: ^uint64(0) - 4, Len: 64}}, errs.InvalidArg},
-		{"bad session name", "nonsense", []verify.Desc{ok}, errs.InvalidArg},
-		{"port out of range", "127.0.0.1:99999", []verify.Desc{ok}, errs.InvalidArg},
-		{"no port", "127.0.0.1", []verify.Desc{ok}, errs.InvalidArg},
-		{"IPv6 without brackets", "::1:5000", []verify.Desc{ok}, errs.InvalidArg},
-		{"refused", unusedAddr(t), []verify.Desc{ok}, errs.Peer},
+		{"zero length", ep, []desc.Desc{ok, {Src: ok.Src, Dst: ok.Dst}}, errs.InvalidArg},
+		{"source unregistered", ep, []desc.Desc{{Src: p.src.addr(0) + 8192, Dst: ok.Dst, Len: 8}}, errs.NotRegistered},
+		{"source overruns region", ep, []desc.Desc{{Src: p.src.addr(4000), Dst: ok.Dst, Len: 200}}, errs.NotRegistered},
+		{"source wraps", ep, []desc.Desc{{Src: ^uint64(0) - 4, Dst: ok.Dst, Len: 64}}, errs.NotRegistered},
+		{"destination unregistered", ep, []desc.Desc{{Src: ok.Src, Dst: p.dst.addr(0) + 8192, Len: 8}}, errs.NotRegistered},
+		{"destination wraps", ep, []desc.Desc{{Src: ok.Src, Dst: ^uint64(0) - 4, Len: 64}}, errs.InvalidArg},
+		{"bad session name", "nonsense", []desc.Desc{ok}, errs.InvalidArg},
+		{"port out of range", "127.0.0.1:99999", []desc.Desc{ok}, errs.InvalidArg},
+		{"no port", "127.0.0.1", []desc.Desc{ok}, errs.InvalidArg},
+		{"IPv6 without brackets", "::1:5000", []desc.Desc{ok}, errs.InvalidArg},
+		{"refused", unusedAddr(t), []desc.Desc{ok}, errs.Peer},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -335,7 +336,7 @@ func TestTransferRejectsBadInput(t *testing.T) {
 		})
 	}
 	before := append([]byte(nil), p.dst.b...)
-	_, err := p.send.Transfer(ep, []verify.Desc{ok}, TransferOptions{})
+	_, err := p.send.Transfer(ep, []desc.Desc{ok}, TransferOptions{})
 	require.NoError(t, err, "the session still works after refusals")
 	require.Equal(t, p.src.b[:64], p.dst.b[:64])
 	require.Equal(t, before[64:], p.dst.b[64:])
@@ -348,7 +349,7 @@ func TestDestinationRegisteredAfterHandshake(t *testing.T) {
 	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(1, 64), TransferOptions{})
 	require.NoError(t, err)
 	require.NoError(t, p.recv.Register(more.addr(0), 4096))
-	_, err = p.send.Transfer(p.recv.Endpoint(), []verify.Desc{{Src: p.src.addr(0), Dst: more.addr(100), Len: 500}}, TransferOptions{})
+	_, err = p.send.Transfer(p.recv.Endpoint(), []desc.Desc{{Src: p.src.addr(0), Dst: more.addr(100), Len: 500}}, TransferOptions{})
 	require.NoError(t, err, "a stale region table is refreshed once")
 	require.Equal(t, p.src.b[:500], more.b[100:600])
 }
@@ -367,7 +368,7 @@ func TestDeadPeerErrorsThenRecovers(t *testing.T) {
 	src, dst := newMem(t, 4096), newMem(t, 4096)
 	fill(src.b)
 	require.NoError(t, send.Register(src.addr(0), 4096))
-	d := []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}
+	d := []desc.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}
 
 	recv, err := Open(testConfig(t, js))
 	require.NoError(t, err)

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"github.com/mcguard/mcguard/core/desc"
 	"net"
 	"os"
 	"os/exec"
@@ -93,7 +94,7 @@ func TestHonestSessionsGetInDuringAHelloFlood(t *testing.T) {
 		s.mu.Unlock()
 		tried++
 		start := time.Now()
-		if _, err := send.Transfer(recv.Endpoint(), []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}, TransferOptions{Verify: ptr(verify.Full)}); err != nil {
+		if _, err := send.Transfer(recv.Endpoint(), []desc.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}, TransferOptions{Verify: ptr(verify.Full)}); err != nil {
 			failed++
 			t.Logf("honest session %d failed after %v: %v", tried, time.Since(start), err)
 		} else {

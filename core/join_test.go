@@ -2,6 +2,7 @@ package core
 
 import (
 	"crypto/rand"
+	"github.com/mcguard/mcguard/core/desc"
 	mrand "math/rand/v2"
 	"testing"
 
@@ -116,7 +117,7 @@ func TestJoinedTransfersOnRandomBatches(t *testing.T) {
 		lens := []int{64, 1000, 4096, 4096, 4096, 65536}
 		for round := 0; round < 30; round++ {
 			rand.Read(p.src.b)
-			var descs []verify.Desc
+			var descs []desc.Desc
 			s, d := 0, 0
 			for k := 1 + r.IntN(64); k > 0; k-- {
 				n := lens[r.IntN(len(lens))]
@@ -128,7 +129,7 @@ func TestJoinedTransfersOnRandomBatches(t *testing.T) {
 				if s+n > size || d+n > size {
 					break
 				}
-				descs = append(descs, verify.Desc{Src: p.src.addr(s), Dst: p.dst.addr(d), Len: uint64(n)})
+				descs = append(descs, desc.Desc{Src: p.src.addr(s), Dst: p.dst.addr(d), Len: uint64(n)})
 				s, d = s+n, d+n
 			}
 			_, err := p.send.Transfer(p.session, descs, TransferOptions{})

@@ -2,12 +2,12 @@ package core
 
 import (
 	"bytes"
+	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/errs"
-	"github.com/mcguard/mcguard/verify"
 )
 
 const landing = `{"digest_at": "landing"}`
@@ -64,7 +64,7 @@ func TestALaterWriteInvalidatesALandedDigest(t *testing.T) {
 	require.NoError(t, err)
 	// Other bytes over descriptor 7 (and half of 8), before the first is synced.
 	fill(p.src.b[7*4096 : 8*4096+2048])
-	over := []verify.Desc{{Src: p.src.addr(7 * 4096), Dst: p.dst.addr(7 * 4096), Len: 4096 + 2048}}
+	over := []desc.Desc{{Src: p.src.addr(7 * 4096), Dst: p.dst.addr(7 * 4096), Len: 4096 + 2048}}
 	second, err := p.send.Transfer(p.session, over, TransferOptions{})
 	require.NoError(t, err)
 	err = p.recv.SyncTransfers([]uint64{first.ID}, 0)

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"slices"
 	"testing"
 	"time"
@@ -144,7 +145,7 @@ func TestSyncComparesDigests(t *testing.T) {
 	digests := make([]uint64, len(descs))
 	_, err := p.send.Transfer(p.recv.Endpoint(), descs, TransferOptions{Digests: digests})
 	require.NoError(t, err)
-	require.Equal(t, verify.DigestOf(p.src.b[:4096]), digests[0])
+	require.Equal(t, desc.DigestOf(p.src.b[:4096]), digests[0])
 	ranges := make([]SyncRange, len(descs))
 	for i, d := range descs {
 		ranges[i] = SyncRange{d.Dst, d.Len}

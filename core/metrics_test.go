@@ -2,13 +2,13 @@ package core
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/errs"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // The metrics say what happened, by mode and outcome, in the text format.
@@ -19,7 +19,7 @@ func TestMetrics(t *testing.T) {
 		_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(16, 4096), TransferOptions{})
 		require.NoError(t, err)
 	}
-	_, err := p.send.Transfer(p.recv.Endpoint(), []verify.Desc{{Src: p.src.addr(0), Dst: p.dst.addr(0) + 1<<30, Len: 8}}, TransferOptions{})
+	_, err := p.send.Transfer(p.recv.Endpoint(), []desc.Desc{{Src: p.src.addr(0), Dst: p.dst.addr(0) + 1<<30, Len: 8}}, TransferOptions{})
 	require.ErrorIs(t, err, errs.NotRegistered)
 	require.NoError(t, p.recv.Sync([]SyncRange{{p.dst.addr(0), 4096}}, nil, 0))
 	send, err := p.send.Metrics()

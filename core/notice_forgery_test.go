@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"context"
+	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -14,7 +15,7 @@ import (
 // forgeNotice sends, from g's session to the guard at session, a digest
 // mode notice for transfer id claiming that chunk's destinations hold
 // bytes with these digests, and returns the receiver's answer.
-func forgeNotice(t *testing.T, g *Guard, session string, id uint64, chunk []verify.Desc, digests []uint64) error {
+func forgeNotice(t *testing.T, g *Guard, session string, id uint64, chunk []desc.Desc, digests []uint64) error {
 	ctx := context.Background()
 	s, err := g.lockSession(ctx, session, chunk)
 	require.NoError(t, err)
@@ -23,7 +24,7 @@ func forgeNotice(t *testing.T, g *Guard, session string, id uint64, chunk []veri
 		return err
 	}
 	// A fenced read-back of one byte reads the notice's answer first.
-	err = s.conn.Read(ctx, []verify.Range{{Addr: chunk[0].Dst, Len: 1}}, make([]byte, 1), true)
+	err = s.conn.Read(ctx, []desc.Range{{Addr: chunk[0].Dst, Len: 1}}, make([]byte, 1), true)
 	s.disconnect()
 	return err
 }
@@ -48,7 +49,7 @@ func TestANoticeCannotStandInForAnotherSenders(t *testing.T) {
 	// Mallory's guess at the sender's next id, with the digest of what the
 	// destination holds now: the receiver takes it (it is her own id).
 	guess := first.ID + 1
-	now := []uint64{verify.DigestOf(p.dst.b)}
+	now := []uint64{desc.DigestOf(p.dst.b)}
 	require.NoError(t, forgeNotice(t, mallory, p.session, guess, chunk, now))
 
 	fill(p.src.b)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
@@ -26,7 +27,7 @@ import (
 // parts of at most wire.MaxNoticeDescs descriptors; with fenceFollows the
 // caller fences the data connection next, which carries a notice posted
 // on it.
-func (g *Guard) notify(ctx context.Context, s *session, id uint64, mode verify.Mode, total, base int, chunk []verify.Desc, digests []uint64, fenceFollows bool) error {
+func (g *Guard) notify(ctx context.Context, s *session, id uint64, mode verify.Mode, total, base int, chunk []desc.Desc, digests []uint64, fenceFollows bool) error {
 	if err := s.greet(ctx, g); err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"maps"
 	"testing"
 	"time"
@@ -10,7 +11,6 @@ import (
 
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/wire"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // countedLanded is a landed set that counts its releases.
@@ -170,7 +170,7 @@ func TestNoticesCountPerSendingGuard(t *testing.T) {
 		res, err := p.send.Transfer(p.session, p.blocks(1, 4096), TransferOptions{})
 		require.NoError(t, err)
 		ids = append(ids, res.ID)
-		res, err = other.Transfer(p.session, []verify.Desc{{Src: src.addr(0), Dst: p.dst.addr(4096 * (1 + i)), Len: 4096}}, TransferOptions{})
+		res, err = other.Transfer(p.session, []desc.Desc{{Src: src.addr(0), Dst: p.dst.addr(4096 * (1 + i)), Len: 4096}}, TransferOptions{})
 		require.NoError(t, err)
 		ids = append(ids, res.ID)
 	}

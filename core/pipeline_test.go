@@ -3,6 +3,7 @@ package core
 import (
 	"crypto/rand"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	mrand "math/rand/v2"
 	"testing"
 	"time"
@@ -10,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/errs"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // In every read-back mode a batch of several chunks posts each chunk's
@@ -66,10 +66,10 @@ func TestPipelinedChunksWritingTheSamePlace(t *testing.T) {
 				`{`+inject+`}`, 2*n*size)
 			// Chunks 2j and 2j+1 (16 blocks each) write the same 16
 			// destination blocks, from source blocks of their own.
-			descs := make([]verify.Desc, 2*n)
+			descs := make([]desc.Desc, 2*n)
 			for i := range descs {
 				c, k := i/16, i%16
-				descs[i] = verify.Desc{Src: p.src.addr(i * size), Dst: p.dst.addr((c/2*16 + k) * size), Len: size}
+				descs[i] = desc.Desc{Src: p.src.addr(i * size), Dst: p.dst.addr((c/2*16 + k) * size), Len: size}
 			}
 			for round := 0; round < 10; round++ {
 				rand.Read(p.src.b)
@@ -91,8 +91,8 @@ func TestPipelinedChunksWritingTheSamePlace(t *testing.T) {
 
 // randomBlocks is a batch of up to k blocks of the given lengths, in
 // order with gaps, or backwards, inside p's memory of size bytes.
-func randomBlocks(r *mrand.Rand, p *pair, size int, lens []int, k int) []verify.Desc {
-	var descs []verify.Desc
+func randomBlocks(r *mrand.Rand, p *pair, size int, lens []int, k int) []desc.Desc {
+	var descs []desc.Desc
 	s, d := 0, 0
 	for ; k > 0; k-- {
 		n := lens[r.IntN(len(lens))]
@@ -103,7 +103,7 @@ func randomBlocks(r *mrand.Rand, p *pair, size int, lens []int, k int) []verify.
 		if s+n > size || d+n > size {
 			break
 		}
-		descs = append(descs, verify.Desc{Src: p.src.addr(s), Dst: p.dst.addr(d), Len: uint64(n)})
+		descs = append(descs, desc.Desc{Src: p.src.addr(s), Dst: p.dst.addr(d), Len: uint64(n)})
 		s, d = s+n, d+n
 	}
 	if r.IntN(3) == 0 { // backwards at the destination: nothing joins
@@ -117,7 +117,7 @@ func randomBlocks(r *mrand.Rand, p *pair, size int, lens []int, k int) []verify.
 }
 
 // requireLanded compares every descriptor's destination with its source.
-func requireLanded(t *testing.T, p *pair, descs []verify.Desc, what string) {
+func requireLanded(t *testing.T, p *pair, descs []desc.Desc, what string) {
 	t.Helper()
 	for i, x := range descs {
 		so, do := int(x.Src-p.src.addr(0)), int(x.Dst-p.dst.addr(0))

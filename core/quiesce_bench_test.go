@@ -1,6 +1,7 @@
 package core
 
 import (
+	"github.com/mcguard/mcguard/core/desc"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -8,7 +9,6 @@ import (
 	"time"
 
 	"github.com/mcguard/mcguard/core/internal/models"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // BenchmarkQuiesce measures what a quiesce costs: its own time with no
@@ -26,9 +26,9 @@ func BenchmarkQuiesce(b *testing.B) {
 		mustNoErr(b, send.Register(src.addr(0), n*size))
 		mustNoErr(b, recv.Register(dst.addr(0), n*size))
 		mustNoErr(b, recv.Register(spare.addr(0), 1<<20))
-		descs := make([]verify.Desc, n)
+		descs := make([]desc.Desc, n)
 		for k := range descs {
-			descs[k] = verify.Desc{Src: src.addr(k * size), Dst: dst.addr(k * size), Len: size}
+			descs[k] = desc.Desc{Src: src.addr(k * size), Dst: dst.addr(k * size), Len: size}
 		}
 		ranges := []SyncRange{{spare.addr(0), 1 << 20}}
 		quiesceTimes := func(k int) []time.Duration {

@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 	"time"
 
@@ -136,10 +137,10 @@ func gpuOverRDMA(t *testing.T, sendJS string, size int) (send, recv *Guard, src,
 	return
 }
 
-func gpuBlocks(src, dst uint64, n, size int) []verify.Desc {
-	d := make([]verify.Desc, n)
+func gpuBlocks(src, dst uint64, n, size int) []desc.Desc {
+	d := make([]desc.Desc, n)
 	for i := range d {
-		d[i] = verify.Desc{Src: src + uint64(i*size), Dst: dst + uint64(i*size), Len: uint64(size)}
+		d[i] = desc.Desc{Src: src + uint64(i*size), Dst: dst + uint64(i*size), Len: uint64(size)}
 	}
 	return d
 }
@@ -174,7 +175,7 @@ func TestRDMAGPUWritesAreVisibleToKernelsOnlyAfterTheReceiversSync(t *testing.T)
 	// A read-back of host memory on the same queue pair: once it returns,
 	// the GPU writes before it have landed (a READ does not pass them) and
 	// were not flushed (it read no GPU memory).
-	_, err = send.Transfer(recv.Endpoint(), []verify.Desc{{Src: hostSrc.addr(0), Dst: hostDst.addr(0), Len: 64}}, TransferOptions{Verify: ptr(verify.Tail)})
+	_, err = send.Transfer(recv.Endpoint(), []desc.Desc{{Src: hostSrc.addr(0), Dst: hostDst.addr(0), Len: 64}}, TransferOptions{Verify: ptr(verify.Tail)})
 	require.NoError(t, err)
 	require.False(t, bytes.Equal(srcView, dstView), "GPUDirect writes have landed, and kernels may not see them yet")
 	require.NoError(t, recv.Sync([]SyncRange{{dst, size}}, nil, 0))

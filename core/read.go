@@ -2,9 +2,9 @@ package core
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 
 	"github.com/mcguard/mcguard/core/transport"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // readWindow bounds the bytes one Read fetches into the session's scratch
@@ -13,7 +13,7 @@ const readWindow = 64 << 20
 
 // Read copies remote bytes into local registered memory: for each
 // descriptor, Len bytes from the session's Dst into local Src.
-func (g *Guard) Read(name string, descs []verify.Desc) error {
+func (g *Guard) Read(name string, descs []desc.Desc) error {
 	if err := g.enter(); err != nil {
 		return err
 	}
@@ -31,12 +31,12 @@ func (g *Guard) Read(name string, descs []verify.Desc) error {
 		slices = append(slices, sl)
 	}
 	size := func(i int) uint64 { return slices[i].Len }
-	var ranges []verify.Range
+	var ranges []desc.Range
 	for start, end := range transport.Groups(len(slices), size, len(slices), readWindow) {
 		ranges = ranges[:0]
 		var total uint64
 		for _, sl := range slices[start:end] {
-			ranges = append(ranges, verify.Range{Addr: sl.Dst, Len: sl.Len})
+			ranges = append(ranges, desc.Range{Addr: sl.Dst, Len: sl.Len})
 			total += sl.Len
 		}
 		buf := s.scratch.Bytes(total)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"slices"
 	"sync"
 
@@ -163,12 +164,12 @@ type syncCall struct {
 	waiter  noticeWaiter    // for notices still on their way
 	ranges  []SyncRange
 	regions []memory.Region
-	vr      []verify.Range
+	vr      []desc.Range
 	digests []uint64
-	landed  []transport.Landed                 // the notice's digests taken as the bytes landed
-	set, at int                                // where in landed the next range is looked for first
-	known   func(verify.Range) (uint64, bool)  // c.landedDigest, bound once
-	digest  func(verify.Range) (uint64, error) // c.readDigest, bound once: CompareDigests may hand it to goroutines
+	landed  []transport.Landed               // the notice's digests taken as the bytes landed
+	set, at int                              // where in landed the next range is looked for first
+	known   func(desc.Range) (uint64, bool)  // c.landedDigest, bound once
+	digest  func(desc.Range) (uint64, error) // c.readDigest, bound once: CompareDigests may hand it to goroutines
 }
 
 var syncCalls = sync.Pool{New: func() any {
@@ -249,7 +250,7 @@ func (c *syncCall) settle(ranges []SyncRange, digests []uint64, landed []transpo
 	}
 	c.vr = slices.Grow(c.vr[:0], len(ranges))
 	for _, r := range ranges {
-		c.vr = append(c.vr, verify.Range(r))
+		c.vr = append(c.vr, desc.Range(r))
 	}
 	c.landed, c.set, c.at = landed, 0, 0
 	known := c.known
@@ -271,7 +272,7 @@ func (c *syncCall) settle(ranges []SyncRange, digests []uint64, landed []transpo
 // target took one. CompareDigests asks for the ranges in order, and they
 // landed in that order: each is looked for first right after the last
 // one found.
-func (c *syncCall) landedDigest(r verify.Range) (uint64, bool) {
+func (c *syncCall) landedDigest(r desc.Range) (uint64, bool) {
 	for c.set < len(c.landed) && c.at >= c.landed[c.set].Len() {
 		c.set, c.at = c.set+1, 0
 	}
@@ -300,7 +301,7 @@ func (c *syncCall) landedDigest(r verify.Range) (uint64, bool) {
 // some are in device memory (staged a run at a time, not a range at a
 // time), and returns the lookup CompareDigests asks first: a digest taken
 // as the range landed, else the one just read.
-func (c *syncCall) deviceDigests() (func(verify.Range) (uint64, bool), error) {
+func (c *syncCall) deviceDigests() (func(desc.Range) (uint64, bool), error) {
 	addrs, lens, read := make([]uint64, len(c.vr)), make([]uint64, len(c.vr)), make([]uint64, len(c.vr))
 	for i, r := range c.vr {
 		addrs[i], lens[i] = r.Addr, r.Len
@@ -310,7 +311,7 @@ func (c *syncCall) deviceDigests() (func(verify.Range) (uint64, bool), error) {
 	}
 	c.g.stats.digestsRead.Add(int64(len(read)))
 	next := 0
-	return func(r verify.Range) (uint64, bool) {
+	return func(r desc.Range) (uint64, bool) {
 		i := next
 		next++
 		if d, ok := c.landedDigest(r); ok {
@@ -321,7 +322,7 @@ func (c *syncCall) deviceDigests() (func(verify.Range) (uint64, bool), error) {
 }
 
 // readDigest is a synced range's digest read from memory.
-func (c *syncCall) readDigest(r verify.Range) (uint64, error) {
+func (c *syncCall) readDigest(r desc.Range) (uint64, error) {
 	c.g.stats.digestsRead.Add(1)
 	return c.g.regions.Digest(r.Addr, r.Len)
 }

@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"errors"
+	"github.com/mcguard/mcguard/core/desc"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -111,9 +112,9 @@ func TestSameHostConcurrentSessions(t *testing.T) {
 			defer wg.Done()
 			for r := 0; r < 20; r++ {
 				fill(src.b)
-				descs := make([]verify.Desc, 16)
+				descs := make([]desc.Desc, 16)
 				for i := range descs {
-					descs[i] = verify.Desc{Src: src.addr(i * 4096), Dst: dst.addr((k*16 + i) * 4096), Len: 4096}
+					descs[i] = desc.Desc{Src: src.addr(i * 4096), Dst: dst.addr((k*16 + i) * 4096), Len: 4096}
 				}
 				_, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{})
 				require.NoError(t, err)
@@ -152,7 +153,7 @@ type sending struct {
 	quit, done chan struct{}
 }
 
-func keepSending(t *testing.T, p *pair, descs []verify.Desc) *sending {
+func keepSending(t *testing.T, p *pair, descs []desc.Desc) *sending {
 	s := &sending{quit: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
@@ -197,7 +198,7 @@ func TestSameHostWritersComeAndGoWithoutLeaking(t *testing.T) {
 		src := newMem(t, 4096)
 		require.NoError(t, send.Register(src.addr(0), 4096))
 		fill(src.b)
-		_, err := send.Transfer(recv.Endpoint(), []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}, TransferOptions{})
+		_, err := send.Transfer(recv.Endpoint(), []desc.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}, TransferOptions{})
 		require.NoError(t, err)
 		require.Equal(t, src.b, dst.b)
 		require.Positive(t, pushed(t, send))
@@ -239,9 +240,9 @@ func TestSameHostUnregisterUnderConcurrentSenders(t *testing.T) {
 				default:
 				}
 				r := (i + k) % regions
-				descs := make([]verify.Desc, 16)
+				descs := make([]desc.Desc, 16)
 				for j := range descs {
-					descs[j] = verify.Desc{Src: src.addr(j * 4096), Dst: base(r) + uint64(j*4096), Len: 4096}
+					descs[j] = desc.Desc{Src: src.addr(j * 4096), Dst: base(r) + uint64(j*4096), Len: 4096}
 				}
 				if _, err := send.Transfer(recv.Endpoint(), descs, TransferOptions{}); err == nil {
 					landed.Add(1)

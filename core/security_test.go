@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"io"
 	"net"
 	"os"
@@ -196,7 +197,7 @@ func TestHostilePeers(t *testing.T) {
 			default:
 			}
 			fill(srcMem.b)
-			d := []verify.Desc{{Src: srcMem.addr(0), Dst: recvMem.addr(), Len: size}}
+			d := []desc.Desc{{Src: srcMem.addr(0), Dst: recvMem.addr(), Len: size}}
 			if _, err := send.Transfer(recv.Endpoint(), d, TransferOptions{Verify: ptr(verify.Full)}); err != nil {
 				honestErr = err
 				return
@@ -291,7 +292,7 @@ func TestHostilePeers(t *testing.T) {
 
 	// And it still serves honest peers afterwards.
 	fill(srcMem.b)
-	_, err = send.Transfer(recv.Endpoint(), []verify.Desc{{Src: srcMem.addr(0), Dst: recvMem.addr(), Len: size}}, TransferOptions{Verify: ptr(verify.Full)})
+	_, err = send.Transfer(recv.Endpoint(), []desc.Desc{{Src: srcMem.addr(0), Dst: recvMem.addr(), Len: size}}, TransferOptions{Verify: ptr(verify.Full)})
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(srcMem.b, recvMem.all.b[pad:pad+size]))
 }
@@ -306,7 +307,7 @@ func TestUnregisterWhilePeerWrites(t *testing.T) {
 	fill(src.b)
 	failed := make(chan error, 1)
 	go func() {
-		d := []verify.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: size}}
+		d := []desc.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: size}}
 		for {
 			if _, err := send.Transfer(recv.Endpoint(), d, TransferOptions{}); err != nil {
 				failed <- err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	mrand "math/rand/v2"
 	"slices"
 	"time"
@@ -36,7 +37,7 @@ type TransferResult struct {
 
 // Transfer writes every descriptor to session and returns nil only after
 // the configured verification confirmed the bytes at the target.
-func (g *Guard) Transfer(name string, descs []verify.Desc, opts TransferOptions) (TransferResult, error) {
+func (g *Guard) Transfer(name string, descs []desc.Desc, opts TransferOptions) (TransferResult, error) {
 	if err := g.enter(); err != nil {
 		return TransferResult{}, err
 	}
@@ -75,7 +76,7 @@ func (g *Guard) Transfer(name string, descs []verify.Desc, opts TransferOptions)
 
 // checkBatch validates a batch whose local side is Src and remote side
 // Dst, and returns its byte count.
-func (g *Guard) checkBatch(name string, descs []verify.Desc) (uint64, error) {
+func (g *Guard) checkBatch(name string, descs []desc.Desc) (uint64, error) {
 	if len(descs) == 0 {
 		return 0, fmt.Errorf("%w: a transfer needs at least one descriptor", errs.InvalidArg)
 	}
@@ -103,7 +104,7 @@ func (g *Guard) checkBatch(name string, descs []verify.Desc) (uint64, error) {
 
 // lockSession returns name's session locked, connected, and with a region
 // table that covers every remote range of descs. The caller unlocks it.
-func (g *Guard) lockSession(ctx context.Context, name string, descs []verify.Desc) (*session, error) {
+func (g *Guard) lockSession(ctx context.Context, name string, descs []desc.Desc) (*session, error) {
 	s := g.session(name)
 	s.mu.Lock()
 	err := s.connect(ctx, g)
@@ -123,7 +124,7 @@ func (g *Guard) lockSession(ctx context.Context, name string, descs []verify.Des
 	return s, nil
 }
 
-func (g *Guard) transfer(name string, descs []verify.Desc, opts TransferOptions) (res TransferResult, err error) {
+func (g *Guard) transfer(name string, descs []desc.Desc, opts TransferOptions) (res TransferResult, err error) {
 	total, err := g.checkBatch(name, descs)
 	if err != nil {
 		return res, err
@@ -195,7 +196,7 @@ type chunks struct {
 	g     *Guard
 	s     *session
 	ctx   context.Context
-	descs []verify.Desc
+	descs []desc.Desc
 	opts  TransferOptions
 	vcfg  verify.Config
 	id    uint64 // the transfer's
@@ -292,7 +293,7 @@ func (r *chunks) count(d verify.Delivery) {
 // (verify.Deliver), and recovers once where the session's view of the
 // receiver, not the bytes, was out of date (writing the chunk again, and
 // posting nothing behind it).
-func (g *Guard) deliver(ctx context.Context, s *session, vcfg verify.Config, seed uint64, chunk []verify.Desc, base int, announce func(fenceFollows bool) error, pipe *verify.Pipeline) (verify.Delivery, error) {
+func (g *Guard) deliver(ctx context.Context, s *session, vcfg verify.Config, seed uint64, chunk []desc.Desc, base int, announce func(fenceFollows bool) error, pipe *verify.Pipeline) (verify.Delivery, error) {
 	d, err := verify.Deliver(ctx, vcfg, seed, s.conn, chunk, base, g.view, &s.scratch, announce, pipe)
 	switch {
 	case err == nil:
@@ -353,7 +354,7 @@ func (s *session) epoch() (uint64, bool) {
 // releaseSources: an Unregister meanwhile waits for the transfer, so no
 // part of it (a write, a read-back's comparison, a digest) reads memory
 // that the application freed after Unregister returned.
-func (s *session) holdSources(g *Guard, descs []verify.Desc) error {
+func (s *session) holdSources(g *Guard, descs []desc.Desc) error {
 	s.held = s.held[:0]
 	var in memory.Region // the region held last: consecutive sources in it need no hold of their own
 	for i, d := range descs {
@@ -393,7 +394,7 @@ func isMismatch(err error) bool {
 // digestSources takes each source's digest into digests: a chunk of
 // device memory staged together (regions.Digests); host memory one by
 // one in place, allocating nothing.
-func (g *Guard) digestSources(chunk []verify.Desc, digests []uint64) (err error) {
+func (g *Guard) digestSources(chunk []desc.Desc, digests []uint64) (err error) {
 	if len(chunk) > 1 && g.onDevice(chunk[0].Src, chunk[0].Len) {
 		addrs, lens := make([]uint64, len(chunk)), make([]uint64, len(chunk))
 		for i, d := range chunk {
@@ -422,7 +423,7 @@ func (g *Guard) onDevice(addr, n uint64) bool {
 // out (tens of µs) rather than beside them on another goroutine.
 const inlineDigestBytes = 256 << 10
 
-func chunkBytes(chunk []verify.Desc) uint64 {
+func chunkBytes(chunk []desc.Desc) uint64 {
 	var n uint64
 	for _, d := range chunk {
 		n += d.Len

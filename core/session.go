@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"sync"
 
 	zmq "github.com/pebbe/zmq4"
@@ -170,7 +171,7 @@ func (s *session) signNotice(n wire.Notice) []byte {
 
 // checkDst returns the index of the first descriptor whose destination
 // is outside the session's registered regions, or -1.
-func (s *session) checkDst(descs []verify.Desc) int {
+func (s *session) checkDst(descs []desc.Desc) int {
 	for i, d := range descs {
 		if !memory.Covers(s.hello.Regions, d.Dst, d.Len) {
 			return i

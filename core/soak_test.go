@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -112,9 +113,9 @@ func TestSoak(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			d := make([]verify.Desc, 64)
+			d := make([]desc.Desc, 64)
 			for j := range d {
-				d[j] = verify.Desc{Src: big.addr((i*64 + j) * size), Dst: dsts[i].addr(j * size), Len: size}
+				d[j] = desc.Desc{Src: big.addr((i*64 + j) * size), Dst: dsts[i].addr(j * size), Len: size}
 			}
 			for r := 0; r < 20 && failed[i] == nil; r++ {
 				_, failed[i] = send.Transfer(recvs[i].Endpoint(), d, TransferOptions{Verify: ptr(verify.Sample)})
@@ -146,7 +147,7 @@ func soakCycle(t *testing.T, recv *Guard, src, dst *mem, block int) {
 	if err := g.Register(src.addr(0), 4096); err != nil {
 		t.Fatal(err)
 	}
-	_, err = g.Transfer(recv.Endpoint(), []verify.Desc{{Src: src.addr(0), Dst: dst.addr(block * 4096), Len: 4096}}, TransferOptions{})
+	_, err = g.Transfer(recv.Endpoint(), []desc.Desc{{Src: src.addr(0), Dst: dst.addr(block * 4096), Len: 4096}}, TransferOptions{})
 	if err != nil {
 		t.Fatal(fmt.Errorf("cycle transfer: %w", err))
 	}

@@ -2,6 +2,7 @@ package core
 
 import (
 	"bytes"
+	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -48,10 +49,10 @@ func TestStripedUnevenDescriptors(t *testing.T) {
 	p := newPair(t, `{"tcp_stripes": 3, "same_host": "off"}`, ``, 10<<20)
 	fill(p.src.b)
 	// Uneven descriptors: the runs still cover the batch, in order.
-	descs := []verify.Desc{}
+	descs := []desc.Desc{}
 	off := 0
 	for _, n := range []int{5 << 20, 1 << 20, 4096, 2 << 20, 123, 1<<20 + 77} {
-		descs = append(descs, verify.Desc{Src: p.src.addr(off), Dst: p.dst.addr(off), Len: uint64(n)})
+		descs = append(descs, desc.Desc{Src: p.src.addr(off), Dst: p.dst.addr(off), Len: uint64(n)})
 		off += n
 	}
 	_, err := p.send.Transfer(p.session, descs, TransferOptions{})

@@ -1,13 +1,12 @@
 package core
 
 import (
+	"github.com/mcguard/mcguard/core/desc"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/mcguard/mcguard/verify"
 )
 
 // Unregister waits for a transfer that reads the region: once it returns
@@ -25,7 +24,7 @@ func TestUnregisterWaitsForTheTransfersReadingTheSource(t *testing.T) {
 	warm := newMem(t, size)
 	require.NoError(t, send.Register(warm.addr(0), size))
 	start := time.Now()
-	_, err := send.Transfer(recv.Endpoint(), []verify.Desc{{Src: warm.addr(0), Dst: dst.addr(0), Len: size}}, TransferOptions{})
+	_, err := send.Transfer(recv.Endpoint(), []desc.Desc{{Src: warm.addr(0), Dst: dst.addr(0), Len: size}}, TransferOptions{})
 	require.NoError(t, err)
 	took := time.Since(start)
 	const rounds = 64
@@ -46,7 +45,7 @@ func TestUnregisterWaitsForTheTransfersReadingTheSource(t *testing.T) {
 					return
 				default:
 				}
-				if _, err := send.Transfer(recv.Endpoint(), []verify.Desc{{Src: m.addr(0), Dst: dst.addr(0), Len: size}}, TransferOptions{}); err != nil {
+				if _, err := send.Transfer(recv.Endpoint(), []desc.Desc{{Src: m.addr(0), Dst: dst.addr(0), Len: size}}, TransferOptions{}); err != nil {
 					failed++
 					return
 				}

@@ -13,6 +13,7 @@ import "C"
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"time"
 	"unsafe"
 
@@ -32,7 +33,7 @@ var verifyModes = map[C.int32_t]verify.Mode{C.MC_VERIFY_OFF: verify.Off, C.MC_VE
 
 // batchArgs checks and decodes the arguments mc_guard_transfer and
 // mc_guard_read share: a session name and n (local, remote, len) triples.
-func batchArgs(session *C.char, local, remote, length *C.uint64_t, n C.size_t) (string, []verify.Desc, error) {
+func batchArgs(session *C.char, local, remote, length *C.uint64_t, n C.size_t) (string, []desc.Desc, error) {
 	switch {
 	case session == nil:
 		return "", nil, fmt.Errorf("%w: session is NULL", errs.InvalidArg)
@@ -45,9 +46,9 @@ func batchArgs(session *C.char, local, remote, length *C.uint64_t, n C.size_t) (
 	}
 	k := int(n)
 	l, r, ln := cArray(local, k), cArray(remote, k), cArray(length, k)
-	descs := make([]verify.Desc, k)
+	descs := make([]desc.Desc, k)
 	for i := range descs {
-		descs[i] = verify.Desc{Src: l[i], Dst: r[i], Len: ln[i]}
+		descs[i] = desc.Desc{Src: l[i], Dst: r[i], Len: ln[i]}
 	}
 	return C.GoString(session), descs, nil
 }

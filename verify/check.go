@@ -4,27 +4,18 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"strings"
 	"time"
 
 	"github.com/mcguard/mcguard/core/errs"
 )
 
-// Desc is one transfer descriptor: Len bytes from local Src to remote Dst.
-type Desc struct {
-	Src, Dst, Len uint64
-}
-
-// Range is a span of remote memory to read back.
-type Range struct {
-	Addr, Len uint64
-}
-
 // ReadFunc reads the remote ranges, concatenated in order, into out in one
 // round trip; len(out) is the sum of the ranges' lengths. It may call
 // arrived as the bytes come in, with how many of out's leading bytes are
 // in place, so that Check compares those while the rest are on their way.
-type ReadFunc func(ctx context.Context, ranges []Range, out []byte, arrived func(n uint64)) error
+type ReadFunc func(ctx context.Context, ranges []desc.Range, out []byte, arrived func(n uint64)) error
 
 // LocalFunc returns the local source bytes [addr, addr+n), already checked
 // to lie in registered memory (a copy, for device memory).
@@ -36,7 +27,7 @@ type Scratch struct {
 	buf    []byte
 	probes []probe // Check's plan, and the lists it builds it with
 	spans  []span
-	ranges []Range
+	ranges []desc.Range
 	cmp    comparer
 	// arrived is cmp.arrived, bound once (a method value made per read
 	// would allocate)
@@ -187,7 +178,7 @@ func (r *splitmix) next() uint64 {
 
 // probes lists what cfg reads back for descs, in the scratch's lists (so
 // a session's transfers reuse them).
-func probes(cfg Config, seed uint64, descs []Desc, scratch *Scratch) []probe {
+func probes(cfg Config, seed uint64, descs []desc.Desc, scratch *Scratch) []probe {
 	if !cfg.Mode.ReadsBack() {
 		return nil
 	}
@@ -220,7 +211,7 @@ type Result struct {
 // cfg.RetrySleep between rounds until every probe equals its source or
 // cfg.MaxRetries rounds have passed. seed varies the sample per transfer.
 // A MismatchError names indices into descs.
-func Check(ctx context.Context, cfg Config, seed uint64, descs []Desc, local LocalFunc, remote ReadFunc, scratch *Scratch) (Result, error) {
+func Check(ctx context.Context, cfg Config, seed uint64, descs []desc.Desc, local LocalFunc, remote ReadFunc, scratch *Scratch) (Result, error) {
 	pending := probes(cfg, seed, descs, scratch)
 	var res Result
 	ranges := scratch.ranges[:0]
@@ -236,7 +227,7 @@ func Check(ctx context.Context, cfg Config, seed uint64, descs []Desc, local Loc
 			}
 			ranges = ranges[:0]
 			for _, p := range pending[start:end] {
-				ranges = append(ranges, Range{Addr: p.dst, Len: p.n})
+				ranges = append(ranges, desc.Range{Addr: p.dst, Len: p.n})
 			}
 			buf := scratch.Bytes(total)
 			// still shares pending's array: the comparer appends at most

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"time"
 )
 
@@ -13,12 +14,12 @@ import (
 type Conn interface {
 	// Write sends descs; base is the index of descs[0] in the whole batch,
 	// for messages.
-	Write(ctx context.Context, descs []Desc, base int) error
+	Write(ctx context.Context, descs []desc.Desc, base int) error
 	// Fence returns once every earlier write is applied at the target.
 	Fence(ctx context.Context) error
 	// Read fetches ranges, concatenated, into out; with fenced, a fence
 	// goes first in the same round trip.
-	Read(ctx context.Context, ranges []Range, out []byte, fenced bool) error
+	Read(ctx context.Context, ranges []desc.Range, out []byte, fenced bool) error
 	// FenceIsFinal reports whether a fence's answer means that every
 	// earlier write is in place at the target (TCP's in-order applied
 	// acknowledgement, an RDMA READ or FLUSH on the same queue pair): a
@@ -31,7 +32,7 @@ type Conn interface {
 // thousands of probes is compared while its later bytes are still on the
 // wire, instead of after the last.
 type StreamReader interface {
-	ReadArriving(ctx context.Context, ranges []Range, out []byte, fenced bool, arrived func(n uint64)) error
+	ReadArriving(ctx context.Context, ranges []desc.Range, out []byte, fenced bool, arrived func(n uint64)) error
 }
 
 // Poster is a Conn that can send writes without waiting for their
@@ -39,7 +40,7 @@ type StreamReader interface {
 // so a chunk's writes, fence and read-backs cost one round trip. A
 // completion that reports a failure fails that Fence or Read.
 type Poster interface {
-	Post(ctx context.Context, descs []Desc, base int) error
+	Post(ctx context.Context, descs []desc.Desc, base int) error
 }
 
 // Pipeliner is a Poster that can send the next chunk's writes while this
@@ -51,14 +52,14 @@ type Poster interface {
 // decline, and then reads as ReadArriving does); its acknowledgements are
 // read by next's own fence.
 type Pipeliner interface {
-	ReadPosting(ctx context.Context, ranges []Range, out []byte, arrived func(n uint64), next []Desc, nextBase int) (posted bool, err error)
+	ReadPosting(ctx context.Context, ranges []desc.Range, out []byte, arrived func(n uint64), next []desc.Desc, nextBase int) (posted bool, err error)
 }
 
 // Pipeline carries a chunk's writes across two Deliver calls (Pipeliner).
 type Pipeline struct {
-	Posted   bool   // in: this chunk's writes went out during the previous chunk's check
-	Next     []Desc // in: the chunk after this one, to post during this one's check (nil: none)
-	NextBase int    // in: Next[0]'s index in the batch
+	Posted   bool        // in: this chunk's writes went out during the previous chunk's check
+	Next     []desc.Desc // in: the chunk after this one, to post during this one's check (nil: none)
+	NextBase int         // in: Next[0]'s index in the batch
 	// NextPosted (out): Next's writes went out, and this chunk was
 	// delivered; the next Deliver must say Posted.
 	NextPosted bool
@@ -69,7 +70,7 @@ type Pipeline struct {
 // receiver's sync may compare those digests instead of reading the memory
 // again.
 type DescriptorMarker interface {
-	PostMarked(ctx context.Context, descs []Desc, base int) error
+	PostMarked(ctx context.Context, descs []desc.Desc, base int) error
 }
 
 // NoticeCarrier is a Conn that carries the chunk's completion notice
@@ -110,7 +111,7 @@ func (d *Delivery) Add(o Delivery) {
 // Pipeliner and the read-back is one request of the whole chunk: a
 // re-send or a second window would otherwise read the next chunk's bytes
 // where both chunks write the same place.
-func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []Desc, base int, local LocalFunc, scratch *Scratch, announce func(fenceFollows bool) error, pipe *Pipeline) (d Delivery, err error) {
+func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []desc.Desc, base int, local LocalFunc, scratch *Scratch, announce func(fenceFollows bool) error, pipe *Pipeline) (d Delivery, err error) {
 	var pipeliner Pipeliner
 	if pipe != nil {
 		pipe.NextPosted = false
@@ -155,7 +156,7 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []De
 // next, which collects the completions (Poster); digest mode's are marked
 // for the target to digest as they land (DescriptorMarker). (A call, not
 // a method value chosen once: a method value would be allocated.)
-func writeChunk(ctx context.Context, conn Conn, mode Mode, descs []Desc, base int) error {
+func writeChunk(ctx context.Context, conn Conn, mode Mode, descs []desc.Desc, base int) error {
 	if m, ok := conn.(DescriptorMarker); ok && mode == Digest {
 		return m.PostMarked(ctx, descs, base)
 	}
@@ -199,7 +200,7 @@ type readBack struct {
 	// next and nextBase: the chunk after this one (Pipeline.Next); its
 	// writes went out where nextPosted. (Not the Pipeline itself: a
 	// pointer kept here would move the caller's to the heap.)
-	next       []Desc
+	next       []desc.Desc
 	nextBase   int
 	nextPosted bool
 }
@@ -207,7 +208,7 @@ type readBack struct {
 // run checks chunk, counting in d, until it matched (nil), a re-send is
 // not allowed any more (a MismatchError naming batch indices) or
 // something else failed.
-func (b *readBack) run(ctx context.Context, chunk []Desc, d *Delivery) error {
+func (b *readBack) run(ctx context.Context, chunk []desc.Desc, d *Delivery) error {
 	cfg := b.cfg
 	final := b.conn.FenceIsFinal()
 	if final {
@@ -221,7 +222,7 @@ func (b *readBack) run(ctx context.Context, chunk []Desc, d *Delivery) error {
 	streams, _ := b.conn.(StreamReader)
 	for attempt := 0; ; attempt++ {
 		fenced := false
-		read := func(ctx context.Context, ranges []Range, out []byte, arrived func(uint64)) error {
+		read := func(ctx context.Context, ranges []desc.Range, out []byte, arrived func(uint64)) error {
 			first := !fenced
 			fenced = true
 			if first && attempt == 0 && b.pipeliner != nil && len(ranges) == b.scratch.planned() {
@@ -244,7 +245,7 @@ func (b *readBack) run(ctx context.Context, chunk []Desc, d *Delivery) error {
 		if me == nil {
 			return err
 		}
-		var bad []Desc
+		var bad []desc.Desc
 		bad, index = b.inBatch(me, todo, index)
 		if cfg.OnMismatch != Resend || attempt >= cfg.MaxResends {
 			switch {
@@ -266,8 +267,8 @@ func (b *readBack) run(ctx context.Context, chunk []Desc, d *Delivery) error {
 // inBatch turns a mismatch's positions in todo (mapped through index, or
 // from base where nil) into batch indices, and returns the descriptors
 // that differed with their batch indices, for a re-send.
-func (b *readBack) inBatch(me *MismatchError, todo []Desc, index []int) ([]Desc, []int) {
-	bad, badIndex := make([]Desc, len(me.Descs)), make([]int, len(me.Descs))
+func (b *readBack) inBatch(me *MismatchError, todo []desc.Desc, index []int) ([]desc.Desc, []int) {
+	bad, badIndex := make([]desc.Desc, len(me.Descs)), make([]int, len(me.Descs))
 	for i, k := range me.Descs {
 		bad[i], badIndex[i] = todo[k], b.base+k
 		if index != nil {

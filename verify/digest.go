@@ -2,26 +2,12 @@ package verify
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
-
-	"github.com/zeebo/xxh3"
 )
-
-// DigestOf is the end-to-end checksum of digest mode: xxh3-64. It was
-// measured against CRC32C (hash/crc32 with the Castagnoli table, SSE4.2)
-// in BenchmarkDigest; xxh3 is faster here and its 64 bits make a chance
-// match 2^32 times rarer (measured on a 2-core VM).
-func DigestOf(b []byte) uint64 { return xxh3.Hash(b) }
-
-// Digester computes DigestOf over data written in pieces.
-type Digester = *xxh3.Hasher
-
-// NewDigester returns a Digester; its Sum64 equals DigestOf of all it was
-// written.
-func NewDigester() Digester { return xxh3.New() }
 
 // CompareDigests is the receiver's half of digest mode: it compares each
 // range's digest with want[i] (the sender's digest of its source), and
@@ -35,9 +21,9 @@ func NewDigester() Digester { return xxh3.New() }
 // are read from memory, not cache, so one core alone is bound by memory
 // latency. Small work allocates nothing; digest escapes (the workers call
 // it), so a caller that must not allocate binds it, and known, once.
-func CompareDigests(ranges []Range, want []uint64, known func(Range) (uint64, bool), digest func(Range) (uint64, error), what func() string) error {
+func CompareDigests(ranges []desc.Range, want []uint64, known func(desc.Range) (uint64, bool), digest func(desc.Range) (uint64, error), what func() string) error {
 	if known == nil {
-		known = func(Range) (uint64, bool) { return 0, false }
+		known = func(desc.Range) (uint64, bool) { return 0, false }
 	}
 	var bad []string
 	differs := func(i int) {
@@ -118,7 +104,7 @@ func verdict(d uint64, err error, want uint64) digestState {
 
 // digestSpread reads and compares, on workers goroutines, the ranges
 // whose state is unread, leaving each its verdict.
-func digestSpread(ranges []Range, want []uint64, state []digestState, digest func(Range) (uint64, error), workers int) {
+func digestSpread(ranges []desc.Range, want []uint64, state []digestState, digest func(desc.Range) (uint64, error), workers int) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {

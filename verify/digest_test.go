@@ -3,6 +3,7 @@ package verify
 import (
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"hash/crc32"
 	"slices"
 	"strings"
@@ -14,13 +15,13 @@ import (
 
 func TestDigestSeesEveryByte(t *testing.T) {
 	b := make([]byte, 256<<10)
-	base := DigestOf(b)
+	base := desc.DigestOf(b)
 	for _, i := range []int{0, 1, 4095, 128 << 10, len(b) - 1} {
 		b[i] ^= 1
-		require.NotEqual(t, base, DigestOf(b), "flip at %d", i)
+		require.NotEqual(t, base, desc.DigestOf(b), "flip at %d", i)
 		b[i] ^= 1
 	}
-	require.Equal(t, base, DigestOf(b))
+	require.Equal(t, base, desc.DigestOf(b))
 }
 
 func TestDigesterMatchesDigestOf(t *testing.T) {
@@ -28,11 +29,11 @@ func TestDigesterMatchesDigestOf(t *testing.T) {
 	for i := range b {
 		b[i] = byte(i * 31)
 	}
-	h := NewDigester()
+	h := desc.NewDigester()
 	for off := 0; off < len(b); off += 4 << 20 {
 		h.Write(b[off:min(off+4<<20, len(b))])
 	}
-	require.Equal(t, DigestOf(b), h.Sum64())
+	require.Equal(t, desc.DigestOf(b), h.Sum64())
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -46,7 +47,7 @@ func BenchmarkDigest(b *testing.B) {
 	b.Run("xxh3-64", func(b *testing.B) {
 		b.SetBytes(int64(len(buf)))
 		for i := 0; i < b.N; i++ {
-			DigestOf(buf)
+			desc.DigestOf(buf)
 		}
 	})
 	b.Run("crc32c", func(b *testing.B) {
@@ -69,13 +70,13 @@ func TestCompareDigestsKnownAndRead(t *testing.T) {
 			for i := range mem {
 				mem[i] = byte(i * 7)
 			}
-			ranges, want := make([]Range, n), make([]uint64, n)
+			ranges, want := make([]desc.Range, n), make([]uint64, n)
 			for i := range ranges {
-				ranges[i] = Range{Addr: uint64(i * size), Len: uint64(size)}
-				want[i] = DigestOf(mem[i*size : (i+1)*size])
+				ranges[i] = desc.Range{Addr: uint64(i * size), Len: uint64(size)}
+				want[i] = desc.DigestOf(mem[i*size : (i+1)*size])
 			}
 			var asked []uint64
-			known := func(r Range) (uint64, bool) {
+			known := func(r desc.Range) (uint64, bool) {
 				asked = append(asked, r.Addr)
 				i := int(r.Addr) / size
 				switch {
@@ -87,12 +88,12 @@ func TestCompareDigestsKnownAndRead(t *testing.T) {
 				return want[i], true
 			}
 			var reads atomic.Int64
-			digest := func(r Range) (uint64, error) {
+			digest := func(r desc.Range) (uint64, error) {
 				reads.Add(1)
 				if r.Addr == uint64(10*size) {
 					return 0, errors.New("unreadable")
 				}
-				return DigestOf(mem[r.Addr : r.Addr+r.Len]), nil
+				return desc.DigestOf(mem[r.Addr : r.Addr+r.Len]), nil
 			}
 			mem[4*size] ^= 1 // range 4 is read, and differs
 			err := CompareDigests(ranges, want, known, digest, func() string { return "descriptor" })

@@ -3,6 +3,7 @@ package verify
 import (
 	"context"
 	"errors"
+	"github.com/mcguard/mcguard/core/desc"
 	"sync"
 	"testing"
 	"time"
@@ -112,7 +113,7 @@ type fakeTarget struct {
 	after int // reads before late writes land; <0: never
 }
 
-func (f *fakeTarget) read(_ context.Context, ranges []Range, out []byte, _ func(uint64)) error {
+func (f *fakeTarget) read(_ context.Context, ranges []desc.Range, out []byte, _ func(uint64)) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reads++
@@ -145,7 +146,7 @@ func TestCheckPassesWhenBytesArriveLate(t *testing.T) {
 		}
 	})
 	cfg := Config{Mode: Tail, TailBytes: 4, MaxRetries: 10, RetrySleep: 0}
-	res, err := Check(context.Background(), cfg, 0, []Desc{{Src: 0, Dst: 1000, Len: 20}}, localOf(src), f.read, &Scratch{})
+	res, err := Check(context.Background(), cfg, 0, []desc.Desc{{Src: 0, Dst: 1000, Len: 20}}, localOf(src), f.read, &Scratch{})
 	require.NoError(t, err)
 	require.Equal(t, 3, res.Retries)
 	require.Equal(t, int64(4*4), res.Probed)
@@ -160,7 +161,7 @@ func TestCheckFailsAfterRetriesNamingDescriptors(t *testing.T) {
 	for i := 0; i < 16; i++ { // descriptor 0 arrived; 1 and 2 never do
 		f.mem[100+uint64(i)] = src[i]
 	}
-	descs := []Desc{{0, 100, 16}, {16, 200, 16}, {32, 300, 32}}
+	descs := []desc.Desc{{Src: 0, Dst: 100, Len: 16}, {Src: 16, Dst: 200, Len: 16}, {Src: 32, Dst: 300, Len: 32}}
 	cfg := Config{Mode: Tail, TailBytes: 8, MaxRetries: 5, RetrySleep: time.Microsecond}
 	res, err := Check(context.Background(), cfg, 0, descs, localOf(src), f.read, &Scratch{})
 	require.ErrorIs(t, err, ErrMismatch)
@@ -177,7 +178,7 @@ func TestCheckOffReadsNothing(t *testing.T) {
 	f := &fakeTarget{mem: map[uint64]byte{}, after: -1}
 	cfg := Defaults()
 	cfg.Mode = Off
-	_, err := Check(context.Background(), cfg, 0, []Desc{{0, 0, 8}}, localOf(make([]byte, 8)), f.read, &Scratch{})
+	_, err := Check(context.Background(), cfg, 0, []desc.Desc{{Src: 0, Dst: 0, Len: 8}}, localOf(make([]byte, 8)), f.read, &Scratch{})
 	require.NoError(t, err)
 	require.Zero(t, f.reads)
 }
@@ -185,7 +186,7 @@ func TestCheckOffReadsNothing(t *testing.T) {
 func TestCheckShortDescriptorReadsWhole(t *testing.T) {
 	src := []byte{1, 2, 3}
 	f := &fakeTarget{mem: map[uint64]byte{10: 1, 11: 2, 12: 3}, after: -1}
-	res, err := Check(context.Background(), Defaults(), 0, []Desc{{0, 10, 3}}, localOf(src), f.read, &Scratch{})
+	res, err := Check(context.Background(), Defaults(), 0, []desc.Desc{{Src: 0, Dst: 10, Len: 3}}, localOf(src), f.read, &Scratch{})
 	require.NoError(t, err)
 	require.Equal(t, int64(3), res.Probed)
 }
@@ -196,7 +197,7 @@ func TestCheckHonoursContext(t *testing.T) {
 	defer cancel()
 	cfg := Config{Mode: Tail, TailBytes: 1, MaxRetries: 1 << 20, RetrySleep: time.Millisecond}
 	start := time.Now()
-	_, err := Check(ctx, cfg, 0, []Desc{{0, 0, 1}}, localOf([]byte{9}), f.read, &Scratch{})
+	_, err := Check(ctx, cfg, 0, []desc.Desc{{Src: 0, Dst: 0, Len: 1}}, localOf([]byte{9}), f.read, &Scratch{})
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Less(t, time.Since(start), 2*time.Second)
 }
@@ -242,7 +243,7 @@ func TestFullSpansCoverEveryByteInPieces(t *testing.T) {
 
 func TestSampleCatchesAHoleThatTailMisses(t *testing.T) {
 	src, f := partlyArrived(64<<10, func(i int) bool { return i >= 64<<10-4096 }) // only the last page arrived
-	d := []Desc{{Src: 0, Dst: 0, Len: uint64(len(src))}}
+	d := []desc.Desc{{Src: 0, Dst: 0, Len: uint64(len(src))}}
 	cfg := Defaults()
 	cfg.MaxRetries = 0
 	_, err := Check(context.Background(), cfg, 0, d, localOf(src), f.read, &Scratch{})
@@ -271,7 +272,7 @@ func TestSliceBytesChecksTheTailOfEverySlice(t *testing.T) {
 
 func TestSliceBytesCatchesAMissingMiddleSlice(t *testing.T) {
 	src, f := partlyArrived(256<<10, func(i int) bool { return i < 64<<10 || i >= 128<<10 }) // the second slice never arrived
-	d := []Desc{{Src: 0, Dst: 0, Len: uint64(len(src))}}
+	d := []desc.Desc{{Src: 0, Dst: 0, Len: uint64(len(src))}}
 	cfg := Defaults()
 	cfg.MaxRetries = 0
 	_, err := Check(context.Background(), cfg, 0, d, localOf(src), f.read, &Scratch{})
@@ -295,9 +296,9 @@ func TestCheckComparesAsBytesArrive(t *testing.T) {
 	for _, bad := range []int{3, 17, 40} { // a byte in each of these descriptors' tails differs
 		target[bad*size+size-1] ^= 0xff
 	}
-	descs := make([]Desc, n)
+	descs := make([]desc.Desc, n)
 	for i := range descs {
-		descs[i] = Desc{Src: uint64(i * size), Dst: uint64(i * size), Len: size}
+		descs[i] = desc.Desc{Src: uint64(i * size), Dst: uint64(i * size), Len: size}
 	}
 	cfg := Config{Mode: Sample, TailBytes: 16, SampleBytes: 16, SampleStripes: 4}
 	var during int // probes compared while the read still ran
@@ -311,7 +312,7 @@ func TestCheckComparesAsBytesArrive(t *testing.T) {
 		return src[addr : addr+k], nil
 	}
 	read := func(piece uint64) ReadFunc {
-		return func(_ context.Context, ranges []Range, out []byte, arrived func(uint64)) error {
+		return func(_ context.Context, ranges []desc.Range, out []byte, arrived func(uint64)) error {
 			reading = true
 			defer func() { reading = false }()
 			var off uint64

@@ -2,11 +2,11 @@ package memory
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"runtime"
 
 	"github.com/mcguard/mcguard/core/cuda"
 	"github.com/mcguard/mcguard/core/errs"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // Reading and writing registered bytes, each access inside one region
@@ -80,7 +80,7 @@ func deviceBatch(lens []uint64) int {
 func (t *Regions) Digests(addrs, lens, out []uint64) error {
 	k := 0
 	return t.LoadRanges(addrs, lens, nil, func(b []byte) error {
-		out[k] = verify.DigestOf(b)
+		out[k] = desc.DigestOf(b)
 		k++
 		return nil
 	})
@@ -196,10 +196,10 @@ func (t *Regions) Digest(addr, n uint64) (uint64, error) {
 	}
 	if !mem.Device {
 		var d uint64
-		err := t.Load(addr, n, func(b []byte) error { d = verify.DigestOf(b); return nil })
+		err := t.Load(addr, n, func(b []byte) error { d = desc.DigestOf(b); return nil })
 		return d, err
 	}
-	h := verify.NewDigester()
+	h := desc.NewDigester()
 	for off := uint64(0); off < n; off += 4 << 20 {
 		k := min(4<<20, n-off)
 		if err := t.Load(addr+off, k, func(b []byte) error { h.Write(b); return nil }); err != nil {

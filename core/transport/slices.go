@@ -1,9 +1,8 @@
 package transport
 
 import (
+	"github.com/mcguard/mcguard/core/desc"
 	"iter"
-
-	"github.com/mcguard/mcguard/verify"
 )
 
 // MaxSlice is the most bytes one write or read-back request moves: larger
@@ -20,7 +19,7 @@ type Slice struct {
 }
 
 // Slices yields descs cut into slices of at most MaxSlice bytes, in order.
-func Slices(descs []verify.Desc) iter.Seq[Slice] {
+func Slices(descs []desc.Desc) iter.Seq[Slice] {
 	return func(yield func(Slice) bool) {
 		c := Cursor{Descs: descs}
 		for sl, ok := c.Next(); ok; sl, ok = c.Next() {
@@ -39,7 +38,7 @@ func Slices(descs []verify.Desc) iter.Seq[Slice] {
 // contiguous blocks themselves (vLLM's and SGLang's connectors) send it.
 // A loop over Next allocates nothing (an iterator with a func in it did).
 type Cursor struct {
-	Descs []verify.Desc
+	Descs []desc.Desc
 	// Reach(src, dst) is how many bytes a run may span from src and dst
 	// (to the ends of the registered regions holding them), asked only
 	// where a descriptor could join: a run never crosses from one region
@@ -90,10 +89,10 @@ func (c *Cursor) Next() (Slice, bool) {
 }
 
 // SliceRanges cuts ranges into ranges of at most MaxSlice bytes.
-func SliceRanges(ranges []verify.Range, out []verify.Range) []verify.Range {
+func SliceRanges(ranges []desc.Range, out []desc.Range) []desc.Range {
 	for _, r := range ranges {
 		for off := uint64(0); off < r.Len; off += MaxSlice {
-			out = append(out, verify.Range{Addr: r.Addr + off, Len: min(MaxSlice, r.Len-off)})
+			out = append(out, desc.Range{Addr: r.Addr + off, Len: min(MaxSlice, r.Len-off)})
 		}
 	}
 	return out

@@ -1,17 +1,16 @@
 package transport
 
 import (
+	"github.com/mcguard/mcguard/core/desc"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/mcguard/mcguard/verify"
 )
 
 // walk returns every slice a cursor over descs yields, and how often it
 // asked reach.
-func walk(descs []verify.Desc, reach func(src, dst uint64) uint64) (out []Slice, asked int) {
+func walk(descs []desc.Desc, reach func(src, dst uint64) uint64) (out []Slice, asked int) {
 	c := Cursor{Descs: descs}
 	if reach != nil {
 		c.Reach = func(src, dst uint64) uint64 { asked++; return reach(src, dst) }
@@ -23,10 +22,10 @@ func walk(descs []verify.Desc, reach func(src, dst uint64) uint64) (out []Slice,
 }
 
 // blocks is n descriptors of size bytes, consecutive at both ends.
-func blocks(n int, size uint64) []verify.Desc {
-	d := make([]verify.Desc, n)
+func blocks(n int, size uint64) []desc.Desc {
+	d := make([]desc.Desc, n)
 	for i := range d {
-		d[i] = verify.Desc{Src: 1 << 40, Dst: 1 << 41, Len: size}
+		d[i] = desc.Desc{Src: 1 << 40, Dst: 1 << 41, Len: size}
 		d[i].Src += uint64(i) * size
 		d[i].Dst += uint64(i) * size
 	}
@@ -36,7 +35,7 @@ func blocks(n int, size uint64) []verify.Desc {
 func far(uint64, uint64) uint64 { return 1 << 50 }
 
 func TestCursorWithoutReachCutsOnly(t *testing.T) {
-	descs := append(blocks(3, 4096), verify.Desc{Src: 1 << 42, Dst: 1 << 43, Len: MaxSlice + 10})
+	descs := append(blocks(3, 4096), desc.Desc{Src: 1 << 42, Dst: 1 << 43, Len: MaxSlice + 10})
 	got, _ := walk(descs, nil)
 	require.Equal(t, []Slice{
 		{Desc: 0, Src: descs[0].Src, Dst: descs[0].Dst, Len: 4096},
@@ -115,14 +114,14 @@ func TestCursorStaysInsideRegionsAndSlices(t *testing.T) {
 	got, _ = walk(big, far)
 	require.Len(t, got, 3, "two halves and a byte more do not fit one slice")
 	mixed := blocks(2, 4096)
-	mixed = append(mixed, verify.Desc{Src: mixed[1].Src + 4096, Dst: mixed[1].Dst + 4096, Len: MaxSlice + 1})
+	mixed = append(mixed, desc.Desc{Src: mixed[1].Src + 4096, Dst: mixed[1].Dst + 4096, Len: MaxSlice + 1})
 	got, _ = walk(mixed, far)
 	require.Equal(t, []Slice{
 		{Desc: 0, Joined: 1, Src: mixed[0].Src, Dst: mixed[0].Dst, Len: 8192},
 		{Desc: 2, Src: mixed[2].Src, Dst: mixed[2].Dst, Len: MaxSlice},
 		{Desc: 2, Src: mixed[2].Src + MaxSlice, Dst: mixed[2].Dst + MaxSlice, Len: 1},
 	}, got, "a large descriptor is cut as always, never joined")
-	after := []verify.Desc{{Src: 1 << 40, Dst: 1 << 41, Len: MaxSlice + 1}, {Src: 1<<40 + MaxSlice + 1, Dst: 1<<41 + MaxSlice + 1, Len: 64}}
+	after := []desc.Desc{{Src: 1 << 40, Dst: 1 << 41, Len: MaxSlice + 1}, {Src: 1<<40 + MaxSlice + 1, Dst: 1<<41 + MaxSlice + 1, Len: 64}}
 	got, _ = walk(after, far)
 	require.Len(t, got, 3, "nor is the piece it ends with joined to the block after it")
 
@@ -144,14 +143,14 @@ func TestCursorPropertiesOnRandomBatches(t *testing.T) {
 	sizes := []uint64{1, 64, 4096, MaxSlice / 3, MaxSlice - 1, MaxSlice, MaxSlice + 1}
 	for round := 0; round < 2000; round++ {
 		n := 1 + r.IntN(40)
-		descs := make([]verify.Desc, n)
+		descs := make([]desc.Desc, n)
 		src, dst := uint64(1<<40), uint64(1<<41)
 		for i := range descs {
 			if r.IntN(3) == 0 { // a gap at one end or the other
 				src += uint64(r.IntN(2)) * 4096
 				dst += uint64(r.IntN(2)) * 4096
 			}
-			descs[i] = verify.Desc{Src: src, Dst: dst, Len: sizes[r.IntN(len(sizes))]}
+			descs[i] = desc.Desc{Src: src, Dst: dst, Len: sizes[r.IntN(len(sizes))]}
 			src += descs[i].Len
 			dst += descs[i].Len
 		}

@@ -3,13 +3,13 @@ package engine
 import (
 	"context"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"sync"
 	"syscall"
 
 	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // conn is one session over the engine: the engine's name for the peer,
@@ -48,7 +48,7 @@ func (p *Plane) Conn(session string) transport.Conn {
 
 // Write hands the batch to the engine in one call, under fault injection
 // when it is on.
-func (c *conn) Write(ctx context.Context, descs []verify.Desc, _ int) error {
+func (c *conn) Write(ctx context.Context, descs []desc.Desc, _ int) error {
 	local, remote, n := make([]uint64, 0, len(descs)), make([]uint64, 0, len(descs)), make([]uint64, 0, len(descs))
 	for _, d := range descs {
 		if c.p.faults.Mode() == fault.Lie {
@@ -91,7 +91,7 @@ func (c *conn) FenceIsFinal() bool { return false }
 
 // Read reads ranges through the engine into the session's scratch, in one
 // call, and copies them into out.
-func (c *conn) Read(ctx context.Context, ranges []verify.Range, out []byte, fenced bool) error {
+func (c *conn) Read(ctx context.Context, ranges []desc.Range, out []byte, fenced bool) error {
 	if fenced {
 		if err := c.Fence(ctx); err != nil {
 			return err

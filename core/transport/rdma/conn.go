@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"syscall"
 	"time"
 	"unsafe"
@@ -12,7 +13,6 @@ import (
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/transport/rdma/verbs"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // bounceSize is the registered buffer read-backs land in.
@@ -151,18 +151,18 @@ func (c *conn) eachStripe(want func(i int, s *stripe) bool, fn func(i int, s *st
 // Write slices the descriptors into WRITEs and stripes them in order over
 // the queue pairs, each stripe a contiguous run of about the same number
 // of bytes, posted at once.
-func (c *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
+func (c *conn) Write(ctx context.Context, descs []desc.Desc, base int) error {
 	return c.write(ctx, descs, base, false)
 }
 
 // Post is Write without waiting for the completions (verify.Poster): the
 // fence or the read-backs that follow on each queue pair wait for them
 // with their own, one round trip for the chunk.
-func (c *conn) Post(ctx context.Context, descs []verify.Desc, base int) error {
+func (c *conn) Post(ctx context.Context, descs []desc.Desc, base int) error {
 	return c.write(ctx, descs, base, true)
 }
 
-func (c *conn) write(ctx context.Context, descs []verify.Desc, base int, post bool) error {
+func (c *conn) write(ctx context.Context, descs []desc.Desc, base int, post bool) error {
 	var ws []verbs.Op
 	var total uint64
 	for _, d := range descs {
@@ -249,7 +249,7 @@ func (c *conn) fenceStripe(ctx context.Context, s *stripe) error {
 // others that carried writes: so every read is fenced, and returns the
 // target's bytes as they are after every earlier write, which is what is
 // checked.
-func (c *conn) Read(ctx context.Context, ranges []verify.Range, out []byte, _ bool) error {
+func (c *conn) Read(ctx context.Context, ranges []desc.Range, out []byte, _ bool) error {
 	if err := c.fenceStripes(ctx, func(i int, _ *stripe) bool { return i > 0 }); err != nil {
 		return err
 	}

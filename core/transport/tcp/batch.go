@@ -1,12 +1,12 @@
 package tcp
 
 import (
+	"github.com/mcguard/mcguard/core/desc"
 	"net"
 
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // A batch of writes of at least batchMin bytes goes out by writev: each
@@ -34,7 +34,7 @@ type batched struct {
 }
 
 // batches says whether descs' writes go by writev (sendWrites).
-func (t *conn) batches(descs []verify.Desc) bool {
+func (t *conn) batches(descs []desc.Desc) bool {
 	if t.pull {
 		return false // same host: the frames carry addresses, not bytes
 	}

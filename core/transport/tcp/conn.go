@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"io"
 	"net"
 	"os"
@@ -19,7 +20,6 @@ import (
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // conn is one reused data connection to a target. It is used only under
@@ -82,7 +82,7 @@ type conn struct {
 	joined    *atomic.Int64 // descriptors written inside another's write (nil: not counted)
 	iovLocal  []unix.Iovec
 	iovRemote []unix.RemoteIovec
-	ranges    []verify.Range
+	ranges    []desc.Range
 	copies    []copyPair // a push's memcpys into the target's mapped allocations
 	pins      []memory.Held
 	unfenced  bool

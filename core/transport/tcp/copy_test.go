@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"github.com/mcguard/mcguard/core/desc"
 	"os/exec"
 	"runtime"
 	"testing"
@@ -14,7 +15,6 @@ import (
 
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/sharedmem"
-	"github.com/mcguard/mcguard/verify"
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/transport/samehost"
@@ -59,7 +59,7 @@ func TestMappedCopiesFailOnceTheReceiverIsGone(t *testing.T) {
 	local := memory.New(nil)
 	require.NoError(t, local.Add(uint64(uintptr(unsafe.Pointer(&src[0]))), 4096))
 	c := &conn{local: local, lease: p}
-	descs := []verify.Desc{{Src: uint64(uintptr(unsafe.Pointer(&src[0]))), Dst: f.Addr, Len: 4096}}
+	descs := []desc.Desc{{Src: uint64(uintptr(unsafe.Pointer(&src[0]))), Dst: f.Addr, Len: 4096}}
 	done, err := c.push(context.Background(), descs)
 	require.NoError(t, err)
 	require.True(t, done)

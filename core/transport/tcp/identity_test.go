@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 	"time"
 
@@ -15,7 +16,6 @@ import (
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // sameHostTransport is a receiving Transport whose tokens all belong to
@@ -67,7 +67,7 @@ func TestSameHostConnectionsForTheLifeOfTheProcess(t *testing.T) {
 		}
 		if i%1000 == 0 || i == conns-1 {
 			rand.Read(src)
-			require.NoError(t, c.Write(ctx, []verify.Desc{{Src: memory.AddrOf(src), Dst: memory.AddrOf(dst), Len: uint64(len(src))}}, 0))
+			require.NoError(t, c.Write(ctx, []desc.Desc{{Src: memory.AddrOf(src), Dst: memory.AddrOf(dst), Len: uint64(len(src))}}, 0))
 			require.Equal(t, src, dst, "connection %d delivered", i)
 		}
 		c.Close()

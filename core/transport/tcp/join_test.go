@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 	"time"
 
@@ -15,7 +16,6 @@ import (
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // joinPair is a target with dst registered as the regions dstAt cuts it
@@ -47,7 +47,7 @@ func joinPair(t *testing.T, src, dst []byte, srcAt, dstAt []int, table []memory.
 }
 
 // post writes descs and returns how many write frames carried them.
-func post(t *testing.T, c *conn, descs []verify.Desc) (frames int, err error) {
+func post(t *testing.T, c *conn, descs []desc.Desc) (frames int, err error) {
 	if err = c.Post(context.Background(), descs, 0); err != nil {
 		return 0, err
 	}
@@ -63,9 +63,9 @@ func TestJoinedWritesStayInsideRegions(t *testing.T) {
 	src, dst := testmem.Pages(t, 4), testmem.Pages(t, 4)
 	rand.Read(src)
 	c := joinPair(t, src, dst, []int{4096}, []int{8192}, nil)
-	descs := make([]verify.Desc, 8)
+	descs := make([]desc.Desc, 8)
 	for i := range descs {
-		descs[i] = verify.Desc{Src: memory.AddrOf(src[i*size:]), Dst: memory.AddrOf(dst[i*size:]), Len: size}
+		descs[i] = desc.Desc{Src: memory.AddrOf(src[i*size:]), Dst: memory.AddrOf(dst[i*size:]), Len: size}
 	}
 	frames, err := post(t, c, descs)
 	require.NoError(t, err)
@@ -102,7 +102,7 @@ func TestJoinedWriteRefusedNamesItsDescriptors(t *testing.T) {
 	src, dst := testmem.Pages(t, 2), testmem.Pages(t, 2)
 	stale := []memory.Region{{Addr: memory.AddrOf(dst), Len: uint64(len(dst))}}
 	c := joinPair(t, src, dst, nil, []int{4096}, stale)
-	descs := []verify.Desc{
+	descs := []desc.Desc{
 		{Src: memory.AddrOf(src), Dst: memory.AddrOf(dst), Len: 4096},
 		{Src: memory.AddrOf(src[4096:]), Dst: memory.AddrOf(dst[4096:]), Len: 4096},
 	}
@@ -126,9 +126,9 @@ func TestJoinedWriteRefusedNamesItsDescriptors(t *testing.T) {
 // go as plain writes, consecutive descriptors joined.
 func TestMarkedWritesJoinOnlyWithoutLanding(t *testing.T) {
 	src, dst := testmem.Pages(t, 4), testmem.Pages(t, 4)
-	descs := make([]verify.Desc, 4)
+	descs := make([]desc.Desc, 4)
 	for i := range descs {
-		descs[i] = verify.Desc{Src: memory.AddrOf(src[i*4096:]), Dst: memory.AddrOf(dst[i*4096:]), Len: 4096}
+		descs[i] = desc.Desc{Src: memory.AddrOf(src[i*4096:]), Dst: memory.AddrOf(dst[i*4096:]), Len: 4096}
 	}
 	for _, landing := range []bool{false, true} {
 		c := joinPair(t, src, dst, nil, nil, nil)

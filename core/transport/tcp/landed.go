@@ -1,10 +1,10 @@
 package tcp
 
 import (
+	"github.com/mcguard/mcguard/core/desc"
 	"sync"
 
 	"github.com/mcguard/mcguard/core/wire"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // Digests taken as the bytes land (digest mode, the receiver's
@@ -24,7 +24,7 @@ import (
 type landed struct {
 	addr, len uint64
 	next      uint64 // landing: where the next slice must start
-	h         verify.Digester
+	h         desc.Digester
 	digest    uint64
 	done      bool // every byte landed and digested
 	valid     bool // under landedIndex.mu: no other write overlapped it
@@ -69,7 +69,7 @@ const (
 )
 
 // newLocked is a new entry for [addr, addr+n), digested by h.
-func (x *landedIndex) newLocked(addr, n uint64, h verify.Digester) *landed {
+func (x *landedIndex) newLocked(addr, n uint64, h desc.Digester) *landed {
 	if len(x.slab) == 0 {
 		x.slab = make([]landed, landedSlab)
 	}
@@ -84,11 +84,11 @@ func buckets(addr, n uint64) (lo, hi uint64) {
 }
 
 // hashers are the digesters of descriptors landing, reused.
-var hashers = sync.Pool{New: func() any { return verify.NewDigester() }}
+var hashers = sync.Pool{New: func() any { return desc.NewDigester() }}
 
 // begin registers a descriptor about to land at [addr, addr+n).
 func (x *landedIndex) begin(addr, n uint64) *landed {
-	h := hashers.Get().(verify.Digester)
+	h := hashers.Get().(desc.Digester)
 	h.Reset()
 	x.mu.Lock()
 	defer x.mu.Unlock()

@@ -1,11 +1,10 @@
 package tcp
 
 import (
+	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/mcguard/mcguard/verify"
 )
 
 // land runs one whole descriptor through a connection's landing.
@@ -25,7 +24,7 @@ func TestLandedIndex(t *testing.T) {
 	e := land(&x, &l, 1<<20+100, b)
 	d, ok := x.digestOf(e)
 	require.True(t, ok)
-	require.Equal(t, verify.DigestOf(b), d)
+	require.Equal(t, desc.DigestOf(b), d)
 
 	x.wrote(1<<30, 4096, nil)
 	_, ok = x.digestOf(e)

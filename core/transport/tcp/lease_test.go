@@ -3,6 +3,7 @@ package tcp
 import (
 	"context"
 	"encoding/hex"
+	"github.com/mcguard/mcguard/core/desc"
 	"os"
 	"os/exec"
 	"sync/atomic"
@@ -12,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/sharedmem"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // newLeasePair is a target's lease and a sender's view of it, in this
@@ -40,18 +40,18 @@ func newLeasePair(t *testing.T, timeout time.Duration) (*lease, *pushLease) {
 	return l, p
 }
 
-func rng(addr, n uint64) []verify.Range { return []verify.Range{{Addr: addr, Len: n}} }
+func rng(addr, n uint64) []desc.Range { return []desc.Range{{Addr: addr, Len: n}} }
 
 func TestLeaseCoversOnlyTheTable(t *testing.T) {
 	l, p := newLeasePair(t, time.Second)
 	l.add(0x10000, 0x1000, sharedmem.File{})
 	l.add(0x40000, 0x2000, sharedmem.File{})
-	ok, err := p.enter([]verify.Range{{Addr: 0x10000, Len: 0x1000}, {Addr: 0x41000, Len: 0x1000}})
+	ok, err := p.enter([]desc.Range{{Addr: 0x10000, Len: 0x1000}, {Addr: 0x41000, Len: 0x1000}})
 	require.NoError(t, err)
 	require.True(t, ok)
 	p.exit()
-	for _, r := range []verify.Range{{Addr: 0x10800, Len: 0x1000}, {Addr: 0x20000, Len: 1}, {Addr: 0x10000, Len: 0}, {Addr: ^uint64(0), Len: 2}} {
-		ok, err := p.enter([]verify.Range{r})
+	for _, r := range []desc.Range{{Addr: 0x10800, Len: 0x1000}, {Addr: 0x20000, Len: 1}, {Addr: 0x10000, Len: 0}, {Addr: ^uint64(0), Len: 2}} {
+		ok, err := p.enter([]desc.Range{r})
 		require.NoError(t, err)
 		require.False(t, ok, "%+v is not inside one registered region", r)
 	}

@@ -6,6 +6,7 @@ package tcp
 
 import (
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"sync/atomic"
 	"unsafe"
 
@@ -13,7 +14,6 @@ import (
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/sharedmem"
 	"github.com/mcguard/mcguard/core/transport/samehost"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // span is the shared allocation (base, size, descriptor and inode in the
@@ -29,7 +29,7 @@ func (p *pushLease) spanOf(i int) span {
 // mapping of the target's shared allocation, or nil (none, or it cannot
 // be mapped: logged once, and process_vm_writev takes it). Only between
 // enter and exit, when the target cannot free the allocation.
-func (p *pushLease) mapped(i int, r verify.Range) []byte {
+func (p *pushLease) mapped(i int, r desc.Range) []byte {
 	s := p.spans[i]
 	if s.ino == 0 || p.unmapped[s.ino] || r.Addr < s.base || r.Addr-s.base > s.size || r.Len > s.size-(r.Addr-s.base) {
 		return nil

@@ -11,15 +11,15 @@ package tcp
 
 import (
 	"context"
+	"github.com/mcguard/mcguard/core/desc"
 
 	"github.com/mcguard/mcguard/core/wire"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // postJob is one chunk's writes for the poster goroutine.
 type postJob struct {
 	ctx   context.Context
-	descs []verify.Desc
+	descs []desc.Desc
 	base  int
 }
 
@@ -39,7 +39,7 @@ type poster struct {
 // (pulled or pushed writes), for a read of more than one request, or a
 // chunk of more frames than are left owed without reading (maxOwed): the
 // poster never reads.
-func (t *conn) ReadPosting(ctx context.Context, ranges []verify.Range, out []byte, arrived func(uint64), next []verify.Desc, nextBase int) (bool, error) {
+func (t *conn) ReadPosting(ctx context.Context, ranges []desc.Range, out []byte, arrived func(uint64), next []desc.Desc, nextBase int) (bool, error) {
 	if t.pull || t.lease != nil || len(next) == 0 || countSlices(next) >= maxOwed ||
 		len(ranges) > wire.MaxRanges || uint64(len(out)) > wire.MaxPayload { // out: the ranges' bytes
 		return false, t.ReadArriving(ctx, ranges, out, true, arrived)

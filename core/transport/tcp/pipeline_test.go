@@ -3,6 +3,7 @@ package tcp
 import (
 	"context"
 	"crypto/rand"
+	"github.com/mcguard/mcguard/core/desc"
 	"runtime"
 	"testing"
 	"time"
@@ -14,7 +15,6 @@ import (
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // A read-back with the next chunk's writes posted behind it answers with
@@ -27,12 +27,12 @@ func TestReadPostingAnswersThisChunkOnly(t *testing.T) {
 	src, dst := testmem.Pages(t, 2*half/4096), testmem.Pages(t, half/4096)
 	c := joinPair(t, src, dst, nil, nil, nil)
 	ctx := context.Background()
-	whole := []verify.Range{{Addr: memory.AddrOf(dst), Len: half}}
+	whole := []desc.Range{{Addr: memory.AddrOf(dst), Len: half}}
 	out := make([]byte, half)
 	for round := range 3 {
 		rand.Read(src)
-		chunk := []verify.Desc{{Src: memory.AddrOf(src), Dst: memory.AddrOf(dst), Len: half}}
-		next := []verify.Desc{{Src: memory.AddrOf(src[half:]), Dst: memory.AddrOf(dst), Len: half}}
+		chunk := []desc.Desc{{Src: memory.AddrOf(src), Dst: memory.AddrOf(dst), Len: half}}
+		next := []desc.Desc{{Src: memory.AddrOf(src[half:]), Dst: memory.AddrOf(dst), Len: half}}
 		require.NoError(t, c.Post(ctx, chunk, 0))
 		var arrived uint64
 		posted, err := c.ReadPosting(ctx, whole, out, func(n uint64) { arrived = n }, next, 1)
@@ -57,13 +57,13 @@ func TestReadPostingDeclines(t *testing.T) {
 	rand.Read(src)
 	c := joinPair(t, src, dst, nil, nil, nil)
 	ctx := context.Background()
-	chunk := []verify.Desc{{Src: memory.AddrOf(src), Dst: memory.AddrOf(dst), Len: 4096}}
-	next := make([]verify.Desc, maxOwed) // backwards: none joins
+	chunk := []desc.Desc{{Src: memory.AddrOf(src), Dst: memory.AddrOf(dst), Len: 4096}}
+	next := make([]desc.Desc, maxOwed) // backwards: none joins
 	for i := range next {
-		next[i] = verify.Desc{Src: memory.AddrOf(src[(i+1)*4096:]), Dst: memory.AddrOf(dst[(2*maxOwed-1-i)*4096:]), Len: 4096}
+		next[i] = desc.Desc{Src: memory.AddrOf(src[(i+1)*4096:]), Dst: memory.AddrOf(dst[(2*maxOwed-1-i)*4096:]), Len: 4096}
 	}
 	out := make([]byte, 64)
-	ranges := []verify.Range{{Addr: memory.AddrOf(dst[4032:]), Len: 64}}
+	ranges := []desc.Range{{Addr: memory.AddrOf(dst[4032:]), Len: 64}}
 	require.NoError(t, c.Post(ctx, chunk, 0))
 	posted, err := c.ReadPosting(ctx, ranges, out, nil, next, 1)
 	require.NoError(t, err)
@@ -84,11 +84,11 @@ func TestReadPostingRefusedNextFailsAtItsFence(t *testing.T) {
 	rand.Read(src)
 	c := joinPair(t, src, dst, nil, nil, nil)
 	ctx := context.Background()
-	chunk := []verify.Desc{{Src: memory.AddrOf(src), Dst: memory.AddrOf(dst), Len: 4096}}
-	next := []verify.Desc{{Src: memory.AddrOf(src[4096:]), Dst: memory.AddrOf(dst) + 1<<30, Len: 4096}}
+	chunk := []desc.Desc{{Src: memory.AddrOf(src), Dst: memory.AddrOf(dst), Len: 4096}}
+	next := []desc.Desc{{Src: memory.AddrOf(src[4096:]), Dst: memory.AddrOf(dst) + 1<<30, Len: 4096}}
 	out := make([]byte, 64)
 	require.NoError(t, c.Post(ctx, chunk, 0))
-	posted, err := c.ReadPosting(ctx, []verify.Range{{Addr: memory.AddrOf(dst[4032:]), Len: 64}}, out, nil, next, 7)
+	posted, err := c.ReadPosting(ctx, []desc.Range{{Addr: memory.AddrOf(dst[4032:]), Len: 64}}, out, nil, next, 7)
 	require.NoError(t, err)
 	require.True(t, posted)
 	require.Equal(t, src[4032:4096], out)
@@ -103,9 +103,9 @@ func TestPosterEndsWithItsConnection(t *testing.T) {
 	src, dst := testmem.Pages(t, 2), testmem.Pages(t, 2)
 	ctx := context.Background()
 	c := joinPair(t, src, dst, nil, nil, nil) // its target stays up
-	chunk := []verify.Desc{{Src: memory.AddrOf(src), Dst: memory.AddrOf(dst), Len: 4096}}
-	next := []verify.Desc{{Src: memory.AddrOf(src[4096:]), Dst: memory.AddrOf(dst[4096:]), Len: 4096}}
-	ranges := []verify.Range{{Addr: memory.AddrOf(dst[4032:]), Len: 64}}
+	chunk := []desc.Desc{{Src: memory.AddrOf(src), Dst: memory.AddrOf(dst), Len: 4096}}
+	next := []desc.Desc{{Src: memory.AddrOf(src[4096:]), Dst: memory.AddrOf(dst[4096:]), Len: 4096}}
+	ranges := []desc.Range{{Addr: memory.AddrOf(dst[4032:]), Len: 64}}
 	out := make([]byte, 64)
 	post := func(c *conn) {
 		require.NoError(t, c.Post(ctx, chunk, 0))

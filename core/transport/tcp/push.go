@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"runtime"
 	"slices"
 	"sync/atomic"
@@ -20,7 +21,6 @@ import (
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/sharedmem"
 	"github.com/mcguard/mcguard/core/transport/samehost"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // Same-host writes by the sender: where the target handed this connection
@@ -112,7 +112,7 @@ const maxEnterTries = 64
 
 // enter marks this slot busy under a stable gen in which every range is in
 // the target's table. ok false: write them through the socket instead.
-func (p *pushLease) enter(ranges []verify.Range) (ok bool, err error) {
+func (p *pushLease) enter(ranges []desc.Range) (ok bool, err error) {
 	busy := p.mem.busy(p.slot)
 	for try := 0; try < maxEnterTries; try++ {
 		g := atomic.LoadUint64(p.mem.gen())
@@ -155,7 +155,7 @@ func (p *pushLease) exit() { atomic.StoreUint64(p.mem.busy(p.slot), 0) }
 
 // covers reports whether every range lies inside one region of the
 // table, and notes in spans the shared allocation each lies in.
-func (p *pushLease) covers(ranges []verify.Range) bool {
+func (p *pushLease) covers(ranges []desc.Range) bool {
 	n := min(int(atomic.LoadUint64(p.mem.count())), maxLeaseRegions)
 	p.spans = p.spans[:0]
 	last := -1 // batches mostly stay in one region: try it first
@@ -179,7 +179,7 @@ func (p *pushLease) covers(ranges []verify.Range) bool {
 	return true
 }
 
-func (p *pushLease) inEntry(i int, r verify.Range) bool {
+func (p *pushLease) inEntry(i int, r desc.Range) bool {
 	a, n := p.mem.entry(i)
 	base, size := atomic.LoadUint64(a), atomic.LoadUint64(n)
 	return r.Len > 0 && r.Addr >= base && r.Addr+r.Len >= r.Addr && r.Addr+r.Len <= base+size
@@ -193,7 +193,7 @@ func logPushFallback(why string) {
 
 // push writes descs into the target itself. done false (and no error):
 // send them through the socket.
-func (t *conn) push(ctx context.Context, descs []verify.Desc) (done bool, err error) {
+func (t *conn) push(ctx context.Context, descs []desc.Desc) (done bool, err error) {
 	if len(descs) == 0 {
 		return false, nil
 	}
@@ -213,7 +213,7 @@ func (t *conn) push(ctx context.Context, descs []verify.Desc) (done bool, err er
 		lv.SetLen(int(d.Len))
 		t.iovLocal = append(t.iovLocal, lv)
 		t.iovRemote = append(t.iovRemote, unix.RemoteIovec{Base: uintptr(d.Dst), Len: int(d.Len)})
-		t.ranges = append(t.ranges, verify.Range{Addr: d.Dst, Len: d.Len})
+		t.ranges = append(t.ranges, desc.Range{Addr: d.Dst, Len: d.Len})
 		total += d.Len
 	}
 	defer t.unpin()
@@ -276,7 +276,7 @@ func (t *conn) pushFailed(err error) error {
 
 // pullRanges reads ranges out of the target into out itself, where they
 // are all in its table; done false: read them through the socket.
-func (t *conn) pullRanges(ranges []verify.Range, out []byte) (done bool, err error) {
+func (t *conn) pullRanges(ranges []desc.Range, out []byte) (done bool, err error) {
 	ok, err := t.lease.enter(ranges)
 	if err != nil {
 		return false, fmt.Errorf("%w: %v", errs.Peer, err)
@@ -364,7 +364,7 @@ const peekEvery = time.Millisecond
 // tries a push. done false (and no error): send descs through the socket.
 // Answers to notices alone do not need it: they are read as they arrive
 // (SettleNotices, which peeked just before).
-func (t *conn) pushFirst(ctx context.Context, descs []verify.Desc) (done bool, err error) {
+func (t *conn) pushFirst(ctx context.Context, descs []desc.Desc) (done bool, err error) {
 	if slices.ContainsFunc(t.owed, notNotice) || time.Since(t.peekedAt) >= peekEvery {
 		if err := t.begin(ctx, false); err != nil {
 			return false, err

@@ -6,13 +6,13 @@ package tcp
 import (
 	"context"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"io"
 	"slices"
 
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // fencedRequest sends a Read after the unanswered Fence fenceID and waits
@@ -63,7 +63,7 @@ func fenceErr(h wire.Header) error {
 
 // readPayload is a Read frame's payload for ranges, in the connection's
 // reused buffer, and the bytes its answer carries.
-func (t *conn) readPayload(ranges []verify.Range) (payload []byte, total uint64) {
+func (t *conn) readPayload(ranges []desc.Range) (payload []byte, total uint64) {
 	payload = t.readReq[:0]
 	for _, r := range ranges {
 		payload = wire.AppendRange(payload, r.Addr, r.Len)
@@ -113,14 +113,14 @@ func (t *conn) Fence(ctx context.Context) error {
 // Read fetches ranges into out, one request per wire.MaxRanges ranges or
 // wire.MaxPayload bytes. With fenced, a Fence frame precedes the first
 // request and both replies are read after one flush: one round trip.
-func (t *conn) Read(ctx context.Context, ranges []verify.Range, out []byte, fenced bool) error {
+func (t *conn) Read(ctx context.Context, ranges []desc.Range, out []byte, fenced bool) error {
 	return t.ReadArriving(ctx, ranges, out, fenced, nil)
 }
 
 // ReadArriving is Read calling arrived (if not nil) as the bytes come in,
 // with how many of out's leading bytes are in place
 // (verify.StreamReader).
-func (t *conn) ReadArriving(ctx context.Context, ranges []verify.Range, out []byte, fenced bool, arrived func(uint64)) error {
+func (t *conn) ReadArriving(ctx context.Context, ranges []desc.Range, out []byte, fenced bool, arrived func(uint64)) error {
 	if t.lease != nil && !t.unfenced {
 		if done, err := t.pullRanges(ranges, out); done || err != nil {
 			return err
@@ -146,7 +146,7 @@ func (t *conn) ReadArriving(ctx context.Context, ranges []verify.Range, out []by
 
 // readRanges does Read's requests; a fenceID other than 0 is a Fence sent
 // but not yet answered, whose reply comes before the first read's.
-func (t *conn) readRanges(ctx context.Context, ranges []verify.Range, out []byte, fenceID uint64, arrived func(uint64)) error {
+func (t *conn) readRanges(ctx context.Context, ranges []desc.Range, out []byte, fenceID uint64, arrived func(uint64)) error {
 	var before uint64 // out's bytes read by earlier requests
 	size := func(i int) uint64 { return ranges[i].Len }
 	for start, end := range transport.Groups(len(ranges), size, wire.MaxRanges, wire.MaxPayload) {

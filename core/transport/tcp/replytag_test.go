@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"github.com/mcguard/mcguard/core/desc"
 	"io"
 	"net"
 	"testing"
@@ -17,7 +18,6 @@ import (
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // tamperer is an attacker on the path of one data connection: it flips
@@ -103,9 +103,9 @@ func TestForgedReadBackAnswersFailTheirTag(t *testing.T) {
 			&Config{Timeout: 5 * time.Second, Regions: local, MACReplies: tags}, 0)
 		require.NoError(t, err)
 		ctx := context.Background()
-		require.NoError(t, c.Post(ctx, []verify.Desc{{Src: memory.AddrOf(src), Dst: memory.AddrOf(dst), Len: 4096}}, 0))
+		require.NoError(t, c.Post(ctx, []desc.Desc{{Src: memory.AddrOf(src), Dst: memory.AddrOf(dst), Len: 4096}}, 0))
 		tail := make([]byte, 64)
-		err = c.Read(ctx, []verify.Range{{Addr: memory.AddrOf(dst) + 4096 - 64, Len: 64}}, tail, true)
+		err = c.Read(ctx, []desc.Range{{Addr: memory.AddrOf(dst) + 4096 - 64, Len: 64}}, tail, true)
 		require.NotEqual(t, src, dst, "the target holds altered bytes")
 		if tags {
 			require.ErrorIs(t, err, errs.Peer, "the forged answer fails its tag")
@@ -142,7 +142,7 @@ func TestAlteredFenceRepliesFailTheirTag(t *testing.T) {
 		&Config{Timeout: 5 * time.Second, Regions: memory.New(nil), MACReplies: true}, 0)
 	require.NoError(t, err)
 	defer c.Close()
-	err = c.Read(context.Background(), []verify.Range{{Addr: memory.AddrOf(dst), Len: 64}}, make([]byte, 64), true)
+	err = c.Read(context.Background(), []desc.Range{{Addr: memory.AddrOf(dst), Len: 64}}, make([]byte, 64), true)
 	require.ErrorIs(t, err, errs.Peer)
 	require.Contains(t, err.Error(), "the reply to a fence does not carry this connection's tag")
 }

@@ -2,11 +2,11 @@ package tcp
 
 import (
 	"context"
+	"github.com/mcguard/mcguard/core/desc"
 
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // Striping (tcp_stripes): a session may use several data connections to
@@ -42,22 +42,22 @@ type striped struct {
 	dial    func(ctx context.Context, i int) (*conn, error)
 	dialErr error // why the others could not be opened: not tried again on this session's connection
 
-	written []bool          // per part, since its last fence
-	runs    []stripeRun     // per part, the batch being sent
-	cut     [][]verify.Desc // per part, its run's descriptors where a descriptor was cut (reused)
-	bounds  []uint64        // the batch offsets the parts' runs start at, and its end (reused)
+	written []bool        // per part, since its last fence
+	runs    []stripeRun   // per part, the batch being sent
+	cut     [][]desc.Desc // per part, its run's descriptors where a descriptor was cut (reused)
+	bounds  []uint64      // the batch offsets the parts' runs start at, and its end (reused)
 }
 
 // stripeRun is one part's share of a batch: its descriptors and the
 // batch index of the first.
 type stripeRun struct {
-	descs []verify.Desc
+	descs []desc.Desc
 	base  int
 }
 
 func newStriped(first *conn, want int, dial func(ctx context.Context, i int) (*conn, error)) *striped {
 	return &striped{parts: []*conn{first}, want: want, dial: dial,
-		written: make([]bool, want), runs: make([]stripeRun, want), cut: make([][]verify.Desc, want)}
+		written: make([]bool, want), runs: make([]stripeRun, want), cut: make([][]desc.Desc, want)}
 }
 
 // open opens the parts not open yet, once: a part that cannot be opened
@@ -116,7 +116,7 @@ func (s *striped) Continue(ctx context.Context, epoch uint64) error {
 // share cuts descs into one run per open part (s.runs): contiguous, of
 // about equal bytes, inside descriptors unless whole; a small batch is
 // one run, on the first part. It returns how many parts have a run.
-func (s *striped) share(ctx context.Context, descs []verify.Desc, base int, whole bool) int {
+func (s *striped) share(ctx context.Context, descs []desc.Desc, base int, whole bool) int {
 	clear(s.runs)
 	var total uint64
 	for _, d := range descs {
@@ -137,7 +137,7 @@ func (s *striped) share(ctx context.Context, descs []verify.Desc, base int, whol
 }
 
 // shareWhole cuts after the descriptor at which a part has its share.
-func (s *striped) shareWhole(descs []verify.Desc, base int, total uint64, k int) int {
+func (s *striped) shareWhole(descs []desc.Desc, base int, total uint64, k int) int {
 	p, from := 0, 0
 	var sum uint64
 	for i, d := range descs {
@@ -160,7 +160,7 @@ func (s *striped) shareWhole(descs []verify.Desc, base int, total uint64, k int)
 // tail and sample read back, are those of an unstriped batch (a torn
 // frame ending anywhere else would escape tail); a descriptor of at most
 // MaxSlice is never cut.
-func (s *striped) shareBytes(descs []verify.Desc, base int, total uint64, k int) int {
+func (s *striped) shareBytes(descs []desc.Desc, base int, total uint64, k int) int {
 	share := (total + uint64(k) - 1) / uint64(k)
 	bounds := append(s.bounds[:0], 0)
 	var at uint64 // the batch offset of descs[i]
@@ -198,7 +198,7 @@ func (s *striped) shareBytes(descs []verify.Desc, base int, total uint64, k int)
 			if len(s.cut[p]) == 0 {
 				s.runs[p].base = base + i
 			}
-			s.cut[p] = append(s.cut[p], verify.Desc{Src: d.Src + (lo - at), Dst: d.Dst + (lo - at), Len: hi - lo})
+			s.cut[p] = append(s.cut[p], desc.Desc{Src: d.Src + (lo - at), Dst: d.Dst + (lo - at), Len: hi - lo})
 			lo = hi
 		}
 		at += d.Len
@@ -217,7 +217,7 @@ const maxKeptCut = 4096
 
 // each sends every part's run with send, concurrently where there are
 // several.
-func (s *striped) each(ctx context.Context, descs []verify.Desc, base int, whole bool, send func(c *conn, run []verify.Desc, base int) error) error {
+func (s *striped) each(ctx context.Context, descs []desc.Desc, base int, whole bool, send func(c *conn, run []desc.Desc, base int) error) error {
 	n := s.share(ctx, descs, base, whole)
 	if n == 1 {
 		s.written[0] = true
@@ -229,16 +229,16 @@ func (s *striped) each(ctx context.Context, descs []verify.Desc, base int, whole
 	})
 }
 
-func (s *striped) Write(ctx context.Context, descs []verify.Desc, base int) error {
-	return s.each(ctx, descs, base, false, func(c *conn, run []verify.Desc, base int) error { return c.Write(ctx, run, base) })
+func (s *striped) Write(ctx context.Context, descs []desc.Desc, base int) error {
+	return s.each(ctx, descs, base, false, func(c *conn, run []desc.Desc, base int) error { return c.Write(ctx, run, base) })
 }
 
-func (s *striped) Post(ctx context.Context, descs []verify.Desc, base int) error {
-	return s.each(ctx, descs, base, false, func(c *conn, run []verify.Desc, base int) error { return c.Post(ctx, run, base) })
+func (s *striped) Post(ctx context.Context, descs []desc.Desc, base int) error {
+	return s.each(ctx, descs, base, false, func(c *conn, run []desc.Desc, base int) error { return c.Post(ctx, run, base) })
 }
 
-func (s *striped) PostMarked(ctx context.Context, descs []verify.Desc, base int) error {
-	return s.each(ctx, descs, base, true, func(c *conn, run []verify.Desc, base int) error { return c.PostMarked(ctx, run, base) })
+func (s *striped) PostMarked(ctx context.Context, descs []desc.Desc, base int) error {
+	return s.each(ctx, descs, base, true, func(c *conn, run []desc.Desc, base int) error { return c.PostMarked(ctx, run, base) })
 }
 
 // fenceOthers fences every written part but the first.
@@ -266,7 +266,7 @@ func (s *striped) Fence(ctx context.Context) error {
 
 // Read reads back on the first part; with fenced, the others are fenced
 // first and the first's fence goes with the read, in one flight.
-func (s *striped) Read(ctx context.Context, ranges []verify.Range, out []byte, fenced bool) error {
+func (s *striped) Read(ctx context.Context, ranges []desc.Range, out []byte, fenced bool) error {
 	if fenced {
 		if err := s.fenceOthers(ctx); err != nil {
 			return err

@@ -2,17 +2,17 @@ package tcp
 
 import (
 	"context"
+	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/transport"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // shares cuts descs as a session with four open parts would, returning
 // each part's run as batch byte offsets [lo, hi) and its base index.
-func shares(t *testing.T, descs []verify.Desc, whole bool) (runs [][3]uint64) {
+func shares(t *testing.T, descs []desc.Desc, whole bool) (runs [][3]uint64) {
 	t.Helper()
 	s := newStriped(&conn{}, 4, nil)
 	s.parts = append(s.parts, &conn{}, &conn{}, &conn{})
@@ -43,11 +43,11 @@ func shares(t *testing.T, descs []verify.Desc, whole bool) (runs [][3]uint64) {
 
 // batch is descriptors of the given lengths, laid end to end from 0
 // (Src is the batch offset; Dst another space).
-func batch(lens ...uint64) []verify.Desc {
-	var out []verify.Desc
+func batch(lens ...uint64) []desc.Desc {
+	var out []desc.Desc
 	var at uint64
 	for _, n := range lens {
-		out = append(out, verify.Desc{Src: at, Dst: 1<<40 + at, Len: n})
+		out = append(out, desc.Desc{Src: at, Dst: 1<<40 + at, Len: n})
 		at += n
 	}
 	return out

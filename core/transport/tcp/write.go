@@ -8,12 +8,12 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"github.com/mcguard/mcguard/core/desc"
 	"slices"
 
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // owedAck is a posted frame: its id, its op, and for a write its
@@ -132,7 +132,7 @@ func (t *conn) owedThen(op wire.Op, id uint64) (wire.Header, error) {
 
 // Write sends every descriptor, sliced, pipelined, and collects one
 // acknowledgement per slice.
-func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
+func (t *conn) Write(ctx context.Context, descs []desc.Desc, base int) error {
 	if t.lease != nil {
 		if done, err := t.pushFirst(ctx, descs); done || err != nil {
 			return err
@@ -149,7 +149,7 @@ func (t *conn) Write(ctx context.Context, descs []verify.Desc, base int) error {
 // first, so writes, fence and read-backs make one flight. A batch of more
 // than maxOwed slices reads the older acknowledgements while its later
 // frames go out (sendWrites).
-func (t *conn) Post(ctx context.Context, descs []verify.Desc, base int) error {
+func (t *conn) Post(ctx context.Context, descs []desc.Desc, base int) error {
 	return t.post(ctx, descs, base, false)
 }
 
@@ -158,11 +158,11 @@ func (t *conn) Post(ctx context.Context, descs []verify.Desc, base int) error {
 // lands: digest mode's writes. A target that digests at sync time instead
 // (digest_at "sync", the default) has no use for marks, and gets the
 // writes as Post sends them: consecutive descriptors joined.
-func (t *conn) PostMarked(ctx context.Context, descs []verify.Desc, base int) error {
+func (t *conn) PostMarked(ctx context.Context, descs []desc.Desc, base int) error {
 	return t.post(ctx, descs, base, t.landing)
 }
 
-func (t *conn) post(ctx context.Context, descs []verify.Desc, base int, marked bool) error {
+func (t *conn) post(ctx context.Context, descs []desc.Desc, base int, marked bool) error {
 	if t.lease != nil {
 		if done, err := t.pushFirst(ctx, descs); done || err != nil {
 			return err
@@ -314,7 +314,7 @@ func (t *conn) readOwed(ctx context.Context) error {
 // Once maxOwed are owed, it reads the older half before sending more
 // (settleWindow): a long batch cannot fill both socket buffers and stall,
 // and needs no second goroutine to read its answers.
-func (t *conn) sendWrites(ctx context.Context, descs []verify.Desc, base int, marked bool) error {
+func (t *conn) sendWrites(ctx context.Context, descs []desc.Desc, base int, marked bool) error {
 	t.unfenced = true
 	batched := t.batches(descs)
 	if batched {
@@ -431,7 +431,7 @@ func (t *conn) sendSlice(sl transport.Slice, m wire.Status) (release func(), ipc
 }
 
 // countSlices is how many frames descs take.
-func countSlices(descs []verify.Desc) int {
+func countSlices(descs []desc.Desc) int {
 	n := 0
 	for _, d := range descs {
 		n += int((d.Len + transport.MaxSlice - 1) / transport.MaxSlice)
