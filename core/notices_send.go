@@ -57,7 +57,7 @@ func (g *Guard) notify(ctx context.Context, s *session, id uint64, mode verify.M
 // once where the receiver forgot this session's handshake (idle, or
 // crowded out).
 func (g *Guard) sendNotice(ctx context.Context, s *session, n wire.Notice, fenceFollows bool) error {
-	if p, ok := s.conn.(noticePoster); ok {
+	if p := s.caps().Notices; p != nil {
 		return p.PostNotice(ctx, s.signNotice(n), fenceFollows)
 	}
 	err := s.notify(ctx, g.zctx, &g.cfg, s.signNotice(n))
@@ -69,25 +69,12 @@ func (g *Guard) sendNotice(ctx context.Context, s *session, n wire.Notice, fence
 	return err
 }
 
-// noticePoster is a data connection that carries completion notices
-// itself (TCP), in order after the writes.
-type noticePoster interface {
-	PostNotice(ctx context.Context, body []byte, fenceFollows bool) error
-}
-
-// noticeSettler is a noticePoster that may leave a notice's answer owed
-// past the call that sent it; SettleNotices reads those that arrived and
-// returns the first refusal among them.
-type noticeSettler interface {
-	SettleNotices(ctx context.Context) error
-}
-
 // settleNotices reads the answers earlier calls left owed, before this
 // chunk's writes: a failure is an earlier notice's, reported by this call
 // (nothing of it is sent yet).
 func (g *Guard) settleNotices(ctx context.Context, s *session) error {
-	ns, ok := s.conn.(noticeSettler)
-	if !ok {
+	ns := s.caps().Notices
+	if ns == nil {
 		return nil
 	}
 	if err := ns.SettleNotices(ctx); err != nil {

@@ -159,7 +159,7 @@ func (g *Guard) transfer(name string, descs []desc.Desc, opts TransferOptions) (
 	res.ID = g.ids.give()
 	r.id = res.ID
 	if g.engine != nil {
-		if t, ok := s.conn.(transferTagger); ok {
+		if t := s.caps().Tagged; t != nil {
 			// Over an engine, calls count for this transfer until they
 			// return (WaitEngineCalls); the session's later calls are not its.
 			t.SetTransfer(res.ID)
@@ -315,7 +315,7 @@ func (g *Guard) deliver(ctx context.Context, s *session, vcfg verify.Config, see
 		epoch, bound := s.epoch()
 		s.disconnect()
 		if err = s.connect(ctx, g); err == nil && bound {
-			err = s.conn.(transport.TransferBound).Continue(ctx, epoch) // the same transfer: under the quiesces it began under
+			err = s.caps().Transfers.Continue(ctx, epoch) // the same transfer: under the quiesces it began under
 		}
 		if err == nil {
 			var again verify.Delivery
@@ -329,14 +329,14 @@ func (g *Guard) deliver(ctx context.Context, s *session, vcfg verify.Config, see
 // beginTransfer puts the transfer's writes under the quiesces the
 // receiver had announced when it began (transport.TransferBound).
 func (s *session) beginTransfer(ctx context.Context) error {
-	if tb, ok := s.conn.(transport.TransferBound); ok {
+	if tb := s.caps().Transfers; tb != nil {
 		return tb.BeginTransfer(ctx)
 	}
 	return nil
 }
 
 func (s *session) endTransfer() {
-	if tb, ok := s.conn.(transport.TransferBound); ok {
+	if tb := s.caps().Transfers; tb != nil {
 		tb.EndTransfer()
 	}
 }
@@ -344,7 +344,7 @@ func (s *session) endTransfer() {
 // epoch is the quiesce generation the transfer's writes go under, where
 // the connection has one.
 func (s *session) epoch() (uint64, bool) {
-	if tb, ok := s.conn.(transport.TransferBound); ok {
+	if tb := s.caps().Transfers; tb != nil {
 		return tb.Epoch(), true
 	}
 	return 0, false
@@ -377,10 +377,6 @@ func (s *session) releaseSources() {
 	}
 	s.held = s.held[:0]
 }
-
-// transferTagger is a connection whose calls can be counted per transfer
-// (the engine data plane's).
-type transferTagger interface{ SetTransfer(id uint64) }
 
 // isMismatch reports whether err is a verification mismatch (the
 // connection is in step) rather than a failure that leaves it unknown.

@@ -179,3 +179,15 @@ func (s *session) checkDst(descs []desc.Desc) int {
 	}
 	return -1
 }
+
+// noCaps is what a session without a connection can do: nothing.
+var noCaps transport.Caps
+
+// caps is the session's connection's capability set (none while it has
+// no connection: a failure dropped it).
+func (s *session) caps() *transport.Caps {
+	if s.conn == nil {
+		return &noCaps
+	}
+	return s.conn.Caps()
+}

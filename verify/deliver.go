@@ -5,57 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"github.com/mcguard/mcguard/core/desc"
+	"github.com/mcguard/mcguard/core/transport"
 	"time"
 )
 
-// Conn is what delivery needs of a data plane's connection to one target.
-// Write returns when the transport reports the writes complete: exactly the
-// promise this library does not trust, which is why a check follows.
-type Conn interface {
-	// Write sends descs; base is the index of descs[0] in the whole batch,
-	// for messages.
-	Write(ctx context.Context, descs []desc.Desc, base int) error
-	// Fence returns once every earlier write is applied at the target.
-	Fence(ctx context.Context) error
-	// Read fetches ranges, concatenated, into out; with fenced, a fence
-	// goes first in the same round trip.
-	Read(ctx context.Context, ranges []desc.Range, out []byte, fenced bool) error
-	// FenceIsFinal reports whether a fence's answer means that every
-	// earlier write is in place at the target (TCP's in-order applied
-	// acknowledgement, an RDMA READ or FLUSH on the same queue pair): a
-	// mismatch read after it then is final, and polling would only wait.
-	FenceIsFinal() bool
-}
-
-// StreamReader is a Conn whose reads can report their bytes as they
-// arrive (Read's, with arrived called as ReadFunc's is): a read-back of
-// thousands of probes is compared while its later bytes are still on the
-// wire, instead of after the last.
-type StreamReader interface {
-	ReadArriving(ctx context.Context, ranges []desc.Range, out []byte, fenced bool, arrived func(n uint64)) error
-}
-
-// Poster is a Conn that can send writes without waiting for their
-// completions: its next Fence or Read reads them first, in the same flight,
-// so a chunk's writes, fence and read-backs cost one round trip. A
-// completion that reports a failure fails that Fence or Read.
-type Poster interface {
-	Post(ctx context.Context, descs []desc.Desc, base int) error
-}
-
-// Pipeliner is a Poster that can send the next chunk's writes while this
-// chunk's read-back is answered: the fence and the read request go out,
-// then next's writes, while the caller reads and compares the answer. The
-// target applies in order, so the answer is of this chunk's writes alone;
-// the target works on next's writes while the sender compares, instead of
-// waiting for them. posted says whether next went out (a connection may
-// decline, and then reads as ReadArriving does); its acknowledgements are
-// read by next's own fence.
-type Pipeliner interface {
-	ReadPosting(ctx context.Context, ranges []desc.Range, out []byte, arrived func(n uint64), next []desc.Desc, nextBase int) (posted bool, err error)
-}
-
-// Pipeline carries a chunk's writes across two Deliver calls (Pipeliner).
+// Pipeline carries a chunk's writes across two Deliver calls (transport.Pipeliner).
 type Pipeline struct {
 	Posted   bool        // in: this chunk's writes went out during the previous chunk's check
 	Next     []desc.Desc // in: the chunk after this one, to post during this one's check (nil: none)
@@ -63,21 +17,6 @@ type Pipeline struct {
 	// NextPosted (out): Next's writes went out, and this chunk was
 	// delivered; the next Deliver must say Posted.
 	NextPosted bool
-}
-
-// DescriptorMarker is a Poster whose target can digest each descriptor as
-// its bytes land (TCP): digest mode posts its writes marked, so the
-// receiver's sync may compare those digests instead of reading the memory
-// again.
-type DescriptorMarker interface {
-	PostMarked(ctx context.Context, descs []desc.Desc, base int) error
-}
-
-// NoticeCarrier is a Conn that carries the chunk's completion notice
-// itself, after its writes (TCP): announcing uses the connection, so the
-// notice and the fence go in turn, in one flight.
-type NoticeCarrier interface {
-	CarriesNotices() bool
 }
 
 // Delivery counts what Deliver did for one chunk, also when it failed.
@@ -103,7 +42,7 @@ func (d *Delivery) Add(o Delivery) {
 // trusts the transport. announce, if not nil, sends the chunk's notice:
 // after the check, or in digest mode while the fence is in flight (the
 // receiver's sync waits for the writes anyway); its argument says whether
-// a Fence on conn follows at once (a NoticeCarrier may leave the notice
+// a Fence on conn follows at once (a connection that carries notices may leave the notice
 // for that fence to send). base is chunk[0]'s index
 // in the batch; a MismatchError names batch indices. Any other error
 // leaves conn in an unknown state: the caller drops it. pipe (nil: none)
@@ -111,11 +50,11 @@ func (d *Delivery) Add(o Delivery) {
 // Pipeliner and the read-back is one request of the whole chunk: a
 // re-send or a second window would otherwise read the next chunk's bytes
 // where both chunks write the same place.
-func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []desc.Desc, base int, local LocalFunc, scratch *Scratch, announce func(fenceFollows bool) error, pipe *Pipeline) (d Delivery, err error) {
-	var pipeliner Pipeliner
+func Deliver(ctx context.Context, cfg Config, seed uint64, conn transport.Conn, chunk []desc.Desc, base int, local LocalFunc, scratch *Scratch, announce func(fenceFollows bool) error, pipe *Pipeline) (d Delivery, err error) {
+	var pipeliner transport.Pipeliner
 	if pipe != nil {
 		pipe.NextPosted = false
-		pipeliner, _ = conn.(Pipeliner)
+		pipeliner = conn.Caps().ReadPosting
 		if len(pipe.Next) == 0 {
 			pipeliner = nil
 		}
@@ -153,23 +92,24 @@ func Deliver(ctx context.Context, cfg Config, seed uint64, conn Conn, chunk []de
 
 // writeChunk sends descs as mode wants them sent: off trusts the write's
 // completion, so it waits for it; every other mode fences or reads back
-// next, which collects the completions (Poster); digest mode's are marked
-// for the target to digest as they land (DescriptorMarker). (A call, not
+// next, which collects the completions (Caps.Post); digest mode's are marked
+// for the target to digest as they land (Caps.PostMarked). (A call, not
 // a method value chosen once: a method value would be allocated.)
-func writeChunk(ctx context.Context, conn Conn, mode Mode, descs []desc.Desc, base int) error {
-	if m, ok := conn.(DescriptorMarker); ok && mode == Digest {
-		return m.PostMarked(ctx, descs, base)
+func writeChunk(ctx context.Context, conn transport.Conn, mode Mode, descs []desc.Desc, base int) error {
+	caps := conn.Caps()
+	if caps.PostMarked != nil && mode == Digest {
+		return caps.PostMarked.PostMarked(ctx, descs, base)
 	}
-	if p, ok := conn.(Poster); ok && mode != Off {
-		return p.Post(ctx, descs, base)
+	if caps.Post != nil && mode != Off {
+		return caps.Post.Post(ctx, descs, base)
 	}
 	return conn.Write(ctx, descs, base)
 }
 
 // fenceAnnouncing is digest mode's check at the sender: a fence, with the
 // chunk's notice sent meanwhile (the receiver's sync compares).
-func fenceAnnouncing(ctx context.Context, conn Conn, announce func(fenceFollows bool) error) error {
-	if nc, ok := conn.(NoticeCarrier); ok && nc.CarriesNotices() {
+func fenceAnnouncing(ctx context.Context, conn transport.Conn, announce func(fenceFollows bool) error) error {
+	if conn.Caps().Notices != nil {
 		// The notice follows the writes on the connection: the fence
 		// reads their replies and its own in one flight.
 		if err := announce(true); err != nil {
@@ -192,11 +132,11 @@ func fenceAnnouncing(ctx context.Context, conn Conn, announce func(fenceFollows 
 type readBack struct {
 	cfg       Config
 	seed      uint64
-	conn      Conn
+	conn      transport.Conn
 	base      int // the chunk's first descriptor in the batch
 	local     LocalFunc
 	scratch   *Scratch
-	pipeliner Pipeliner // posts next during the first read-back; nil: none
+	pipeliner transport.Pipeliner // posts next during the first read-back; nil: none
 	// next and nextBase: the chunk after this one (Pipeline.Next); its
 	// writes went out where nextPosted. (Not the Pipeline itself: a
 	// pointer kept here would move the caller's to the heap.)
@@ -219,7 +159,7 @@ func (b *readBack) run(ctx context.Context, chunk []desc.Desc, d *Delivery) erro
 	// index maps positions in the descriptors being checked to the batch
 	// (nil until a re-send: position i is base+i).
 	todo, index := chunk, []int(nil)
-	streams, _ := b.conn.(StreamReader)
+	streams := b.conn.Caps().ReadArriving
 	for attempt := 0; ; attempt++ {
 		fenced := false
 		read := func(ctx context.Context, ranges []desc.Range, out []byte, arrived func(uint64)) error {

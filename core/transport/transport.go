@@ -12,7 +12,6 @@ import (
 
 	"github.com/mcguard/mcguard/core/cuda"
 	"github.com/mcguard/mcguard/core/memory"
-	"github.com/mcguard/mcguard/verify"
 )
 
 // ErrStaleToken marks a completion notice refused because the receiver no
@@ -94,20 +93,6 @@ type Transport interface {
 	Close()
 }
 
-// TransferBound is a connection whose target refuses writes sent before a
-// quiesce (TCP). Between BeginTransfer and EndTransfer its writes go under
-// the quiesces it knew of when the transfer began, and no later one: a
-// transfer that began before a quiesce lands nothing in the quiesced
-// ranges once the quiesce returned, however its chunks, resends and
-// reconnects fall. Continue puts a connection opened within a transfer
-// under that transfer's generation (Epoch).
-type TransferBound interface {
-	BeginTransfer(ctx context.Context) error
-	EndTransfer()
-	Epoch() uint64
-	Continue(ctx context.Context, epoch uint64) error
-}
-
 // Dialer is a sender's connection in the making.
 type Dialer interface {
 	// Offer is the sender's part of the handshake request (nil: none).
@@ -135,17 +120,4 @@ type Landed interface {
 	DigestAt(k int, addr, n uint64) (digest uint64, here, ok bool)
 	Len() int
 	Release() // the sync is done with them
-}
-
-// Conn is a sender's connection to one target. Its session's lock keeps
-// it to one goroutine at a time. Every blocking call returns when ctx
-// ends.
-type Conn interface {
-	verify.Conn
-	// Refresh takes a newer answer and region table of the same target
-	// (it registered more since the connection was made).
-	Refresh(answer []byte, regions []memory.Region) error
-	// Close aborts the connection: nothing still queued on it may land
-	// later on top of a newer transfer's bytes.
-	Close()
 }

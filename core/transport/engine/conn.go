@@ -16,6 +16,7 @@ import (
 // and the session's own scratch, registered with the engine, that
 // read-backs land in.
 type conn struct {
+	caps    transport.Caps
 	p       *Plane
 	session string
 	scratch *scratch
@@ -43,7 +44,9 @@ func (c *conn) SetTransfer(id uint64) {
 // Conn returns session's connection over the engine: no handshake, the
 // engine knows its peers.
 func (p *Plane) Conn(session string) transport.Conn {
-	return &conn{p: p, session: session}
+	c := &conn{p: p, session: session}
+	c.caps.Tagged = c
+	return c
 }
 
 // Write hands the batch to the engine in one call, under fault injection
@@ -88,6 +91,9 @@ func (c *conn) Fence(ctx context.Context) error {
 // over queue pairs and NICs) does not order a later read behind the
 // writes, so a mismatch is polled.
 func (c *conn) FenceIsFinal() bool { return false }
+
+// Caps: calls counted per transfer (transport.Caps).
+func (c *conn) Caps() *transport.Caps { return &c.caps }
 
 // Read reads ranges through the engine into the session's scratch, in one
 // call, and copies them into out.

@@ -26,6 +26,7 @@ const bounceSize = transport.MaxSlice
 // pair, after the others are fenced (a READ returns only after the earlier
 // writes of its own queue pair are visible at the target).
 type conn struct {
+	caps    transport.Caps
 	t       *Transport
 	stripes []*stripe
 	regions []memory.Region
@@ -65,6 +66,7 @@ func connect(t *Transport, qps []*verbs.QP, a answer, regions []memory.Region) (
 		return fail(fmt.Errorf("%w: the session answered %d of %d queue pairs (is its transport RDMA?)", errs.Session, len(a.QPs), len(qps)))
 	}
 	c := &conn{t: t, regions: regions, rkeys: a.RKeys, timeout: t.cfg.Timeout, flush: a.Flush}
+	c.caps.Post = c
 	for i, qp := range qps {
 		if err := qp.Connect(a.QPs[i]); err != nil {
 			return fail(fmt.Errorf("%w: %v", errs.Peer, err))
@@ -98,6 +100,9 @@ func (c *conn) Close() {
 // FenceIsFinal: a READ or FLUSH returns after every earlier write of its
 // queue pair is visible, and every queue pair that wrote is fenced.
 func (*conn) FenceIsFinal() bool { return true }
+
+// Caps: posted writes, read with the fence (transport.Caps).
+func (c *conn) Caps() *transport.Caps { return &c.caps }
 
 // Refresh takes the rkeys of a newer region table.
 func (c *conn) Refresh(raw []byte, regions []memory.Region) error {
@@ -155,7 +160,7 @@ func (c *conn) Write(ctx context.Context, descs []desc.Desc, base int) error {
 	return c.write(ctx, descs, base, false)
 }
 
-// Post is Write without waiting for the completions (verify.Poster): the
+// Post is Write without waiting for the completions (transport.Poster): the
 // fence or the read-backs that follow on each queue pair wait for them
 // with their own, one round trip for the chunk.
 func (c *conn) Post(ctx context.Context, descs []desc.Desc, base int) error {

@@ -25,6 +25,7 @@ import (
 // conn is one reused data connection to a target. It is used only under
 // its session's lock.
 type conn struct {
+	caps  transport.Caps
 	c     net.Conn
 	cut   func()          // closes c: unregistering a source mid-write cuts the transfer off
 	local *memory.Regions // the sources
@@ -172,6 +173,7 @@ func dialOnce(ctx context.Context, addr string, peer transport.Peer, table *peer
 	t := &conn{c: c, cut: func() { c.Close() }, local: local, w: bufio.NewWriterSize(c, 256<<10), timeout: timeout,
 		mark: gen, echoed: gen, peer: table, macReplies: cfg.MACReplies}
 	t.reach = t.joinReach
+	t.caps = transport.Caps{Post: t, PostMarked: t, ReadArriving: t, ReadPosting: t, Notices: t, Transfers: t}
 	var src io.Reader = c
 	if pr, err := readerOf(c, &t.until, cfg.BusyPoll, cfg.spins); err == nil {
 		src = pr
@@ -344,6 +346,9 @@ func (t *conn) requestAt(ctx context.Context, op wire.Op, addr uint64, payload [
 
 // FenceIsFinal is what the target said of its fence.
 func (t *conn) FenceIsFinal() bool { return t.finalFence }
+
+// Caps: everything but per-transfer tags (transport.Caps).
+func (t *conn) Caps() *transport.Caps { return &t.caps }
 
 // Refresh takes the target's newer region table (for joined writes): a
 // TCP target checks every write itself, and has no new answer.

@@ -1,7 +1,7 @@
 package tcp
 
 // A chunk's read-back with the next chunk's writes behind it
-// (verify.Pipeliner): the fence and the read request go out, then the
+// (transport.Pipeliner): the fence and the read request go out, then the
 // next chunk's writes on the connection's poster goroutine, while the
 // caller reads this chunk's acknowledgements and answer and compares them.
 // Without it the two ends take turns: the target waits while the sender

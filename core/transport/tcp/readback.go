@@ -119,7 +119,7 @@ func (t *conn) Read(ctx context.Context, ranges []desc.Range, out []byte, fenced
 
 // ReadArriving is Read calling arrived (if not nil) as the bytes come in,
 // with how many of out's leading bytes are in place
-// (verify.StreamReader).
+// (transport.StreamReader).
 func (t *conn) ReadArriving(ctx context.Context, ranges []desc.Range, out []byte, fenced bool, arrived func(uint64)) error {
 	if t.lease != nil && !t.unfenced {
 		if done, err := t.pullRanges(ranges, out); done || err != nil {

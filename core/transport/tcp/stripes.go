@@ -37,6 +37,7 @@ const MaxStripes = 8
 const stripeMin = 1 << 20
 
 type striped struct {
+	caps    transport.Caps
 	parts   []*conn // open, the first from the start
 	want    int     // tcp_stripes
 	dial    func(ctx context.Context, i int) (*conn, error)
@@ -56,8 +57,11 @@ type stripeRun struct {
 }
 
 func newStriped(first *conn, want int, dial func(ctx context.Context, i int) (*conn, error)) *striped {
-	return &striped{parts: []*conn{first}, want: want, dial: dial,
+	s := &striped{parts: []*conn{first}, want: want, dial: dial,
 		written: make([]bool, want), runs: make([]stripeRun, want), cut: make([][]desc.Desc, want)}
+	// Reads go to the first part alone, whole: no streaming or pipelining.
+	s.caps = transport.Caps{Post: s, PostMarked: s, Notices: s, Transfers: s}
+	return s
 }
 
 // open opens the parts not open yet, once: a part that cannot be opened
@@ -276,8 +280,8 @@ func (s *striped) Read(ctx context.Context, ranges []desc.Range, out []byte, fen
 	return s.parts[0].Read(ctx, ranges, out, fenced)
 }
 
-func (s *striped) FenceIsFinal() bool   { return s.parts[0].FenceIsFinal() }
-func (s *striped) CarriesNotices() bool { return true }
+func (s *striped) FenceIsFinal() bool    { return s.parts[0].FenceIsFinal() }
+func (s *striped) Caps() *transport.Caps { return &s.caps }
 
 // PostNotice sends the notice on the first part once the others' writes
 // are applied: the receiver may sync as soon as it arrives.

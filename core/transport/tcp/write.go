@@ -145,7 +145,7 @@ func (t *conn) Write(ctx context.Context, descs []desc.Desc, base int) error {
 }
 
 // Post sends a batch of writes and returns without reading their
-// acknowledgements (verify.Poster): the next Fence or Read reads them
+// acknowledgements (transport.Poster): the next Fence or Read reads them
 // first, so writes, fence and read-backs make one flight. A batch of more
 // than maxOwed slices reads the older acknowledgements while its later
 // frames go out (sendWrites).
@@ -154,7 +154,7 @@ func (t *conn) Post(ctx context.Context, descs []desc.Desc, base int) error {
 }
 
 // PostMarked is Post with every frame marked with its descriptor
-// (verify.DescriptorMarker), so the target digests each descriptor as it
+// (transport.DescriptorMarker), so the target digests each descriptor as it
 // lands: digest mode's writes. A target that digests at sync time instead
 // (digest_at "sync", the default) has no use for marks, and gets the
 // writes as Post sends them: consecutive descriptors joined.
@@ -177,9 +177,6 @@ func (t *conn) post(ctx context.Context, descs []desc.Desc, base int, marked boo
 	t.deadline(ctx)
 	return t.sendWrites(ctx, descs, base, marked)
 }
-
-// CarriesNotices: completion notices go on this connection (PostNotice).
-func (t *conn) CarriesNotices() bool { return true }
 
 // PostNotice sends a completion notice on the data connection, after the
 // writes it announces, and leaves its reply owed: the chunk's fence (or the
