@@ -94,7 +94,7 @@ $(MOONCAKE_VENV)/.nixl-installed: $(MOONCAKE_VENV)/.installed
 ## transport, NIXL over UCX (UCX_TLS=tcp) and a raw socket pair, two
 ## processes each, rounds interleaved, SHA-1 checked
 bench-peer: build mooncake-venv nixl-venv
-	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.peerbench $(BENCH_PEER_ARGS)
+	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.tools.peerbench $(BENCH_PEER_ARGS)
 
 ## perf-report: the performance page's figures: bench-peer beside Mooncake
 ## and NIXL (same host and sockets), then over Mooncake's engine, each run's
@@ -103,8 +103,8 @@ bench-peer: build mooncake-venv nixl-venv
 PERF_ROUNDS ?= 3
 PERF_ENGINES ?= mooncake nixl socket mcguard-off mcguard-tail mcguard-digest mcguard-socket-off mcguard-socket-tail mcguard-socket-digest
 perf-report: build mooncake-venv nixl-venv deps-python
-	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.peerbench --rounds $(PERF_ROUNDS) --engines $(PERF_ENGINES) --json build/perf/peer.json
-	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.peerbench --rounds $(PERF_ROUNDS) --over-mooncake --json build/perf/over-mooncake.json
+	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.tools.peerbench --rounds $(PERF_ROUNDS) --engines $(PERF_ENGINES) --json build/perf/peer.json
+	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.tools.peerbench --rounds $(PERF_ROUNDS) --over-mooncake --json build/perf/over-mooncake.json
 	@$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q matplotlib
 	$(PY) scripts/perf_report.py build/perf/peer.json build/perf/over-mooncake.json
 
@@ -174,7 +174,7 @@ test-python: $(LIB) $(CUDA_MODEL) $(NIC_MODEL) deps-python mooncake-venv
 
 ## demo: the PD stress on loopback with injected lag, verify=off beside verify=tail
 demo: build deps-python
-	$(PY) -m mcguard.demo
+	$(PY) -m mcguard.tools.demo
 
 ## bench: guarded vs unguarded vs a raw socket pair (Go), one vs four queue pairs on the NIC model, small-transfer latency through the C ABI (same host and socket, two processes), and the stress's off vs tail (Python)
 bench: build deps-python
@@ -185,7 +185,7 @@ bench: build deps-python
 	$(GO) test -run '^$$' -bench Modes -benchtime 3s -count 5 ./core/
 	$(GO) test -run '^$$' -bench RDMAModelStripes -benchtime 20x -count 5 ./core/
 	$(GO) test -run '^$$' -bench Quiesce -benchtime 1x -count 3 ./core/
-	$(PY) -m mcguard.bench --rounds 5 --seconds 4
+	$(PY) -m mcguard.tools.bench --rounds 5 --seconds 4
 
 ## test-vllm: prefill and decode through vLLM's own MooncakeConnector worker
 ## (python/tests/test_vllm_pd.py), in a virtual environment with the pinned

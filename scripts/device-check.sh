@@ -17,7 +17,7 @@ export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 ldd "$MCGUARD_LIBRARY" | tee "$out/ldd.txt"
 # Both runs go ahead whatever the first one found; the status is the worse.
 rc=0
-timeout 200 python3 -u -m mcguard.devicecheck --out "$out" "$@" 2>&1 | tee "$out/device-check.log" || rc=$?
+timeout 200 python3 -u -m mcguard.tools.devicecheck --out "$out" "$@" 2>&1 | tee "$out/device-check.log" || rc=$?
 mkdir -p "$out/vmm"
-timeout 200 python3 -u -m mcguard.devicecheck --out "$out/vmm" --expandable-segments "$@" 2>&1 | tee "$out/vmm/device-check.log" || rc=$?
+timeout 200 python3 -u -m mcguard.tools.devicecheck --out "$out/vmm" --expandable-segments "$@" 2>&1 | tee "$out/vmm/device-check.log" || rc=$?
 exit $rc

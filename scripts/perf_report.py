@@ -1,4 +1,4 @@
-"""The performance page's figures from `python -m mcguard.peerbench --json`
+"""The performance page's figures from `python -m mcguard.tools.peerbench --json`
 output: PNG plots and the Markdown tables between the page's markers.
 
     python3 scripts/perf_report.py [--page docs/PERFORMANCE.md] [--plots docs/perf] RUN.json...

@@ -7,6 +7,18 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import mcguard  # noqa: E402
+import models  # noqa: E402
+
+# What make exports, for a pytest run without it: the package for child
+# processes, and the software models the tools run on.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (os.path.abspath(os.path.join(os.path.dirname(__file__), "..")), os.environ.get("PYTHONPATH")) if p)
+for _var, _find in (("MCGUARD_NIC_MODEL", models.nic_model_path), ("MCGUARD_CUDA_MODEL", models.cuda_model_path)):
+    if not os.environ.get(_var):
+        try:
+            os.environ[_var] = _find()
+        except FileNotFoundError:
+            pass
 
 
 # Buffers stay alive until the guards that registered them are closed:

@@ -10,7 +10,7 @@ import os
 import pytest
 
 import mcguard
-from mcguard import models
+import models
 from mcguard import MCGuardError
 
 def model_path():
@@ -72,7 +72,7 @@ def receiver_main(conn, path, size, transport, env=None):
 
 def transport_settings(name):
     if name == "rdma-model":  # GPU memory registered as dmabufs on the software NIC
-        from mcguard.models import nic_model_path
+        from models import nic_model_path
         return {"transport": "rdma", "verbs_library": nic_model_path()}
     return {"transport": "tcp"}
 

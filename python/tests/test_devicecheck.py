@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from mcguard import models
+import models
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -27,7 +27,7 @@ def test_device_check_runs_on_the_driver_model(tmp_path, vmm):
     args = ["--expandable-segments"] if vmm else []
     if vmm:
         env["MCG_MODEL_VMM"] = "1"
-    out = subprocess.run([sys.executable, "-m", "mcguard.devicecheck", "--out", str(tmp_path), "--seconds", "0.3",
+    out = subprocess.run([sys.executable, "-m", "mcguard.tools.devicecheck", "--out", str(tmp_path), "--seconds", "0.3",
                           "--blocks", "32", "--block-bytes", "8192", "--batch", "8", *args],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -51,7 +51,7 @@ def test_a_decode_process_that_dies_ends_the_check_at_once(tmp_path):
     env["MCGUARD_LIBRARY"] = str(tmp_path / "missing" / "libmcguard.so")
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "faketorch"), os.path.dirname(HERE)] +
                                         [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    out = subprocess.run([sys.executable, "-m", "mcguard.devicecheck", "--out", str(tmp_path), "--seconds", "0.3"],
+    out = subprocess.run([sys.executable, "-m", "mcguard.tools.devicecheck", "--out", str(tmp_path), "--seconds", "0.3"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "the decode process exited" in out.stderr, out.stderr

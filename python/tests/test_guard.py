@@ -409,7 +409,7 @@ def test_a_write_still_on_its_way_is_refused_after_a_quiesce(pair):
 
 
 def test_messages_go_to_pythons_logging(guards, caplog):
-    from mcguard.models import nic_model_path
+    from models import nic_model_path
     caplog.set_level("DEBUG", logger="mcguard")
     guards(inject="lag")
     assert any("FAULT INJECTION ON" in r.message and r.levelname == "WARNING" for r in caplog.records)

@@ -46,7 +46,7 @@ def test_protocol_rdma_is_the_rdma_transport_and_never_falls_back(caplog):
     assert "transport rdma was required, and it is not usable" in caplog.text
     assert GuardedTransferEngine().initialize("127.0.0.1", "P2PHANDSHAKE", "nvlink", "") == -1
     assert "not one mcguard has" in caplog.text
-    from mcguard.models import nic_model_path
+    from models import nic_model_path
     send = GuardedTransferEngine(verbs_library=nic_model_path())
     recv = GuardedTransferEngine(verbs_library=nic_model_path())
     try:

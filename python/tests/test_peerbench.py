@@ -14,7 +14,7 @@ def test_peerbench_runs_and_checks_every_destination():
     if not os.path.exists(VENV_PYTHON):
         pytest.skip("no Mooncake wheel here (make mooncake-venv installs it into build/venv-mooncake)")
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    out = subprocess.run([VENV_PYTHON, "-m", "mcguard.peerbench", "--rounds", "1", "--latency-iters", "5",
+    out = subprocess.run([VENV_PYTHON, "-m", "mcguard.tools.peerbench", "--rounds", "1", "--latency-iters", "5",
                           "--seconds", "0.05", "--sizes", "1x4KiB", "512x16KiB",
                           "--engines", "mooncake", "mcguard-off", "mcguard-tail", "mcguard-digest", "socket",
                           "mcguard-socket-digest+sync", "mcguard-socket-off+ping"],
@@ -39,7 +39,7 @@ def test_peerbench_runs_and_checks_every_destination():
 
 
 def test_scattered_layout_is_a_fixed_shuffle_and_its_hash_follows_it():
-    from mcguard.peerbench import dest_slots, landed_hash
+    from mcguard.tools.peerbench import dest_slots, landed_hash
     slots = dest_slots(512, True)
     assert sorted(slots) == list(range(512)) and slots != list(range(512))
     dest_slots.cache_clear()
@@ -60,7 +60,7 @@ def test_peerbench_scattered_layout_checks_every_destination():
         pytest.skip("no Mooncake wheel here (make mooncake-venv installs it into build/venv-mooncake)")
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     engines = ["mooncake", "mcguard-socket-off", "mcguard-socket-tail", "mcguard-socket-digest+sync", "memcpy"]
-    out = subprocess.run([VENV_PYTHON, "-m", "mcguard.peerbench", "--rounds", "1", "--seconds", "0.05",
+    out = subprocess.run([VENV_PYTHON, "-m", "mcguard.tools.peerbench", "--rounds", "1", "--seconds", "0.05",
                           "--sizes", "512x16KiB", "--layout", "scattered", "--engines"] + engines,
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
@@ -70,7 +70,7 @@ def test_peerbench_scattered_layout_checks_every_destination():
 
 
 def test_serial_kind_turns_post_ahead_off():
-    from mcguard.peerbench import new_engine
+    from mcguard.tools.peerbench import new_engine
     assert new_engine("mcguard-socket-tail~serial")._config["post_ahead"] is False
     assert "post_ahead" not in new_engine("mcguard-socket-tail")._config, "the guard's default (true)"
     with pytest.raises(SystemExit, match="for mcguard kinds"):

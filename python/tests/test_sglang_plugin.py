@@ -11,13 +11,13 @@ import types
 
 import pytest
 
-from mcguard import sglang_lifecycle
+from mcguard.integrations import sglang_lifecycle
 
 PLUGIN_CHECK = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {tmp!r})
     os.environ["MC_GUARD_SGLANG"] = {flag!r}
-    from mcguard import sglang_plugin
+    from mcguard.integrations import sglang_plugin
     sglang_plugin.ENGINE_MODULE = "fake_engine"
     sglang_plugin.register()
     import fake_engine
@@ -99,7 +99,7 @@ def test_on_sglangs_own_modules():
         pytest.skip("sglang is not installed in this interpreter: make test-sglang runs this in its environment")
     code = textwrap.dedent("""
         import os; os.environ["MC_GUARD_SGLANG"] = "1"
-        from mcguard import sglang_plugin
+        from mcguard.integrations import sglang_plugin
         sglang_plugin.register()
         import importlib
         from sglang.srt.distributed.device_communicators import mooncake_transfer_engine as e

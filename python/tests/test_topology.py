@@ -4,7 +4,7 @@ import json
 import os
 
 from mcguard.mooncake import GuardedTransferEngine
-from mcguard.topology import local_topology
+from mcguard.integrations.topology import local_topology
 
 
 def make_sysfs(root, nodes, devices):

@@ -14,7 +14,7 @@ PLUGIN_CHECK = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {tmp!r})
     os.environ["MC_GUARD_VLLM"] = {flag!r}
-    from mcguard import vllm_plugin
+    from mcguard.integrations import vllm_plugin
     from mcguard.mooncake import GuardedTransferEngine
     vllm_plugin.CONNECTOR_MODULES = vllm_plugin.CONNECTOR_MODULES + ("fake_connector",)
     vllm_plugin.register()
@@ -69,7 +69,7 @@ def test_on_vllms_own_connector_module():
         pytest.skip("vllm is not installed in this interpreter: make test-vllm runs this in its environment")
     code = textwrap.dedent("""
         import os; os.environ["MC_GUARD_VLLM"] = "1"
-        from mcguard import vllm_plugin
+        from mcguard.integrations import vllm_plugin
         from mcguard.mooncake import GuardedTransferEngine
         vllm_plugin.register()
         import importlib
@@ -90,7 +90,7 @@ OVER_MOONCAKE_CHECK = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {tmp!r})
     os.environ["MC_GUARD_VLLM"], os.environ["MC_GUARD_VLLM_ENGINE"] = "1", "mooncake"
-    from mcguard import vllm_plugin
+    from mcguard.integrations import vllm_plugin
     vllm_plugin.CONNECTOR_MODULES = vllm_plugin.CONNECTOR_MODULES + ("fake_connector",)
     vllm_plugin.register()
     import fake_connector, mooncake.engine
@@ -113,7 +113,7 @@ def test_keeping_mooncakes_engine_without_mooncake_fails_loudly(tmp_path, monkey
     if mooncake_installed():
         pytest.skip("Mooncake is installed in this interpreter")
     code = ("import os; os.environ['MC_GUARD_VLLM'], os.environ['MC_GUARD_VLLM_ENGINE'] = '1', 'mooncake'\n"
-            "from mcguard import vllm_plugin; vllm_plugin.register()")
+            "from mcguard.integrations import vllm_plugin; vllm_plugin.register()")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and "Mooncake is not importable" in p.stderr
 
@@ -122,7 +122,7 @@ def test_a_connector_of_another_shape_fails_at_start_naming_the_version():
     """The lifecycle wiring refuses a connector module it does not know
     rather than leave sync and quiesce off."""
     import types
-    from mcguard import vllm_lifecycle
+    from mcguard.integrations import vllm_lifecycle
     module = types.ModuleType("vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector")
 
     class MooncakeConnectorWorker:  # an older shape: no _handle_failed_recv, among others
@@ -138,5 +138,5 @@ def test_a_connector_of_another_shape_fails_at_start_naming_the_version():
 
 
 def test_quiesced_block_ranges_are_joined():
-    from mcguard.vllm_lifecycle import merged
+    from mcguard.integrations.vllm_lifecycle import merged
     assert merged([(300, 100), (0, 100), (100, 50), (120, 10), (500, 1)]) == [(0, 150), (300, 100), (500, 1)]

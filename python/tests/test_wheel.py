@@ -48,7 +48,7 @@ def test_the_installed_package_uses_its_own_library(installed):
         assert fast == "True", "the wheel carries mcguard._fastcall (transfer and sync) where Python's headers are"
     plugins = run([str(bin_dir / "python"), "-c", "from importlib.metadata import entry_points; "
                    "print([e.value for e in entry_points(group='vllm.general_plugins')])"], cwd=away, env=env)
-    assert "mcguard.vllm_plugin:register" in plugins, "vLLM finds the plugin"
+    assert "mcguard.integrations.vllm_plugin:register" in plugins, "vLLM finds the plugin"
 
 
 def test_a_two_process_transfer_from_the_installed_package(installed):

@@ -1,4 +1,4 @@
-"""Just enough of torch for mcguard.devicecheck on the CUDA driver model:
+"""Just enough of torch for mcguard.tools.devicecheck on the CUDA driver model:
 2-D uint8 "CUDA" tensors in the model's device memory (host memory
 underneath), seeded random blocks, copies and row comparisons. It lets
 the device check run here before it runs on a GPU; it is not torch."""

@@ -16,7 +16,7 @@ from .stress import SUMMARY_COLUMNS, table
 
 
 def run_stress(verify, seconds, extra):
-    cmd = [sys.executable, "-m", "mcguard.stress", "--verify", verify, "--inject", "lag",
+    cmd = [sys.executable, "-m", "mcguard.tools.stress", "--verify", verify, "--inject", "lag",
            "--seconds", str(seconds), "--json"] + extra
     print("$ " + shlex.join(cmd), file=sys.stderr, flush=True)  # pasteable, interpreter included
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)

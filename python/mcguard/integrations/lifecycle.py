@@ -5,7 +5,7 @@ ranges joined for a quiesce."""
 
 import logging
 
-from .guard import MCGuardError
+from ..guard import MCGuardError
 
 log = logging.getLogger("mcguard.lifecycle")
 

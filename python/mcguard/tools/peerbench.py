@@ -3,7 +3,7 @@ socket pair, moving the same bytes between two processes, rounds
 interleaved so each sees the same load; the destination is SHA-1 checked
 at the receiver after every engine's round.
 
-    python3 -m mcguard.peerbench [--rounds N] [--latency-iters N] [--sizes ...]
+    python3 -m mcguard.tools.peerbench [--rounds N] [--latency-iters N] [--sizes ...]
 
 Runs under a Python that can import mooncake.engine (make bench-peer uses
 build/venv-mooncake with python/ on the path); without Mooncake it
@@ -109,20 +109,20 @@ def new_engine(kind):
         return engine
     kind, _, stripes = kind.partition("@")
     if stripes:
-        from .mooncake import GuardedTransferEngine
+        from ..integrations.mooncake import GuardedTransferEngine
         engine = new_engine(kind)
         if not isinstance(engine, GuardedTransferEngine):
             raise SystemExit("@N (tcp_stripes) is for mcguard kinds, not %r" % kind)
         engine._config["tcp_stripes"] = int(stripes)
         return engine
     if receiver_syncs(kind):
-        from .mooncake import GuardedTransferEngine
+        from ..integrations.mooncake import GuardedTransferEngine
         at = "sync" if kind.endswith("-read") else "landing"
         return GuardedTransferEngine(verify="digest", digest_at=at, same_host="off" if "-socket-" in kind else "auto")
     if kind in ("mooncake", "vllm-fix"):
         from mooncake.engine import TransferEngine
         return TransferEngine()
-    from .mooncake import GuardedTransferEngine
+    from ..integrations.mooncake import GuardedTransferEngine
     if kind.startswith("guarded-mooncake-"):
         from mooncake.engine import TransferEngine
         mode = kind.rsplit("-", 1)[1]
@@ -256,7 +256,7 @@ def serve_socket():
 class Receiver:
     def __init__(self, kind):
         env = dict(os.environ, **MOONCAKE_ENV)
-        self.proc = subprocess.Popen([sys.executable, "-m", "mcguard.peerbench", "--serve", kind],
+        self.proc = subprocess.Popen([sys.executable, "-m", "mcguard.tools.peerbench", "--serve", kind],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         hello = json.loads(self.proc.stdout.readline())
         self.session, self.addr, self.guard = hello["session"], hello["addr"], hello.get("guard", "")
@@ -606,7 +606,7 @@ def run_bench(argv=None):
 
 def machine():
     """What the figures were taken on."""
-    from .guard import version
+    from ..guard import version
     cpu = ""
     try:
         with open("/proc/cpuinfo") as f:

@@ -9,7 +9,8 @@ against the installed package (as pybind11 and nanobind offer):
 import os
 import sys
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+# The installed package's folder (include/, cmake/, pkgconfig/, the library).
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DIRS = {"--include": "include", "--libdir": "", "--cmake-dir": "cmake", "--pkgconfig-dir": "pkgconfig"}
 
 
@@ -18,7 +19,7 @@ def prog(command):
     subcommand when run through it, else as the module run with -m."""
     if os.path.basename(sys.argv[0]) == "mcguard":
         return "mcguard " + command
-    return "%s -m mcguard.%s" % (os.path.basename(sys.executable) or "python3", command)
+    return "%s -m mcguard.tools.%s" % (os.path.basename(sys.executable) or "python3", command)
 
 
 def main(argv=None):
@@ -36,7 +37,7 @@ def main(argv=None):
         print(path)
         return 0
     if cmd == "version":
-        from . import version
+        from .. import version
         print(version())
         return 0
     if cmd == "stress":
