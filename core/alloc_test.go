@@ -2,12 +2,12 @@ package core
 
 import (
 	"bytes"
-	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/sharedmem"
 	"github.com/mcguard/mcguard/verify"

@@ -1,10 +1,10 @@
 package core
 
 import (
-	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 	"time"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/verify"
 )
 

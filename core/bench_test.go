@@ -2,12 +2,12 @@ package core
 
 import (
 	"fmt"
-	"github.com/mcguard/mcguard/core/desc"
 	"io"
 	"net"
 	"testing"
 	"time"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/internal/models"
 	"github.com/mcguard/mcguard/verify"
 	"github.com/stretchr/testify/require"

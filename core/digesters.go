@@ -1,9 +1,10 @@
 package core
 
 import (
-	"github.com/mcguard/mcguard/core/desc"
 	"runtime"
 	"sync/atomic"
+
+	"github.com/mcguard/mcguard/core/desc"
 )
 
 // A chunk's sources are digested beside its writes on another goroutine.

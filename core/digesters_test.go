@@ -1,13 +1,13 @@
 package core
 
 import (
-	"github.com/mcguard/mcguard/core/desc"
 	"runtime"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 )
 

@@ -3,13 +3,13 @@ package core
 import (
 	"bytes"
 	"fmt"
-	"github.com/mcguard/mcguard/core/desc"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport/engine"

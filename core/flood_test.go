@@ -2,7 +2,6 @@ package core
 
 import (
 	"encoding/json"
-	"github.com/mcguard/mcguard/core/desc"
 	"os"
 	"os/exec"
 	"strconv"
@@ -13,6 +12,8 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/core/desc"
 )
 
 // TestHelperControlFlood is not a test: run as a child process by the

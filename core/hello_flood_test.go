@@ -1,7 +1,6 @@
 package core
 
 import (
-	"github.com/mcguard/mcguard/core/desc"
 	"net"
 	"os"
 	"os/exec"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/verify"
 )
 

@@ -2,12 +2,12 @@ package core
 
 import (
 	"crypto/rand"
-	"github.com/mcguard/mcguard/core/desc"
 	mrand "math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/verify"
 )

@@ -2,12 +2,12 @@ package core
 
 import (
 	"fmt"
-	"github.com/mcguard/mcguard/core/desc"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 )
 

@@ -2,13 +2,13 @@ package core
 
 import (
 	"fmt"
-	"github.com/mcguard/mcguard/core/desc"
 	"maps"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/wire"
 )

@@ -3,13 +3,13 @@ package core
 import (
 	"crypto/rand"
 	"fmt"
-	"github.com/mcguard/mcguard/core/desc"
 	mrand "math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 )
 

@@ -1,13 +1,13 @@
 package core
 
 import (
-	"github.com/mcguard/mcguard/core/desc"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/internal/models"
 )
 

@@ -3,12 +3,12 @@ package core
 import (
 	"bytes"
 	"fmt"
-	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/internal/models"
 	"github.com/mcguard/mcguard/verify"

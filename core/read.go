@@ -2,8 +2,8 @@ package core
 
 import (
 	"fmt"
-	"github.com/mcguard/mcguard/core/desc"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/transport"
 )
 

@@ -3,7 +3,6 @@ package core
 import (
 	"bytes"
 	"errors"
-	"github.com/mcguard/mcguard/core/desc"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/transport/tcp"
 	"github.com/mcguard/mcguard/verify"

@@ -3,11 +3,11 @@ package core
 import (
 	"context"
 	"fmt"
-	"github.com/mcguard/mcguard/core/desc"
 	"sync"
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"

@@ -1,12 +1,13 @@
 package core
 
 import (
-	"github.com/mcguard/mcguard/core/desc"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/core/desc"
 )
 
 // Unregister waits for a transfer that reads the region: once it returns

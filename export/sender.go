@@ -13,11 +13,11 @@ import "C"
 
 import (
 	"fmt"
-	"github.com/mcguard/mcguard/core/desc"
 	"time"
 	"unsafe"
 
 	"github.com/mcguard/mcguard/core"
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/verify"
 )

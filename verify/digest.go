@@ -2,11 +2,12 @@ package verify
 
 import (
 	"fmt"
-	"github.com/mcguard/mcguard/core/desc"
 	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/mcguard/mcguard/core/desc"
 )
 
 // CompareDigests is the receiver's half of digest mode: it compares each

@@ -3,7 +3,6 @@ package verify
 import (
 	"errors"
 	"fmt"
-	"github.com/mcguard/mcguard/core/desc"
 	"hash/crc32"
 	"slices"
 	"strings"
@@ -11,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/core/desc"
 )
 
 func TestDigestSeesEveryByte(t *testing.T) {

@@ -3,7 +3,6 @@ package verify
 import (
 	"context"
 	"errors"
-	"github.com/mcguard/mcguard/core/desc"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/config"
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 )
 

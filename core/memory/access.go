@@ -2,10 +2,10 @@ package memory
 
 import (
 	"fmt"
-	"github.com/mcguard/mcguard/core/desc"
 	"runtime"
 
 	"github.com/mcguard/mcguard/core/cuda"
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 )
 

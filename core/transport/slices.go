@@ -1,8 +1,9 @@
 package transport
 
 import (
-	"github.com/mcguard/mcguard/core/desc"
 	"iter"
+
+	"github.com/mcguard/mcguard/core/desc"
 )
 
 // MaxSlice is the most bytes one write or read-back request moves: larger

@@ -1,11 +1,12 @@
 package transport
 
 import (
-	"github.com/mcguard/mcguard/core/desc"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/core/desc"
 )
 
 // walk returns every slice a cursor over descs yields, and how often it

@@ -59,3 +59,28 @@ func InRuns[P any](pairs []P, total uint64, k int, size func(P) int, split func(
 	wg.Wait()
 	return first
 }
+
+// CopyPair is a memcpy of src into dst (the same length).
+type CopyPair struct{ Dst, Src []byte }
+
+// CopyPairs copies the pairs, on several goroutines where the batch is
+// large (InRuns).
+func CopyPairs(pairs []CopyPair, total uint64) {
+	k := Threads(total)
+	if k == 1 {
+		for _, c := range pairs {
+			copy(c.Dst, c.Src)
+		}
+		return
+	}
+	size := func(c CopyPair) int { return len(c.Src) }
+	split := func(c CopyPair, n int) (CopyPair, CopyPair) {
+		return CopyPair{Dst: c.Dst[:n], Src: c.Src[:n]}, CopyPair{Dst: c.Dst[n:], Src: c.Src[n:]}
+	}
+	InRuns(pairs, total, k, size, split, func(run []CopyPair) error {
+		for _, c := range run {
+			copy(c.Dst, c.Src)
+		}
+		return nil
+	})
+}

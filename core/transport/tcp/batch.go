@@ -1,9 +1,9 @@
 package tcp
 
 import (
-	"github.com/mcguard/mcguard/core/desc"
 	"net"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"

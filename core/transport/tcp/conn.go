@@ -5,13 +5,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/mcguard/mcguard/core/desc"
 	"io"
 	"net"
 	"os"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/mcguard/mcguard/core/desc"
+	"github.com/mcguard/mcguard/core/transport/samehost"
 
 	"golang.org/x/sys/unix"
 
@@ -40,8 +42,8 @@ type conn struct {
 	// mac checks the tags of the replies verification rests on, where the
 	// guards share a secret (replytag.go); nil: none.
 	mac        *replyMAC
-	fallbacks  *fallbacks // counts a same-host fallback (the transport's)
-	macReplies bool       // set mac at the hello
+	fallbacks  *samehost.Fallbacks // counts a same-host fallback (the transport's)
+	macReplies bool                // set mac at the hello
 	// mark is the newest quiesce generation the target pushed; echoed, the
 	// newest one echoed back (writes after the echo are taken).
 	mark, echoed uint64
@@ -77,14 +79,14 @@ type conn struct {
 	// host, push.go), counting the bytes in pushed; iovLocal, iovRemote,
 	// ranges and pins are a push's, kept for the next. unfenced: writes
 	// went through the socket since the last fence.
-	lease     *pushLease
+	lease     *samehost.LeaseHolder
 	pushed    *atomic.Int64
 	mapped    *atomic.Int64 // of pushed, those copied into a mapped shared allocation
 	joined    *atomic.Int64 // descriptors written inside another's write (nil: not counted)
 	iovLocal  []unix.Iovec
 	iovRemote []unix.RemoteIovec
 	ranges    []desc.Range
-	copies    []copyPair // a push's memcpys into the target's mapped allocations
+	copies    []samehost.CopyPair // a push's memcpys into the target's mapped allocations
 	pins      []memory.Held
 	unfenced  bool
 	faults    *fault.Injector // the target's drop, tear or stale, injected here for pushed writes
@@ -218,7 +220,7 @@ func (t *conn) Close() {
 		t.poster = nil
 	}
 	if t.lease != nil {
-		t.lease.close()
+		t.lease.Close()
 		t.lease = nil
 	}
 	if t.unwatch != nil {

@@ -2,7 +2,6 @@ package tcp
 
 import (
 	"context"
-	"sync/atomic"
 
 	"github.com/mcguard/mcguard/core/wire"
 )
@@ -44,7 +43,7 @@ func (t *conn) catchUp(ctx context.Context) error {
 func (t *conn) BeginTransfer(ctx context.Context) error {
 	t.within = false
 	if t.lease != nil {
-		t.epoch = max(t.echoed, atomic.LoadUint64(t.lease.mem.quiesce()))
+		t.epoch = max(t.echoed, t.lease.Quiesce())
 	} else {
 		if err := t.catchUp(ctx); err != nil {
 			return err
@@ -94,6 +93,6 @@ func (t *conn) Continue(ctx context.Context, epoch uint64) error {
 // and its generation.
 func (t *conn) pushWithin(within bool) {
 	if t.lease != nil {
-		t.lease.within, t.lease.since = within, t.epoch
+		t.lease.Within(within, t.epoch)
 	}
 }

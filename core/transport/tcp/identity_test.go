@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/cuda"
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/internal/testmem"
 	"github.com/mcguard/mcguard/core/memory"
@@ -73,5 +73,5 @@ func TestSameHostConnectionsForTheLifeOfTheProcess(t *testing.T) {
 		c.Close()
 	}
 	require.Greater(t, leased, conns/2, "most connections wrote into the receiver themselves")
-	require.Greater(t, tr.target.lease.epoch, uint64(1<<10))
+	require.Greater(t, tr.target.lease.HandedOut(), uint64(1<<10))
 }

@@ -1,9 +1,9 @@
 package tcp
 
 import (
-	"github.com/mcguard/mcguard/core/desc"
 	"sync"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/wire"
 )
 

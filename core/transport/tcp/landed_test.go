@@ -1,10 +1,11 @@
 package tcp
 
 import (
-	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/core/desc"
 )
 
 // land runs one whole descriptor through a connection's landing.

@@ -11,8 +11,8 @@ package tcp
 
 import (
 	"context"
-	"github.com/mcguard/mcguard/core/desc"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/wire"
 )
 

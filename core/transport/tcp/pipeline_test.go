@@ -3,13 +3,13 @@ package tcp
 import (
 	"context"
 	"crypto/rand"
-	"github.com/mcguard/mcguard/core/desc"
 	"runtime"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/internal/testmem"
 	"github.com/mcguard/mcguard/core/memory"

@@ -2,29 +2,25 @@ package tcp
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/mcguard/mcguard/core/desc"
-	"runtime"
 	"slices"
-	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/memory"
-	"github.com/mcguard/mcguard/core/sharedmem"
 	"github.com/mcguard/mcguard/core/transport/samehost"
 )
 
 // Same-host writes by the sender: where the target handed this connection
-// a lease slot (lease.go), a batch whose sources are host memory here and
+// a lease slot (samehost.Lease), a batch whose sources are host memory here and
 // whose destinations are all in the target's lease table is written
 // straight into the target with process_vm_writev, and tail read-backs are
 // read with process_vm_readv: no frame, no socket round trip, no target
@@ -35,155 +31,6 @@ import (
 // memcpy instead: no system call at all. Anything else (device memory, a
 // region the table does not hold, a changing table, a kernel that refuses
 // the calls) goes the socket's way.
-
-// pushLease is a sender connection's view of the target's lease file.
-type pushLease struct {
-	mem   leaseWords
-	slot  int
-	epoch uint64 // the slot's owner while it is this connection's
-	// within: a transfer is under way that began under quiesce generation
-	// since; a newer one at the target ends this connection's own writes
-	// for it (enter declines).
-	within bool
-	since  uint64
-	pid    int // the target
-	pidfd  int // the target process, to see that it was alive when a memcpy into its memory ended
-
-	spans    []span                        // the last enter's ranges: the shared allocation each lies in
-	maps     map[uint64]*sharedmem.Mapping // the target's shared allocations mapped here, by inode
-	unmapped map[uint64]bool               // inodes that could not be mapped: process_vm_writev
-	mapGen   uint64                        // the gen maps were last checked against the table under
-}
-
-// attachLease maps the target's lease file: fd in process pid, checked
-// against the handshake's nonce. It returns why not, or "".
-func attachLease(pid, fd int, nonceHex string, slot int, epoch uint64) (*pushLease, string) {
-	nonce, err := hex.DecodeString(nonceHex)
-	if err != nil || len(nonce) != leaseNonceSize || slot < 0 || slot >= maxLeaseSlots || fd < 0 {
-		return nil, "the receiver's lease is malformed"
-	}
-	pidfd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		return nil, "pidfd_open: " + err.Error()
-	}
-	keep := false
-	defer func() {
-		if !keep {
-			unix.Close(pidfd)
-		}
-	}()
-	own, err := unix.PidfdGetfd(pidfd, fd, 0)
-	if err != nil {
-		return nil, "pidfd_getfd: " + err.Error()
-	}
-	defer unix.Close(own)
-	var st unix.Stat_t
-	if err := unix.Fstat(own, &st); err != nil || st.Size != leaseSize {
-		return nil, "the receiver's lease file has the wrong size"
-	}
-	mem, err := unix.Mmap(own, 0, leaseSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, "mapping the lease: " + err.Error()
-	}
-	if string(mem[:leaseNonceSize]) != string(nonce) {
-		unix.Munmap(mem)
-		return nil, "the receiver's lease file is not the one its handshake named"
-	}
-	keep = true
-	return &pushLease{mem: mem, slot: slot, epoch: epoch, pid: pid, pidfd: pidfd,
-		maps: map[uint64]*sharedmem.Mapping{}, unmapped: map[uint64]bool{}}, ""
-}
-
-func (p *pushLease) close() {
-	for _, m := range p.maps {
-		m.Release()
-	}
-	clear(p.maps)
-	unix.Munmap(p.mem)
-	unix.Close(p.pidfd)
-}
-
-// errRevoked: the target aborted this connection (or it ended there).
-var errRevoked = errors.New("the receiver revoked this connection's same-host writes")
-
-// maxEnterTries bounds the tries to find the table stable; past them the
-// batch goes through the socket.
-const maxEnterTries = 64
-
-// enter marks this slot busy under a stable gen in which every range is in
-// the target's table. ok false: write them through the socket instead.
-func (p *pushLease) enter(ranges []desc.Range) (ok bool, err error) {
-	busy := p.mem.busy(p.slot)
-	for try := 0; try < maxEnterTries; try++ {
-		g := atomic.LoadUint64(p.mem.gen())
-		if g&1 != 0 {
-			runtime.Gosched() // the target is changing its table
-			continue
-		}
-		atomic.StoreUint64(busy, g+1)
-		if atomic.LoadUint64(p.mem.gen()) != g {
-			atomic.StoreUint64(busy, 0)
-			continue
-		}
-		if atomic.LoadUint64(p.mem.owner(p.slot)) != p.epoch {
-			atomic.StoreUint64(busy, 0)
-			return false, errRevoked
-		}
-		if p.within && atomic.LoadUint64(p.mem.quiesce()) > p.since {
-			atomic.StoreUint64(busy, 0) // quiesced since the transfer began: the socket, where the target checks
-			return false, nil
-		}
-		covered := p.covers(ranges)
-		if atomic.LoadUint64(p.mem.gen()) != g {
-			atomic.StoreUint64(busy, 0) // the table moved while we read it
-			continue
-		}
-		if g != p.mapGen {
-			p.pruneMaps()
-			p.mapGen = g
-		}
-		if !covered {
-			atomic.StoreUint64(busy, 0)
-			return false, nil
-		}
-		return true, nil
-	}
-	return false, nil
-}
-
-func (p *pushLease) exit() { atomic.StoreUint64(p.mem.busy(p.slot), 0) }
-
-// covers reports whether every range lies inside one region of the
-// table, and notes in spans the shared allocation each lies in.
-func (p *pushLease) covers(ranges []desc.Range) bool {
-	n := min(int(atomic.LoadUint64(p.mem.count())), maxLeaseRegions)
-	p.spans = p.spans[:0]
-	last := -1 // batches mostly stay in one region: try it first
-	var at span
-	for _, r := range ranges {
-		if last < 0 || !p.inEntry(last, r) {
-			last = -1
-			for i := 0; i < n; i++ {
-				if p.inEntry(i, r) {
-					last = i
-					break
-				}
-			}
-			if last < 0 {
-				return false
-			}
-			at = p.spanOf(last)
-		}
-		p.spans = append(p.spans, at)
-	}
-	return true
-}
-
-func (p *pushLease) inEntry(i int, r desc.Range) bool {
-	a, n := p.mem.entry(i)
-	base, size := atomic.LoadUint64(a), atomic.LoadUint64(n)
-	return r.Len > 0 && r.Addr >= base && r.Addr+r.Len >= r.Addr && r.Addr+r.Len <= base+size
-}
 
 // logPushFallback says, once per process, why same-host writes by the
 // sender stopped and the receiver copies the bytes instead.
@@ -217,7 +64,7 @@ func (t *conn) push(ctx context.Context, descs []desc.Desc) (done bool, err erro
 		total += d.Len
 	}
 	defer t.unpin()
-	ok, err := t.lease.enter(t.ranges)
+	ok, err := t.lease.Enter(t.ranges)
 	if err != nil {
 		return false, fmt.Errorf("%w: %v", errs.Peer, err)
 	}
@@ -230,20 +77,20 @@ func (t *conn) push(ctx context.Context, descs []desc.Desc) (done bool, err erro
 	var mapped uint64
 	switch {
 	case t.closedByPeer: // begin's peek: the target (maybe its process) is gone, and its pid may be another's
-		err = fmt.Errorf("%w: the receiving process %d closed the data connection", errs.Peer, t.lease.pid)
+		err = fmt.Errorf("%w: the receiving process %d closed the data connection", errs.Peer, t.lease.Pid())
 	case ctx.Err() != nil:
 		err = ctx.Err()
 	default:
 		var rest uint64
 		mapped, rest = t.copyMapped()
 		if rest > 0 {
-			err = samehost.CopyParallel(t.lease.pid, t.iovLocal, t.iovRemote, rest)
+			err = samehost.CopyParallel(t.lease.Pid(), t.iovLocal, t.iovRemote, rest)
 		}
 		if err == nil && mapped > 0 {
-			err = t.lease.alive()
+			err = t.lease.Alive()
 		}
 	}
-	t.lease.exit()
+	t.lease.Exit()
 	if err != nil {
 		return false, t.pushFailed(err)
 	}
@@ -267,7 +114,7 @@ func (t *conn) pushFailed(err error) error {
 	}
 	if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.ENOSYS) {
 		logPushFallback("process_vm_writev: " + err.Error())
-		t.lease.close()
+		t.lease.Close()
 		t.lease = nil
 		return nil
 	}
@@ -277,18 +124,18 @@ func (t *conn) pushFailed(err error) error {
 // pullRanges reads ranges out of the target into out itself, where they
 // are all in its table; done false: read them through the socket.
 func (t *conn) pullRanges(ranges []desc.Range, out []byte) (done bool, err error) {
-	ok, err := t.lease.enter(ranges)
+	ok, err := t.lease.Enter(ranges)
 	if err != nil {
 		return false, fmt.Errorf("%w: %v", errs.Peer, err)
 	}
 	if !ok {
 		return false, nil
 	}
-	defer t.lease.exit()
+	defer t.lease.Exit()
 	t.iovLocal, t.iovRemote = t.iovLocal[:0], t.iovRemote[:0]
 	mapped := false
 	for i, r := range ranges { // enter refused empty ranges
-		if src := t.lease.mapped(i, r); src != nil {
+		if src := t.lease.Mapped(i, r); src != nil {
 			out = out[copy(out, src):]
 			mapped = true
 			continue
@@ -299,11 +146,11 @@ func (t *conn) pullRanges(ranges []desc.Range, out []byte) (done bool, err error
 		t.iovRemote = append(t.iovRemote, unix.RemoteIovec{Base: uintptr(r.Addr), Len: int(r.Len)})
 		out = out[r.Len:]
 	}
-	if err := samehost.Copy(t.lease.pid, t.iovLocal, t.iovRemote, false); err != nil {
+	if err := samehost.Copy(t.lease.Pid(), t.iovLocal, t.iovRemote, false); err != nil {
 		return false, fmt.Errorf("%w: reading back from the receiving process: %v", errs.Peer, err)
 	}
 	if mapped {
-		if err := t.lease.alive(); err != nil {
+		if err := t.lease.Alive(); err != nil {
 			return false, err
 		}
 	}
@@ -341,7 +188,7 @@ func (t *conn) injectFaults() {
 		var dstTail []byte
 		if t.faults.Mode() == fault.Stale {
 			dstTail = make([]byte, min(k, n))
-			if samehost.Read(t.lease.pid, uint64(t.iovRemote[i].Base)+uint64(n-len(dstTail)), dstTail) != nil {
+			if samehost.Read(t.lease.Pid(), uint64(t.iovRemote[i].Base)+uint64(n-len(dstTail)), dstTail) != nil {
 				dstTail = nil
 			}
 		}
@@ -371,4 +218,27 @@ func (t *conn) pushFirst(ctx context.Context, descs []desc.Desc) (done bool, err
 		}
 	}
 	return t.push(ctx, descs)
+}
+
+// copyMapped copies the pending push's pairs whose destinations this
+// process maps (memcpy), empties them, and returns the bytes left for
+// process_vm_writev.
+func (t *conn) copyMapped() (mapped, rest uint64) {
+	t.copies = t.copies[:0]
+	var bytes uint64
+	for i := range t.iovLocal {
+		n := int(t.iovLocal[i].Len) // fault injection may have cut it
+		if dst := t.lease.Mapped(i, t.ranges[i]); dst != nil {
+			t.copies = append(t.copies, samehost.CopyPair{Dst: dst[:n], Src: unsafe.Slice(t.iovLocal[i].Base, n)})
+			bytes += uint64(n)
+			mapped += t.ranges[i].Len
+			t.iovLocal[i].SetLen(0)
+			t.iovRemote[i].Len = 0
+			continue
+		}
+		rest += uint64(n)
+	}
+	samehost.CopyPairs(t.copies, bytes)
+	clear(t.copies) // no reference to the target's mapping outlives the lease
+	return mapped, rest
 }

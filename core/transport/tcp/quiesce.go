@@ -40,7 +40,7 @@ type link struct {
 	bound   atomic.Bool        // its hello was taken: it may be sent marks
 	applyMu sync.Mutex         // held while one of its writes is applied
 	pid     int                // a same-host sender that proved it is this pid (serve loop only)
-	slot    int                // its lease slot (lease.go), -1: none (serve loop only)
+	slot    int                // its lease slot (samehost.Lease), -1: none (serve loop only)
 	stream  streamSource       // the write frame being applied (serve loop only)
 	rd      readReply          // the read frame being answered (serve loop only)
 	land    landing            // digests taken as its marked writes land (serve loop only)
@@ -130,7 +130,7 @@ func (l *link) lower(g uint64) {
 func (t *target) quiesce(ctx context.Context, ranges []memory.Region) error {
 	g := t.q.add(ranges)
 	if t.lease != nil {
-		t.lease.quiesced(g)
+		t.lease.Quiesced(g)
 	}
 	if err := t.settleWriters(ctx); err != nil {
 		return err

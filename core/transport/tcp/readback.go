@@ -6,10 +6,10 @@ package tcp
 import (
 	"context"
 	"fmt"
-	"github.com/mcguard/mcguard/core/desc"
 	"io"
 	"slices"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"

@@ -10,10 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sync"
-	"sync/atomic"
 	"syscall"
-	"unsafe"
 
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/logs"
@@ -80,24 +77,7 @@ var readPeer = samehost.Read
 // Why, once per process, a same-host path fell back: an automatic
 // same-host transfer to the socket, a sender's own writes to the receiver
 // copying, a GPU source from CUDA IPC to staging.
-var sameHostFallback, pushFallback, ipcFallback, mapFallback logs.Once
-
-// probe is the page a sender proves itself with: the handshake's nonce,
-// written where the target can read it.
-type probe struct{ mem []byte }
-
-func newProbe(nonce []byte) (*probe, error) {
-	mem, err := syscall.Mmap(-1, 0, 4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
-	if err != nil {
-		return nil, err
-	}
-	copy(mem, nonce)
-	return &probe{mem: mem}, nil
-}
-
-func (p *probe) addr() uint64 { return uint64(uintptr(unsafe.Pointer(&p.mem[0]))) }
-
-func (p *probe) free() { syscall.Munmap(p.mem) }
+var sameHostFallback, pushFallback, ipcFallback logs.Once
 
 func errnoText(code uint64) string {
 	switch code {
@@ -138,7 +118,7 @@ func (t *conn) sameHost(ctx context.Context, setting string, a handshakeAnswer) 
 			t.pull = true
 			if slot >= 0 && a.LeaseNonce != "" {
 				var lwhy string
-				if t.lease, lwhy = attachLease(a.Pid, a.LeaseFD, a.LeaseNonce, slot, epoch); lwhy != "" {
+				if t.lease, lwhy = samehost.AttachLease(a.Pid, a.LeaseFD, a.LeaseNonce, slot, epoch); lwhy != "" {
 					logPushFallback(lwhy)
 				}
 			}
@@ -156,33 +136,10 @@ func (t *conn) sameHost(ctx context.Context, setting string, a handshakeAnswer) 
 	case setting == SameHostAuto && why != samehost.NotThisHost && why != samehost.NotThisPidNS:
 		sameHostFallback.Printf(logs.Info, "same-host transfers not used (bytes go through the socket): %s", why)
 		if t.fallbacks != nil {
-			t.fallbacks.count(why)
+			t.fallbacks.Count(why)
 		}
 	}
 	return nil
-}
-
-// fallbacks counts the connections to a receiver on this host that sent
-// their bytes through the socket under same_host "auto", and says why the
-// last one did (stats: nothing falls back silently).
-type fallbacks struct {
-	n   atomic.Int64
-	mu  sync.Mutex
-	why string
-}
-
-func (f *fallbacks) count(why string) {
-	f.n.Add(1)
-	f.mu.Lock()
-	f.why = why
-	f.mu.Unlock()
-}
-
-// last is how many fell back, and why the last one did.
-func (f *fallbacks) last() (int64, string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.n.Load(), f.why
 }
 
 // identifyTo proves this process on the target's identity socket with
@@ -204,20 +161,20 @@ func (t *conn) prove(ctx context.Context, nonceHex string) (why string, slot int
 	if err != nil || len(nonce) == 0 {
 		return "the receiver's nonce is malformed", -1, 0
 	}
-	p, err := newProbe(nonce)
+	p, err := samehost.NewProbe(nonce)
 	if err != nil {
 		return "no probe page: " + err.Error(), -1, 0
 	}
-	defer p.free()
+	defer p.Free()
 	defer t.abortOn(ctx)()
-	h, err := t.requestAt(ctx, wire.OpProve, p.addr(), nil)
+	h, err := t.requestAt(ctx, wire.OpProve, p.Addr(), nil)
 	if err != nil {
 		return err.Error(), -1, 0
 	}
 	if h.Status != wire.StatusOK {
 		return errnoText(h.Len), -1, 0
 	}
-	if h.Len > maxLeaseSlots {
+	if h.Len > samehost.MaxLeaseSlots {
 		return "the receiver's lease slot is malformed", -1, 0
 	}
 	return "", int(h.Len) - 1, h.Addr
@@ -268,13 +225,13 @@ func (t *target) prove(l *link, addr, n uint64, r io.Reader) (st wire.Status, wh
 	if !hmac.Equal(got, g.Nonce) {
 		return wire.StatusNoAccess, 0, 0, nil
 	}
-	t.mu.Lock() // read by other connections' ends (ipcMaps.drop)
+	t.mu.Lock() // read by other connections' ends (samehost.IPCMaps.Drop)
 	l.pid = g.Pid
 	t.mu.Unlock()
 	if t.lease == nil || l.slot >= 0 {
 		return wire.StatusOK, 0, 0, nil
 	}
-	l.slot, epoch = t.lease.assign(l.sender, g.Pid)
+	l.slot, epoch = t.lease.Assign(l.sender, g.Pid)
 	return wire.StatusOK, uint64(l.slot + 1), epoch, nil
 }
 
@@ -300,3 +257,12 @@ func (s peerSource) fill(m []byte) error {
 }
 
 func (peerSource) discard() error { return nil }
+
+// settleWriters waits for the same-host senders' own writes that began
+// before it (none where no lease is offered).
+func (t *target) settleWriters(ctx context.Context) error {
+	if t.lease == nil {
+		return nil
+	}
+	return t.lease.Settle(ctx)
+}

@@ -166,10 +166,10 @@ func (t *target) release(l *link) {
 	t.mu.Unlock()
 	l.c.Close()
 	if l.slot >= 0 {
-		t.lease.release(l.slot)
+		t.lease.Release(l.slot)
 	}
 	if gpu := t.regions.GPU(); last && gpu != nil {
-		t.ipcs.drop(gpu, l.pid)
+		t.ipcs.Drop(gpu, l.pid)
 	}
 }
 

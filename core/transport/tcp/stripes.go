@@ -2,8 +2,8 @@ package tcp
 
 import (
 	"context"
-	"github.com/mcguard/mcguard/core/desc"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"

@@ -2,11 +2,11 @@ package tcp
 
 import (
 	"context"
-	"github.com/mcguard/mcguard/core/desc"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/transport"
 )
 

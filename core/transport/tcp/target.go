@@ -58,10 +58,10 @@ type target struct {
 	// macReplies: the guards share a secret; the replies verification
 	// rests on are tagged (replytag.go).
 	macReplies bool
-	pulled     atomic.Int64 // bytes copied out of same-host senders' memory
-	ipcs       ipcMaps      // same-host senders' GPU allocations opened here
-	ipcBytes   atomic.Int64 // bytes copied out of them
-	lease      *lease       // same-host senders write host memory themselves; nil: off
+	pulled     atomic.Int64     // bytes copied out of same-host senders' memory
+	ipcs       samehost.IPCMaps // same-host senders' GPU allocations opened here
+	ipcBytes   atomic.Int64     // bytes copied out of them
+	lease      *samehost.Lease  // same-host senders write host memory themselves; nil: off
 
 	ln        net.Listener
 	mu        sync.Mutex
@@ -98,7 +98,7 @@ func serveOn(ln net.Listener, cfg Config) *target {
 	}
 	if t.identity != nil && cfg.SameHostWriter != SameHostWriterReceiver && pushFaults(t.faults) && t.landed == nil {
 		var err error
-		if t.lease, err = newLease(cfg.Timeout); err != nil {
+		if t.lease, err = samehost.NewLease(cfg.Timeout); err != nil {
 			logs.Printf(logs.Info, "same-host writes by the sender not offered: no lease file: %v", err)
 		}
 	}
@@ -187,10 +187,10 @@ func (t *target) close() {
 	t.applyMu.Unlock()
 	t.late.Wait()
 	if gpu := t.regions.GPU(); gpu != nil {
-		t.ipcs.drop(gpu, 0)
+		t.ipcs.Drop(gpu, 0)
 	}
 	if t.lease != nil {
-		t.lease.close()
+		t.lease.Close()
 	}
 	if t.identity != nil {
 		t.identity.Close()

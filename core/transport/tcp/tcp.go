@@ -20,6 +20,7 @@ import (
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/sharedmem"
 	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/transport/samehost"
 )
 
 // Name is the data plane's name in handshakes.
@@ -74,13 +75,13 @@ type Config struct {
 type Transport struct {
 	cfg       Config
 	target    *target
-	fallbacks fallbacks // same-host connections that sent their bytes through the socket (auto)
+	fallbacks samehost.Fallbacks // same-host connections that sent their bytes through the socket (auto)
 }
 
 // SameHostFallbacks is how many of this guard's connections to a receiver
 // on this host sent their bytes through the socket under same_host
 // "auto", and why the last one did.
-func (t *Transport) SameHostFallbacks() (int64, string) { return t.fallbacks.last() }
+func (t *Transport) SameHostFallbacks() (int64, string) { return t.fallbacks.Last() }
 
 // BusyPolls is what busy polling cost and won: spins, those that paid,
 // and the time spent spinning.
@@ -131,7 +132,7 @@ type handshakeAnswer struct {
 	// target opens CUDA IPC handles of same-host senders' GPU memory.
 	CudaIPC bool `json:"cuda_ipc,omitempty"`
 	Pid     int  `json:"pid,omitempty"`
-	// LeaseFD is the target's lease file (lease.go) in process Pid, and
+	// LeaseFD is the target's lease file (samehost.Lease) in process Pid, and
 	// LeaseNonce what its first bytes say: a proved connection's sender
 	// writes into the target's host memory itself.
 	LeaseFD    int    `json:"lease_fd,omitempty"`
@@ -157,7 +158,7 @@ func (t *Transport) Addr() string { return t.target.addr() }
 func (t *Transport) Register(addr, n uint64, mem cuda.Memory) error {
 	if l := t.target.lease; l != nil && !mem.Device {
 		shared, _ := sharedmem.Lookup(addr, n, t.cfg.Regions)
-		l.add(addr, n, shared)
+		l.Add(addr, n, shared)
 	}
 	return nil
 }
@@ -170,7 +171,7 @@ func (t *Transport) Unregister(addr uint64) error {
 		t.target.landed.forgetAll()
 	}
 	if l := t.target.lease; l != nil {
-		return l.remove(addr)
+		return l.Remove(addr)
 	}
 	return nil
 }
@@ -188,7 +189,7 @@ func (t *Transport) Accept(peer transport.Peer, offer []byte, _ []memory.Region)
 			gr, _ := t.target.grants.Get(peer.Sender)
 			a.CudaIPC = t.cfg.Regions.GPU() != nil && !gr.NoIPC
 			if l := t.target.lease; l != nil {
-				a.LeaseFD, a.LeaseNonce = l.fd, hex.EncodeToString(l.nonce[:])
+				a.LeaseFD, a.LeaseNonce = l.FD(), hex.EncodeToString(l.Nonce())
 				if t.target.faults != nil {
 					a.Faults, a.TailBytes = &t.cfg.Faults, t.cfg.TailBytes
 				}
@@ -203,12 +204,12 @@ func (t *Transport) Accept(peer transport.Peer, offer []byte, _ []memory.Region)
 func (t *Transport) PulledBytes() int64 { return t.target.pulled.Load() }
 
 // SameHostWriters counts the same-host senders' connections that hold a
-// lease slot here (at most maxLeaseSlots); -1 where none is offered.
+// lease slot here (at most samehost.MaxLeaseSlots); -1 where none is offered.
 func (t *Transport) SameHostWriters() int {
 	if t.target.lease == nil {
 		return -1
 	}
-	return t.target.lease.writers()
+	return t.target.lease.Writers()
 }
 
 // IPCBytes counts the bytes the target copied out of same-host senders'
@@ -242,7 +243,7 @@ func (t *Transport) Abort(peer transport.Peer) error {
 	if l := t.target.lease; l != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), t.cfg.Timeout)
 		defer cancel()
-		return l.revoke(ctx, peer.Sender)
+		return l.Revoke(ctx, peer.Sender)
 	}
 	return nil
 }

@@ -8,9 +8,9 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"github.com/mcguard/mcguard/core/desc"
 	"slices"
 
+	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"

@@ -1,4 +1,4 @@
-package tcp
+package samehost
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 )
 
 // The lease file: how a same-host sender may write into the target's
-// registered host memory itself (process_vm_writev, push.go) while the
+// registered host memory itself (process_vm_writev; LeaseHolder) while the
 // target still honours unregister, quiesce and abort without its CPU
 // taking part in the writes. It is a small shared memory file (memfd) the
 // target creates; a sender that proved it is the sending process takes a
@@ -52,7 +52,7 @@ import (
 //
 // This protects against a sender that keeps to it. A process with ptrace
 // access can write anywhere in the target anyway; the pull path's proof
-// (samehost.go) is what stops anyone else from getting a slot.
+// (tcp's same-host handshake) is what stops anyone else from getting a slot.
 
 const (
 	leaseNonceSize  = 16
@@ -64,8 +64,9 @@ const (
 	leaseEntrySize  = 48   // addr, n, then base, size, fd, ino of a shared allocation (ino 0: none)
 	leaseSlotsOff   = leaseTableOff + leaseEntrySize*maxLeaseRegions
 	leaseSlotSize   = 64 // a cache line each: senders do not share lines
-	maxLeaseSlots   = 1024
-	leaseSize       = (leaseSlotsOff + leaseSlotSize*maxLeaseSlots + 4095) &^ 4095
+	// MaxLeaseSlots bounds the connections that may write here at once.
+	MaxLeaseSlots = 1024
+	leaseSize     = (leaseSlotsOff + leaseSlotSize*MaxLeaseSlots + 4095) &^ 4095
 )
 
 // leaseWords addresses a mapped lease file's words (both ends).
@@ -95,8 +96,8 @@ type leaseSlot struct {
 	pidfd  int // the sender process, to tell a dead writer from a slow one
 }
 
-// lease is the target's side of the lease file.
-type lease struct {
+// Lease is the target's side of the lease file.
+type Lease struct {
 	mem     leaseWords
 	fd      int
 	nonce   [leaseNonceSize]byte
@@ -105,7 +106,7 @@ type lease struct {
 	mu    sync.Mutex // table changes and slot records
 	epoch uint64     // the last slot owner handed out
 	table []regionEntry
-	slots [maxLeaseSlots]leaseSlot
+	slots [MaxLeaseSlots]leaseSlot
 	inUse atomic.Int32 // slots handed out
 }
 
@@ -115,8 +116,8 @@ type regionEntry struct {
 	shared  sharedmem.File
 }
 
-// newLease creates the lease file; timeout bounds each wait for writers.
-func newLease(timeout time.Duration) (*lease, error) {
+// NewLease creates the lease file; timeout bounds each wait for writers.
+func NewLease(timeout time.Duration) (*Lease, error) {
 	fd, err := unix.MemfdCreate("mcguard-lease", unix.MFD_CLOEXEC)
 	if err != nil {
 		return nil, err
@@ -130,7 +131,7 @@ func newLease(timeout time.Duration) (*lease, error) {
 		unix.Close(fd)
 		return nil, err
 	}
-	l := &lease{mem: mem, fd: fd, timeout: timeout}
+	l := &Lease{mem: mem, fd: fd, timeout: timeout}
 	rand.Read(l.nonce[:])
 	copy(mem, l.nonce[:])
 	for i := range l.slots {
@@ -139,11 +140,11 @@ func newLease(timeout time.Duration) (*lease, error) {
 	return l, nil
 }
 
-// close empties the table and revokes every slot, so that senders, which
+// Close empties the table and revokes every slot, so that senders, which
 // keep their own mapping of the file, write nothing more into this
 // process (its memory may be freed once the guard is closed), waits for
 // writes in progress, and lets go of the file.
-func (l *lease) close() {
+func (l *Lease) Close() {
 	l.mu.Lock()
 	for i := range l.slots {
 		atomic.StoreUint64(l.mem.owner(i), 0)
@@ -168,7 +169,7 @@ func (l *lease) close() {
 
 // changeLocked runs fn on the table between two raises of gen (odd
 // meanwhile: senders wait) and returns the even gen after it.
-func (l *lease) changeLocked(fn func()) uint64 {
+func (l *Lease) changeLocked(fn func()) uint64 {
 	atomic.AddUint64(l.mem.gen(), 1)
 	fn()
 	atomic.StoreUint64(l.mem.count(), uint64(len(l.table)))
@@ -180,10 +181,10 @@ func (l *lease) changeLocked(fn func()) uint64 {
 	return atomic.AddUint64(l.mem.gen(), 1)
 }
 
-// add puts a registered host region in the table, with the shared
+// Add puts a registered host region in the table, with the shared
 // allocation it lies in (Ino 0: none); past maxLeaseRegions it is left
 // out, and senders write into it through the socket.
-func (l *lease) add(addr, n uint64, shared sharedmem.File) {
+func (l *Lease) Add(addr, n uint64, shared sharedmem.File) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.table) >= maxLeaseRegions {
@@ -192,9 +193,9 @@ func (l *lease) add(addr, n uint64, shared sharedmem.File) {
 	l.changeLocked(func() { l.table = append(l.table, regionEntry{addr, n, shared}) })
 }
 
-// remove takes the region at addr out of the table and waits until no
+// Remove takes the region at addr out of the table and waits until no
 // sender can still be writing into it.
-func (l *lease) remove(addr uint64) error {
+func (l *Lease) Remove(addr uint64) error {
 	l.mu.Lock()
 	i := -1
 	for k, e := range l.table {
@@ -213,8 +214,8 @@ func (l *lease) remove(addr uint64) error {
 	return l.waitOlder(ctx, g, "")
 }
 
-// quiesced publishes quiesce generation g to the senders.
-func (l *lease) quiesced(g uint64) {
+// Quiesced publishes quiesce generation g to the senders.
+func (l *Lease) Quiesced(g uint64) {
 	for {
 		old := atomic.LoadUint64(l.mem.quiesce())
 		if g <= old || atomic.CompareAndSwapUint64(l.mem.quiesce(), old, g) {
@@ -223,34 +224,25 @@ func (l *lease) quiesced(g uint64) {
 	}
 }
 
-// settle raises gen and waits for the writers that entered before: after
+// Settle raises gen and waits for the writers that entered before: after
 // it, no same-host write that began earlier is still landing.
-func (l *lease) settle(ctx context.Context) error {
+func (l *Lease) Settle(ctx context.Context) error {
 	if l.inUse.Load() == 0 {
 		return nil // no slot handed out: nobody can have begun a write (every receiver sync comes here)
 	}
 	return l.waitOlder(ctx, l.raise(), "")
 }
 
-// settleWriters waits for the same-host senders' own writes that began
-// before it (none where no lease is offered).
-func (t *target) settleWriters(ctx context.Context) error {
-	if t.lease == nil {
-		return nil
-	}
-	return t.lease.settle(ctx)
-}
-
 // raise moves gen on by two, the table unchanged, and returns it.
-func (l *lease) raise() uint64 {
+func (l *Lease) raise() uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return atomic.AddUint64(l.mem.gen(), 2)
 }
 
-// revoke stops sender's connections from writing (their next write finds
+// Revoke stops sender's connections from writing (their next write finds
 // its slot without an owner) and waits for a write of theirs in progress.
-func (l *lease) revoke(ctx context.Context, sender string) error {
+func (l *Lease) Revoke(ctx context.Context, sender string) error {
 	l.mu.Lock()
 	for i := range l.slots {
 		if l.slots[i].used && l.slots[i].sender == sender {
@@ -263,9 +255,9 @@ func (l *lease) revoke(ctx context.Context, sender string) error {
 
 // waitOlder waits until no slot (of sender, if not "") is busy under a gen
 // older than g, or its process has exited.
-func (l *lease) waitOlder(ctx context.Context, g uint64, sender string) error {
+func (l *Lease) waitOlder(ctx context.Context, g uint64, sender string) error {
 	pause := 20 * time.Microsecond
-	for i := 0; i < maxLeaseSlots; i++ {
+	for i := 0; i < MaxLeaseSlots; i++ {
 		for {
 			b := atomic.LoadUint64(l.mem.busy(i))
 			if b == 0 || b-1 >= g {
@@ -288,10 +280,10 @@ func (l *lease) waitOlder(ctx context.Context, g uint64, sender string) error {
 	return nil
 }
 
-// assign hands a slot to a connection of sender, process pid, under a new
+// Assign hands a slot to a connection of sender, process pid, under a new
 // epoch; slot -1 where none is free (it writes through the socket, or the
 // target pulls).
-func (l *lease) assign(sender string, pid int) (slot int, epoch uint64) {
+func (l *Lease) Assign(sender string, pid int) (slot int, epoch uint64) {
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return -1, 0
@@ -311,10 +303,10 @@ func (l *lease) assign(sender string, pid int) (slot int, epoch uint64) {
 	return -1, 0
 }
 
-// release takes a slot back when its connection ends: no owner, and free
+// Release takes a slot back when its connection ends: no owner, and free
 // again once no write under it is in progress. A writer that does not
-// finish in time keeps its slot, logged (bounded by maxLeaseSlots).
-func (l *lease) release(slot int) {
+// finish in time keeps its slot, logged (bounded by MaxLeaseSlots).
+func (l *Lease) Release(slot int) {
 	l.mu.Lock()
 	atomic.StoreUint64(l.mem.owner(slot), 0)
 	l.mu.Unlock()
@@ -342,8 +334,8 @@ func (l *lease) release(slot int) {
 	l.inUse.Add(-1)
 }
 
-// writers counts the slots handed out (connections that may write here).
-func (l *lease) writers() int { return int(l.inUse.Load()) }
+// Writers counts the slots handed out (connections that may write here).
+func (l *Lease) Writers() int { return int(l.inUse.Load()) }
 
 // exited reports whether the process behind pidfd has ended (a pidfd
 // polls readable then). A raw poll that cannot block, on the stack: it is
@@ -355,4 +347,20 @@ func exited(pidfd int) bool {
 	pfd := unix.PollFd{Fd: int32(pidfd), Events: unix.POLLIN}
 	n, _, errno := unix.RawSyscall(unix.SYS_POLL, uintptr(unsafe.Pointer(&pfd)), 1, 0)
 	return errno == 0 && n > 0
+}
+
+// FD is the lease file's descriptor in this process (a same-host sender
+// takes its own copy with pidfd_getfd); Nonce names the file, for the
+// sender to check it took the one the handshake named.
+func (l *Lease) FD() int { return l.fd }
+
+// Nonce: see FD.
+func (l *Lease) Nonce() []byte { return l.nonce[:] }
+
+// HandedOut counts the slots handed out since the file was made (each
+// under a new epoch).
+func (l *Lease) HandedOut() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.epoch
 }

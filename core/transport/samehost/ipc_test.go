@@ -1,4 +1,4 @@
-package tcp
+package samehost
 
 import (
 	"errors"
@@ -35,56 +35,56 @@ func (f *fakeOpener) CloseIPC(ptr uint64, _ int) error {
 	return nil
 }
 
-func key(i int) ipcKey {
-	var k ipcKey
-	k.handle[0], k.handle[1] = byte(i), byte(i>>8)
+func key(i int) IPCKey {
+	var k IPCKey
+	k.Handle[0], k.Handle[1] = byte(i), byte(i>>8)
 	return k
 }
 
 func TestIPCMapsAreSharedBoundedPerSenderAndDropped(t *testing.T) {
 	f := &fakeOpener{open: map[uint64]bool{}}
-	var s ipcMaps
-	a, err := s.acquire(f, 100, key(1))
+	var s IPCMaps
+	a, err := s.Acquire(f, 100, key(1))
 	require.NoError(t, err)
-	b, err := s.acquire(f, 100, key(1))
+	b, err := s.Acquire(f, 100, key(1))
 	require.NoError(t, err)
 	require.Same(t, a, b, "a handle is opened once and shared")
-	_, err = s.acquire(f, 200, key(1))
+	_, err = s.Acquire(f, 200, key(1))
 	require.Error(t, err, "another process cannot name a handle open for this one")
-	s.release(a)
-	s.release(b)
+	s.Release(a)
+	s.Release(b)
 
 	// One sender fills its share: its least recently used idle mapping goes.
 	for i := 2; i <= maxIPCMapsPerSender+10; i++ {
-		m, err := s.acquire(f, 100, key(i))
+		m, err := s.Acquire(f, 100, key(i))
 		require.NoError(t, err)
-		s.release(m)
+		s.Release(m)
 	}
-	require.Equal(t, maxIPCMapsPerSender, s.count())
+	require.Equal(t, maxIPCMapsPerSender, s.Count())
 	require.Len(t, f.open, maxIPCMapsPerSender, "evicted mappings are closed")
 
 	// Mappings in use are never closed; when all are, a new one is refused.
-	var held []*ipcMap
+	var held []*IPCMap
 	for i := 1000; i < 1000+maxIPCMapsPerSender; i++ {
-		m, err := s.acquire(f, 300, key(i))
+		m, err := s.Acquire(f, 300, key(i))
 		require.NoError(t, err)
 		held = append(held, m)
 	}
-	_, err = s.acquire(f, 300, key(5000))
+	_, err = s.Acquire(f, 300, key(5000))
 	require.ErrorContains(t, err, "in use")
 	for _, m := range held {
-		s.release(m)
+		s.Release(m)
 	}
 
 	// A sender gone: its idle mappings are closed, the others' kept.
-	s.drop(f, 300)
-	require.Equal(t, maxIPCMapsPerSender, s.count())
-	s.drop(f, 0)
-	require.Zero(t, s.count())
+	s.Drop(f, 300)
+	require.Equal(t, maxIPCMapsPerSender, s.Count())
+	s.Drop(f, 0)
+	require.Zero(t, s.Count())
 	require.Empty(t, f.open)
 
 	f.fail = true
-	_, err = s.acquire(f, 100, key(1))
+	_, err = s.Acquire(f, 100, key(1))
 	require.ErrorContains(t, err, "refused")
-	require.Zero(t, s.count())
+	require.Zero(t, s.Count())
 }
