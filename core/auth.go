@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mcguard/mcguard/core/reuse"
 	"github.com/mcguard/mcguard/core/wire"
 )
 
@@ -60,7 +61,7 @@ func macSum(secret []byte, label string, a, b []byte) [sha256.Size]byte {
 	if sha256.BlockSize+len(label)+len(a)+len(b) > macStack {
 		p := macBufs.Get().(*[]byte)
 		sum, buf := macSumIn((*p)[:0], secret, label, a, b)
-		*p = keep(buf)
+		*p = reuse.Keep(buf)
 		macBufs.Put(p)
 		return sum
 	}

@@ -7,10 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/internal/models"
 	"github.com/mcguard/mcguard/verify"
-	"github.com/stretchr/testify/require"
 )
 
 // BenchmarkModes moves 64 descriptors x 256 KiB per batch (and over the

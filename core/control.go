@@ -11,10 +11,11 @@ import (
 	"syscall"
 	"time"
 
+	zmq "github.com/pebbe/zmq4"
+
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/internal/heap"
 	"github.com/mcguard/mcguard/core/logs"
-	zmq "github.com/pebbe/zmq4"
 )
 
 // Bounds of the control endpoint, so that no flood of peers can grow a

@@ -11,6 +11,7 @@ import (
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/notices"
 	"github.com/mcguard/mcguard/core/sharedmem"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/transport/engine"
@@ -51,7 +52,7 @@ type Guard struct {
 	inflight sync.WaitGroup
 	allocs   map[uint64]*sharedmem.File // Alloc's, by address
 
-	notices   *noticeStore
+	notices   *notices.Store
 	notifies  notifyQueue
 	auth      *authority
 	cudaState string       // for stats: why device memory does or does not work
@@ -78,7 +79,7 @@ func open(cfg Config, ops *engine.Ops) (*Guard, error) {
 	if cfg.Verify.SliceBytes == verify.SliceAuto {
 		cfg.Verify.SliceBytes = 0 // own data planes move a descriptor in order
 	}
-	g := &Guard{cfg: cfg, sessions: map[string]*session{}, allocs: map[uint64]*sharedmem.File{}, notices: newNoticeStore(), auth: newAuthority(cfg.Secret),
+	g := &Guard{cfg: cfg, sessions: map[string]*session{}, allocs: map[uint64]*sharedmem.File{}, notices: notices.NewStore(), auth: newAuthority(cfg.Secret),
 		planeState: map[string]string{}, engineOps: ops}
 	if cfg.Inject.Mode == fault.Lie && ops == nil {
 		return nil, fmt.Errorf("%w: inject lie is an engine's fault (its reads answered from its own copy): it needs a guard over an engine", errs.Config)

@@ -9,12 +9,13 @@ import (
 	"strings"
 	"time"
 
+	zmq "github.com/pebbe/zmq4"
+
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
-	zmq "github.com/pebbe/zmq4"
 )
 
 // The handshake, both halves: a sender's request for a session's region

@@ -8,10 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mcguard/mcguard/core/errs"
-	"github.com/mcguard/mcguard/core/wire"
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/wire"
 )
 
 // othersShakeHands makes n handshakes at g from as many other senders.

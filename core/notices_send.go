@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/mcguard/mcguard/core/desc"
+	"github.com/mcguard/mcguard/core/reuse"
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -31,7 +32,7 @@ func (g *Guard) notify(ctx context.Context, s *session, id uint64, mode verify.M
 	if err := s.greet(ctx, g); err != nil {
 		return err
 	}
-	descs := keep(s.noticeDescs)
+	descs := reuse.Keep(s.noticeDescs)
 	for i, d := range chunk {
 		nd := wire.NoticeDesc{Dst: d.Dst, Len: d.Len}
 		if digests != nil {

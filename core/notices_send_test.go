@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/notices"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
 )
@@ -94,5 +95,5 @@ func TestNoticeOnItsConnectionOutlivesTheTable(t *testing.T) {
 	require.ErrorContains(t, g.takeNotice(forged, nil, conn), "MAC")
 	require.NoError(t, g.takeNotice(sign(), nil, conn))
 	// The table's and the connection's notices count as one sender's.
-	require.Equal(t, map[string]noticeLoad{string(sender): {3, 3}}, g.notices.perSender)
+	require.Equal(t, map[string]notices.Load{string(sender): {Entries: 3, Descs: 3}}, g.notices.Loads())
 }

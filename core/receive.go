@@ -11,6 +11,8 @@ import (
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/notices"
+	"github.com/mcguard/mcguard/core/reuse"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
@@ -41,7 +43,7 @@ func (g *Guard) takeNotice(body []byte, landed transport.Landed, conn *transport
 	buf := noticeDescBufs.Get().(*[]wire.NoticeDesc)
 	defer noticeDescBufs.Put(buf)
 	n, err := wire.DecodeNotice(body, len(verify.Modes), *buf)
-	*buf = keep(n.Descs) // its room, for the next notice
+	*buf = reuse.Keep(n.Descs) // its room, for the next notice
 	var sender string
 	if err == nil {
 		sender, err = g.proveNotice(n, body, conn)
@@ -55,7 +57,7 @@ func (g *Guard) takeNotice(body []byte, landed transport.Landed, conn *transport
 		}
 	}
 	if err == nil {
-		err = g.notices.add(n, landed, sender)
+		err = g.notices.Add(n, landed, sender)
 	}
 	if err == nil {
 		g.stats.noticesReceived.Add(1)
@@ -141,13 +143,13 @@ func (g *Guard) SyncTransfers(ids []uint64, stream uint64) (err error) {
 	c := g.beginSync()
 	defer endSync(c)
 	for _, id := range ids {
-		n, err := g.notices.take(id, &c.waiter, c.ctx.deadline, g.ctx.Done())
+		n, err := g.notices.Take(id, &c.waiter, c.ctx.deadline, g.ctx.Done())
 		if err != nil {
 			g.stats.syncFailures.Add(1)
 			return err
 		}
 		err = c.settleNotice(n, id, stream)
-		g.notices.release(n)
+		g.notices.Release(n)
 		if err != nil {
 			return err
 		}
@@ -161,7 +163,7 @@ func (g *Guard) SyncTransfers(ids []uint64, stream uint64) (err error) {
 type syncCall struct {
 	g       *Guard
 	ctx     deadlineContext // sync_timeout from the call's start
-	waiter  noticeWaiter    // for notices still on their way
+	waiter  notices.Waiter  // for notices still on their way
 	ranges  []SyncRange
 	regions []memory.Region
 	vr      []desc.Range
@@ -173,7 +175,7 @@ type syncCall struct {
 }
 
 var syncCalls = sync.Pool{New: func() any {
-	c := &syncCall{waiter: newNoticeWaiter()}
+	c := &syncCall{waiter: notices.NewWaiter()}
 	c.known, c.digest = c.landedDigest, c.readDigest
 	return c
 }}
@@ -190,25 +192,25 @@ func (g *Guard) beginSync() *syncCall {
 func endSync(c *syncCall) {
 	c.ctx.stop()
 	c.g, c.landed = nil, nil
-	c.ranges, c.regions, c.vr, c.digests = keep(c.ranges), keep(c.regions), keep(c.vr), keep(c.digests)
+	c.ranges, c.regions, c.vr, c.digests = reuse.Keep(c.ranges), reuse.Keep(c.regions), reuse.Keep(c.vr), reuse.Keep(c.digests)
 	syncCalls.Put(c)
 }
 
 // settleNotice settles the ranges notice n names.
-func (c *syncCall) settleNotice(n *notice, id uint64, stream uint64) error {
+func (c *syncCall) settleNotice(n *notices.Notice, id uint64, stream uint64) error {
 	// Grown once to size: appending would regrow them step by step on
 	// every sync too large for the pool to keep them (keep).
-	c.ranges = slices.Grow(c.ranges[:0], len(n.descs))
-	c.digests = slices.Grow(c.digests[:0], len(n.descs))
-	for _, d := range n.descs {
+	c.ranges = slices.Grow(c.ranges[:0], len(n.Descs))
+	c.digests = slices.Grow(c.digests[:0], len(n.Descs))
+	for _, d := range n.Descs {
 		c.ranges = append(c.ranges, SyncRange{Addr: d.Dst, Len: d.Len})
 		c.digests = append(c.digests, d.Digest)
 	}
 	digests := c.digests
-	if n.mode != verify.Digest {
+	if n.Mode != verify.Digest {
 		digests = nil
 	}
-	return c.settle(c.ranges, digests, n.landed, func() string { return fmt.Sprintf("transfer %#x descriptor", id) }, stream)
+	return c.settle(c.ranges, digests, n.Landed, func() string { return fmt.Sprintf("transfer %#x descriptor", id) }, stream)
 }
 
 // settle waits for writes in flight to ranges, runs the device hook (for

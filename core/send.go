@@ -11,6 +11,7 @@ import (
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/reuse"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -230,7 +231,7 @@ func (r *chunks) deliver(base int) error {
 	var digestErr error
 	var digesting <-chan error // the sources' digests still being taken
 	if r.vcfg.Mode == verify.Digest || r.opts.Digests != nil {
-		digests = slices.Grow(keep(s.digests), len(chunk))[:len(chunk)]
+		digests = slices.Grow(reuse.Keep(s.digests), len(chunk))[:len(chunk)]
 		s.digests = digests
 		if chunkBytes(chunk) <= inlineDigestBytes {
 			// Cheaper than a goroutine hand-off from a C caller's thread.

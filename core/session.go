@@ -10,6 +10,7 @@ import (
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/reuse"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
@@ -162,7 +163,7 @@ func (s *session) notify(ctx context.Context, zctx *zmq.Context, cfg *Config, bo
 func (s *session) signNotice(n wire.Notice) []byte {
 	s.seq++
 	n.Token, n.Seq, n.MAC = s.hello.Token, s.seq, nil
-	body := wire.EncodeNotice(keep(s.noticeBody), n)
+	body := wire.EncodeNotice(reuse.Keep(s.noticeBody), n)
 	m := noticeMAC(s.hello.key, body)
 	copy(body[wire.NoticeMACOffset:], m[:])
 	s.noticeBody = body

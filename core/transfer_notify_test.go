@@ -6,9 +6,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/verify"
-	"github.com/stretchr/testify/require"
 )
 
 func takeNotifies(t *testing.T, g *Guard) []Notify {

@@ -1,14 +1,12 @@
-package core
+package notices
 
 import (
 	"fmt"
-	"maps"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/wire"
 )
@@ -26,11 +24,11 @@ func (c countedLanded) Release()                                          { *c.r
 // their entries reused, so the flood allocates nothing once at the bound,
 // and a late sync of a dropped one says what happened.
 func TestNoticesPastTheBoundAreDroppedOldestFirst(t *testing.T) {
-	s := newNoticeStore()
+	s := NewStore()
 	released := 0
 	add := func(id uint64) { // from eight senders, each within its own bound
 		n := wire.Notice{ID: id, Total: 1, Descs: []wire.NoticeDesc{{Dst: 4096, Len: 64}}}
-		require.NoError(t, s.add(n, countedLanded{&released}, fmt.Sprint("sender ", id%8)))
+		require.NoError(t, s.Add(n, countedLanded{&released}, fmt.Sprint("sender ", id%8)))
 	}
 	const extra = 10
 	for id := uint64(1); id <= maxNoticeEntries+extra; id++ {
@@ -38,13 +36,13 @@ func TestNoticesPastTheBoundAreDroppedOldestFirst(t *testing.T) {
 	}
 	require.Len(t, s.entries, maxNoticeEntries)
 	require.Equal(t, extra, released, "each dropped notice released its landed digests")
-	w := newNoticeWaiter()
-	_, err := s.take(1, &w, time.Now().Add(time.Second), nil)
+	w := NewWaiter()
+	_, err := s.Take(1, &w, time.Now().Add(time.Second), nil)
 	require.ErrorIs(t, err, errs.Session)
 	require.Contains(t, err.Error(), "dropped")
-	e, err := s.take(extra+1, &w, time.Now().Add(time.Second), nil)
+	e, err := s.Take(extra+1, &w, time.Now().Add(time.Second), nil)
 	require.NoError(t, err, "the oldest kept")
-	s.release(e)
+	s.Release(e)
 
 	next := uint64(maxNoticeEntries + extra + 1)
 	n := wire.Notice{Total: 1, Descs: []wire.NoticeDesc{{Dst: 4096, Len: 64}}}
@@ -52,7 +50,7 @@ func TestNoticesPastTheBoundAreDroppedOldestFirst(t *testing.T) {
 	allocs := testing.AllocsPerRun(1000, func() {
 		n.ID = next
 		next++
-		if err := s.add(n, landed, "sender 0"); err != nil {
+		if err := s.Add(n, landed, "sender 0"); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -66,28 +64,28 @@ func TestNoticesPastTheBoundAreDroppedOldestFirst(t *testing.T) {
 // sender's bound counts descriptors too, and the notice being added is
 // never dropped, however large.
 func TestNoticesAreBoundedPerSender(t *testing.T) {
-	s := newNoticeStore()
+	s := NewStore()
 	released := 0
 	one := []wire.NoticeDesc{{Dst: 4096, Len: 64}}
-	require.NoError(t, s.add(wire.Notice{ID: 1, Total: 1, Descs: one}, countedLanded{&released}, "patient"))
+	require.NoError(t, s.Add(wire.Notice{ID: 1, Total: 1, Descs: one}, countedLanded{&released}, "patient"))
 	const flood = maxNoticeEntriesPerSender + 100
 	for id := uint64(2); id < 2+flood; id++ {
-		require.NoError(t, s.add(wire.Notice{ID: id, Total: 1, Descs: one}, countedLanded{&released}, "flooder"))
+		require.NoError(t, s.Add(wire.Notice{ID: id, Total: 1, Descs: one}, countedLanded{&released}, "flooder"))
 	}
 	require.Len(t, s.entries, maxNoticeEntriesPerSender+1)
-	require.Equal(t, noticeLoad{maxNoticeEntriesPerSender, maxNoticeEntriesPerSender}, s.perSender["flooder"])
+	require.Equal(t, Load{Entries: maxNoticeEntriesPerSender, Descs: maxNoticeEntriesPerSender}, s.perSender["flooder"])
 	require.Equal(t, 100, released, "the flooder's oldest went, their landed digests released")
 
-	w := newNoticeWaiter()
-	e, err := s.take(1, &w, time.Now().Add(time.Second), nil)
+	w := NewWaiter()
+	e, err := s.Take(1, &w, time.Now().Add(time.Second), nil)
 	require.NoError(t, err, "the other sender's notice was kept")
-	s.release(e)
-	_, err = s.take(2, &w, time.Now().Add(time.Second), nil)
+	s.Release(e)
+	_, err = s.Take(2, &w, time.Now().Add(time.Second), nil)
 	require.ErrorIs(t, err, errs.Session)
 	require.Contains(t, err.Error(), "dropped")
-	e, err = s.take(2+flood-1, &w, time.Now().Add(time.Second), nil)
+	e, err = s.Take(2+flood-1, &w, time.Now().Add(time.Second), nil)
 	require.NoError(t, err, "the flooder's newest kept")
-	s.release(e)
+	s.Release(e)
 	require.NotContains(t, s.perSender, "patient", "a sender with no notices left is forgotten")
 
 	// Descriptors: a notice of more than a sender's bound is taken whole,
@@ -99,14 +97,14 @@ func TestNoticesAreBoundedPerSender(t *testing.T) {
 	const id = 1 << 40
 	total := maxNoticeDescsPerSender + wire.MaxNoticeDescs
 	for base := 0; base < total; base += len(big) {
-		require.NoError(t, s.add(wire.Notice{ID: id, Total: total, Base: base, Descs: big}, nil, "flooder"))
+		require.NoError(t, s.Add(wire.Notice{ID: id, Total: total, Base: base, Descs: big}, nil, "flooder"))
 	}
-	require.Equal(t, noticeLoad{1, total}, s.perSender["flooder"])
+	require.Equal(t, Load{Entries: 1, Descs: total}, s.perSender["flooder"])
 	require.Len(t, s.entries, 1)
 	require.Equal(t, total, s.descs)
-	e, err = s.take(id, &w, time.Now().Add(time.Second), nil)
+	e, err = s.Take(id, &w, time.Now().Add(time.Second), nil)
 	require.NoError(t, err)
-	s.release(e)
+	s.Release(e)
 	require.Empty(t, s.perSender)
 	require.Zero(t, s.descs)
 	require.Empty(t, s.order)
@@ -117,70 +115,42 @@ func TestNoticesAreBoundedPerSender(t *testing.T) {
 // sync of the id fails rather than take the one that came first.
 func TestAnIDTwoSendersClaimIsBelievedOfNeither(t *testing.T) {
 	for _, base := range []int{0, 1} {
-		s := newNoticeStore()
+		s := NewStore()
 		one := []wire.NoticeDesc{{Dst: 4096, Len: 64}}
-		require.NoError(t, s.add(wire.Notice{ID: 7, Total: 2, Descs: one}, nil, "a"))
-		require.ErrorIs(t, s.add(wire.Notice{ID: 7, Total: 2, Base: base, Descs: one}, nil, "b"), errNotice)
-		require.ErrorIs(t, s.add(wire.Notice{ID: 7, Total: 2, Base: 1, Descs: one}, nil, "a"), errNotice)
-		w := newNoticeWaiter()
-		_, err := s.take(7, &w, time.Now().Add(time.Second), nil)
+		require.NoError(t, s.Add(wire.Notice{ID: 7, Total: 2, Descs: one}, nil, "a"))
+		require.ErrorIs(t, s.Add(wire.Notice{ID: 7, Total: 2, Base: base, Descs: one}, nil, "b"), ErrNotice)
+		require.ErrorIs(t, s.Add(wire.Notice{ID: 7, Total: 2, Base: 1, Descs: one}, nil, "a"), ErrNotice)
+		w := NewWaiter()
+		_, err := s.Take(7, &w, time.Now().Add(time.Second), nil)
 		require.ErrorIs(t, err, errs.Session)
 		require.Contains(t, err.Error(), "two senders")
 		require.Empty(t, s.entries)
 		require.Empty(t, s.perSender)
 		require.Zero(t, s.descs)
-		require.NoError(t, s.add(wire.Notice{ID: 8, Total: 1, Descs: one}, nil, "a"), "other ids go on")
+		require.NoError(t, s.Add(wire.Notice{ID: 8, Total: 1, Descs: one}, nil, "a"), "other ids go on")
 	}
 }
 
 // At the bound in all, a transfer's notice whose next chunk arrives is
 // kept: the others' oldest go to make room for it, though it is older.
 func TestAContinuedNoticeIsKeptAtTheBound(t *testing.T) {
-	s := newNoticeStore()
+	s := NewStore()
 	one := []wire.NoticeDesc{{Dst: 4096, Len: 64}}
-	require.NoError(t, s.add(wire.Notice{ID: 1, Total: 1 + len(one)*wire.MaxNoticeDescs, Descs: one}, nil, "a"))
+	require.NoError(t, s.Add(wire.Notice{ID: 1, Total: 1 + len(one)*wire.MaxNoticeDescs, Descs: one}, nil, "a"))
 	big := make([]wire.NoticeDesc, wire.MaxNoticeDescs)
 	id := uint64(100)
 	for s.descs+len(big) <= maxNoticeDescs { // others fill the bound, each within its own
 		id++
-		require.NoError(t, s.add(wire.Notice{ID: id, Total: len(big), Descs: big}, nil, fmt.Sprint("sender ", id%5)))
+		require.NoError(t, s.Add(wire.Notice{ID: id, Total: len(big), Descs: big}, nil, fmt.Sprint("sender ", id%5)))
 	}
 	chunk := make([]wire.NoticeDesc, wire.MaxNoticeDescs)
-	require.NoError(t, s.add(wire.Notice{ID: 1, Total: 1 + wire.MaxNoticeDescs, Base: 1, Descs: chunk}, nil, "a"))
+	require.NoError(t, s.Add(wire.Notice{ID: 1, Total: 1 + wire.MaxNoticeDescs, Base: 1, Descs: chunk}, nil, "a"))
 	require.LessOrEqual(t, s.descs, maxNoticeDescs)
-	w := newNoticeWaiter()
-	e, err := s.take(1, &w, time.Now().Add(time.Second), nil)
+	w := NewWaiter()
+	e, err := s.Take(1, &w, time.Now().Add(time.Second), nil)
 	require.NoError(t, err)
-	require.Len(t, e.descs, 1+wire.MaxNoticeDescs)
-	s.release(e)
-	_, err = s.take(101, &w, time.Now().Add(time.Second), nil)
+	require.Len(t, e.Descs, 1+wire.MaxNoticeDescs)
+	s.Release(e)
+	_, err = s.Take(101, &w, time.Now().Add(time.Second), nil)
 	require.ErrorContains(t, err, "dropped", "the others' oldest went instead")
-}
-
-// Over TCP, each sending guard's notices count as its own, through the
-// handshake its data connection proved, and syncing them forgets it.
-func TestNoticesCountPerSendingGuard(t *testing.T) {
-	const js = `{"verify": "digest", "same_host": "off"}`
-	p := newPair(t, js, "", 8*4096)
-	other := openGuard(t, js)
-	src := newMem(t, 4096)
-	require.NoError(t, other.Register(src.addr(0), 4096))
-	var ids []uint64
-	for i := 0; i < 3; i++ {
-		res, err := p.send.Transfer(p.session, p.blocks(1, 4096), TransferOptions{})
-		require.NoError(t, err)
-		ids = append(ids, res.ID)
-		res, err = other.Transfer(p.session, []desc.Desc{{Src: src.addr(0), Dst: p.dst.addr(4096 * (1 + i)), Len: 4096}}, TransferOptions{})
-		require.NoError(t, err)
-		ids = append(ids, res.ID)
-	}
-	p.recv.notices.mu.Lock()
-	loads := maps.Clone(p.recv.notices.perSender)
-	p.recv.notices.mu.Unlock()
-	require.Len(t, loads, 2)
-	for sender, load := range loads {
-		require.Equal(t, noticeLoad{3, 3}, load, sender)
-	}
-	require.NoError(t, p.recv.SyncTransfers(ids, 0))
-	require.Empty(t, p.recv.notices.perSender)
 }

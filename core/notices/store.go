@@ -1,13 +1,18 @@
-package core
+// Package notices is a receiving guard's store of completion notices:
+// what its peers announced, held until the application syncs it, bounded
+// per sender and in all.
+package notices
 
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/reuse"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
@@ -25,29 +30,30 @@ const (
 	maxNoticeDescsPerSender   = maxNoticeDescs / 4
 )
 
-// notice is a transfer's completion notice as the receiver assembles it.
-type notice struct {
-	sender string // the session's sender id, from the handshake the notice proved
-	mode   verify.Mode
-	total  int
-	descs  []wire.NoticeDesc
-	landed []transport.Landed // per chunk that came with the digests taken as it landed
+// Notice is a transfer's completion notice as the receiver assembles it.
+type Notice struct {
+	Sender string // the session's sender id, from the handshake the notice proved
+	Mode   verify.Mode
+	Total  int
+	Descs  []wire.NoticeDesc
+	Landed []transport.Landed // per chunk that came with the digests taken as it landed
 }
 
-func (n *notice) complete() bool { return len(n.descs) == n.total }
+// Complete says every chunk of the notice arrived.
+func (n *Notice) Complete() bool { return len(n.Descs) == n.Total }
 
-// noticeStore holds the notices a receiving guard was sent until the
+// Store holds the notices a receiving guard was sent until the
 // application syncs them.
-type noticeStore struct {
+type Store struct {
 	mu        sync.Mutex
-	entries   map[uint64]*notice
+	entries   map[uint64]*Notice
 	order     []arrival // for eviction, oldest first
 	evicted   map[uint64]bool
 	contested map[uint64]bool // ids two senders sent notices for: a sync of one fails
 	descs     int
-	perSender map[string]noticeLoad // of the senders with entries
-	waiters   []chan struct{}       // of the syncs waiting in take: add wakes each
-	free      []*notice             // synced notices, reused: a steady stream allocates none
+	perSender map[string]Load // of the senders with entries
+	waiters   []chan struct{} // of the syncs waiting in take: add wakes each
+	free      []*Notice       // synced notices, reused: a steady stream allocates none
 }
 
 // arrival is a notice in arrival order.
@@ -56,57 +62,58 @@ type arrival struct {
 	sender string
 }
 
-// noticeLoad is what one sender's notices hold.
-type noticeLoad struct{ entries, descs int }
+// Load is what one sender's notices hold.
+type Load struct{ Entries, Descs int }
 
 // maxFreeNotices bounds the synced entries kept for reuse (each keeps
-// its buffers' room within maxKeptBuf).
+// its buffers' room within reuse.MaxKept).
 const maxFreeNotices = 64
 
-func newNoticeStore() *noticeStore {
-	return &noticeStore{entries: map[uint64]*notice{}, evicted: map[uint64]bool{}, contested: map[uint64]bool{}, perSender: map[string]noticeLoad{}}
+func NewStore() *Store {
+	return &Store{entries: map[uint64]*Notice{}, evicted: map[uint64]bool{}, contested: map[uint64]bool{}, perSender: map[string]Load{}}
 }
 
-var errNotice = errors.New("bad notice")
+// ErrNotice marks a notice refused as malformed or out of turn.
+var ErrNotice = errors.New("bad notice")
 
-// add records one chunk, from sender; chunks of a transfer must come in
+// Add records one chunk, from sender; chunks of a transfer must come in
 // order, from the sender that began it.
-func (s *noticeStore) add(n wire.Notice, landed transport.Landed, sender string) error {
+func (s *Store) Add(n wire.Notice, landed transport.Landed, sender string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	mode := verify.Modes[n.Mode]
 	e, ok := s.entries[n.ID]
 	switch {
 	case s.contested[n.ID]:
-		return fmt.Errorf("%w: transfer %#x: notices for it came from two senders", errNotice, n.ID)
-	case ok && e.sender != sender:
+		return fmt.Errorf("%w: transfer %#x: notices for it came from two senders", ErrNotice, n.ID)
+	case ok && e.Sender != sender:
 		// Another sender's notice under an id a sender holds: one of them
 		// is not the transfer's. Neither is believed, so that a sync of
 		// the id fails rather than takes the one that came first.
 		s.contestLocked(n.ID)
-		return fmt.Errorf("%w: transfer %#x: another sender's notice holds this id; neither is kept", errNotice, n.ID)
+		return fmt.Errorf("%w: transfer %#x: another sender's notice holds this id; neither is kept", ErrNotice, n.ID)
 	case !ok && n.Base != 0:
-		return fmt.Errorf("%w: transfer %#x: chunk at %d before its first", errNotice, n.ID, n.Base)
-	case ok && (e.complete() || e.total != n.Total || e.mode != mode || n.Base != len(e.descs)):
-		return fmt.Errorf("%w: transfer %#x: chunk at %d does not continue the notice", errNotice, n.ID, n.Base)
+		return fmt.Errorf("%w: transfer %#x: chunk at %d before its first", ErrNotice, n.ID, n.Base)
+	case ok && (e.Complete() || e.Total != n.Total || e.Mode != mode || n.Base != len(e.Descs)):
+		return fmt.Errorf("%w: transfer %#x: chunk at %d does not continue the notice", ErrNotice, n.ID, n.Base)
 	}
 	if !ok {
 		e = s.newLocked()
-		e.sender, e.mode, e.total = sender, mode, n.Total
+		e.Sender, e.Mode, e.Total = sender, mode, n.Total
 		s.entries[n.ID] = e
 		s.order = append(s.order, arrival{n.ID, sender})
 		delete(s.evicted, n.ID)
 	}
-	e.descs = append(e.descs, n.Descs...)
+	e.Descs = append(e.Descs, n.Descs...)
 	if landed != nil {
-		e.landed = append(e.landed, landed)
+		e.Landed = append(e.Landed, landed)
 	}
 	s.descs += len(n.Descs)
 	load := s.perSender[sender]
 	if !ok {
-		load.entries++
+		load.Entries++
 	}
-	load.descs += len(n.Descs)
+	load.Descs += len(n.Descs)
 	s.perSender[sender] = load
 	for s.overLocked(sender) && s.evictOldestOfLocked(sender, n.ID) {
 	}
@@ -130,41 +137,41 @@ func (s *noticeStore) add(n wire.Notice, landed transport.Landed, sender string)
 }
 
 // newLocked is a cleared entry, reused where one is free.
-func (s *noticeStore) newLocked() *notice {
+func (s *Store) newLocked() *Notice {
 	if k := len(s.free); k > 0 {
 		e := s.free[k-1]
 		s.free = s.free[:k-1]
 		return e
 	}
-	return &notice{}
+	return &Notice{}
 }
 
-// release gives back an entry that take returned, once its caller is done
+// Release gives back an entry that Take returned, once its caller is done
 // with it (its landed digests released).
-func (s *noticeStore) release(e *notice) {
+func (s *Store) Release(e *Notice) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.freeLocked(e)
 }
 
 // freeLocked clears e and keeps it for reuse, within maxFreeNotices.
-func (s *noticeStore) freeLocked(e *notice) {
-	clear(e.landed) // drop references
-	*e = notice{descs: keep(e.descs), landed: keep(e.landed)}
+func (s *Store) freeLocked(e *Notice) {
+	clear(e.Landed) // drop references
+	*e = Notice{Descs: reuse.Keep(e.Descs), Landed: reuse.Keep(e.Landed)}
 	if len(s.free) < maxFreeNotices {
 		s.free = append(s.free, e)
 	}
 }
 
 // overLocked reports whether sender's notices are past its bounds.
-func (s *noticeStore) overLocked(sender string) bool {
+func (s *Store) overLocked(sender string) bool {
 	load := s.perSender[sender]
-	return load.entries > maxNoticeEntriesPerSender || load.descs > maxNoticeDescsPerSender
+	return load.Entries > maxNoticeEntriesPerSender || load.Descs > maxNoticeDescsPerSender
 }
 
 // evictOldestOfLocked drops sender's oldest notice other than keep's; false
 // if it has none.
-func (s *noticeStore) evictOldestOfLocked(sender string, keep uint64) bool {
+func (s *Store) evictOldestOfLocked(sender string, keep uint64) bool {
 	for i, a := range s.order {
 		if a.sender == sender && a.id != keep {
 			s.evictLocked(i)
@@ -175,7 +182,7 @@ func (s *noticeStore) evictOldestOfLocked(sender string, keep uint64) bool {
 }
 
 // contestLocked drops id's notice and marks the id contested.
-func (s *noticeStore) contestLocked(id uint64) {
+func (s *Store) contestLocked(id uint64) {
 	if i := slices.IndexFunc(s.order, func(a arrival) bool { return a.id == id }); i >= 0 {
 		s.dropLocked(i)
 	}
@@ -189,7 +196,7 @@ func (s *noticeStore) contestLocked(id uint64) {
 // (the landed index's lock nests inside the store's, never the other
 // way) and keeping the entry for reuse: a receiver whose application
 // never syncs allocates no more than one that does.
-func (s *noticeStore) evictLocked(i int) {
+func (s *Store) evictLocked(i int) {
 	id := s.dropLocked(i)
 	if len(s.evicted) >= maxNoticeEntries {
 		clear(s.evicted)
@@ -198,12 +205,12 @@ func (s *noticeStore) evictLocked(i int) {
 }
 
 // dropLocked forgets the notice at order[i] and returns its id.
-func (s *noticeStore) dropLocked(i int) uint64 {
+func (s *Store) dropLocked(i int) uint64 {
 	id := s.order[i].id
 	s.removeLocked(i)
 	e := s.entries[id]
 	delete(s.entries, id)
-	for _, l := range e.landed {
+	for _, l := range e.Landed {
 		l.Release()
 	}
 	s.freeLocked(e)
@@ -212,7 +219,7 @@ func (s *noticeStore) dropLocked(i int) uint64 {
 
 // removeLocked takes order[i] out of the order and its notice out of
 // the counts (the caller deletes the entry).
-func (s *noticeStore) removeLocked(i int) {
+func (s *Store) removeLocked(i int) {
 	a := s.order[i]
 	switch {
 	case i == len(s.order)-1: // the newest, or the only one: its room is kept
@@ -223,38 +230,39 @@ func (s *noticeStore) removeLocked(i int) {
 		s.order = append(s.order[:i], s.order[i+1:]...)
 	}
 	e := s.entries[a.id]
-	s.descs -= len(e.descs)
+	s.descs -= len(e.Descs)
 	load := s.perSender[a.sender]
-	load.entries--
-	load.descs -= len(e.descs)
-	if load.entries == 0 {
+	load.Entries--
+	load.Descs -= len(e.Descs)
+	if load.Entries == 0 {
 		delete(s.perSender, a.sender)
 	} else {
 		s.perSender[a.sender] = load
 	}
 }
 
-// noticeWaiter is what a sync waits for notices with, made once per
+// Waiter is what a sync waits for notices with, made once per
 // pooled syncCall: waiting then allocates nothing, where a same-host
 // sender's notice is still on its way (it does not wait for its answer).
-type noticeWaiter struct {
+type Waiter struct {
 	wake  chan struct{} // buffered: add never blocks on it
 	timer *time.Timer
 }
 
-func newNoticeWaiter() noticeWaiter {
+// NewWaiter makes a Waiter.
+func NewWaiter() Waiter {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
-	return noticeWaiter{wake: make(chan struct{}, 1), timer: t}
+	return Waiter{wake: make(chan struct{}, 1), timer: t}
 }
 
-// take waits until the notice for id is complete and removes it; the
-// caller gives it back with release. It gives up at deadline, or when
+// Take waits until the notice for id is complete and removes it; the
+// caller gives it back with Release. It gives up at deadline, or when
 // closing is closed (the guard closes).
-func (s *noticeStore) take(id uint64, w *noticeWaiter, deadline time.Time, closing <-chan struct{}) (*notice, error) {
+func (s *Store) Take(id uint64, w *Waiter, deadline time.Time, closing <-chan struct{}) (*Notice, error) {
 	for {
 		s.mu.Lock()
-		if e, ok := s.entries[id]; ok && e.complete() {
+		if e, ok := s.entries[id]; ok && e.Complete() {
 			for i, a := range s.order {
 				if a.id == id {
 					s.removeLocked(i)
@@ -298,4 +306,18 @@ func (s *noticeStore) take(id uint64, w *noticeWaiter, deadline time.Time, closi
 			return nil, fmt.Errorf("%w: no complete notice for transfer %#x arrived", errs.Timeout, id)
 		}
 	}
+}
+
+// Loads is what each sender's unsynced notices hold now (a copy).
+func (s *Store) Loads() map[string]Load {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.perSender)
+}
+
+// Kept counts the synced entries kept for reuse.
+func (s *Store) Kept() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.free)
 }
