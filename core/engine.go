@@ -10,6 +10,7 @@ import (
 
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/transport/engine"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -35,7 +36,24 @@ func OpenWithEngine(cfg Config, ops engine.Ops) (*Guard, error) {
 		}
 		cfg.Verify.SliceBytes = engineSliceBytes(ops.Name, getenv)
 	}
-	return open(cfg, &ops)
+	return open(cfg, func(cfg *Config) (enginePlane, error) {
+		return engine.Open(engine.Config{Ops: ops, Faults: cfg.Inject, Linger: cfg.Timeout, Timeout: cfg.Timeout,
+			Inline: cfg.Planes.Engine.InlineCalls})
+	})
+}
+
+// enginePlane is what a guard asks of the engine data plane beyond a data
+// plane's calls: its connections per session, the calls still running,
+// and the quiesce of a session's writes.
+type enginePlane interface {
+	transport.Transport
+	Conn(session string) transport.Conn
+	Engine() string
+	InFlight() int64
+	Transfers() int
+	Sessions() int
+	WaitTransfer(ctx context.Context, transfer uint64) error
+	QuiesceSession(ctx context.Context, session string, regions []memory.Region) error
 }
 
 // mooncakeSliceSize is Mooncake's default slice (its MC_SLICE_SIZE unset).

@@ -14,7 +14,6 @@ import (
 	"github.com/mcguard/mcguard/core/notices"
 	"github.com/mcguard/mcguard/core/sharedmem"
 	"github.com/mcguard/mcguard/core/transport"
-	"github.com/mcguard/mcguard/core/transport/engine"
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -39,9 +38,9 @@ type Guard struct {
 	data       transport.Transport
 	planeState map[string]string
 	// engine is data when the application's engine moves the bytes
-	// (OpenWithEngine); engineOps is what it handed over.
-	engine    *engine.Plane
-	engineOps *engine.Ops
+	// (OpenWithEngine); openEngine opens it, where one was handed over.
+	engine     enginePlane
+	openEngine func(cfg *Config) (enginePlane, error)
 
 	ctx    context.Context // cancelled by Close: aborts every wait
 	cancel context.CancelFunc
@@ -71,7 +70,7 @@ func Open(cfg Config) (*Guard, error) {
 }
 
 // open starts a guard; ops is the application's engine, or nil.
-func open(cfg Config, ops *engine.Ops) (*Guard, error) {
+func open(cfg Config, openEngine func(cfg *Config) (enginePlane, error)) (*Guard, error) {
 	host, _, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("%w: listen %q: %v", errs.Config, cfg.Listen, err)
@@ -80,8 +79,8 @@ func open(cfg Config, ops *engine.Ops) (*Guard, error) {
 		cfg.Verify.SliceBytes = 0 // own data planes move a descriptor in order
 	}
 	g := &Guard{cfg: cfg, sessions: map[string]*session{}, allocs: map[uint64]*sharedmem.File{}, notices: notices.NewStore(), auth: newAuthority(cfg.Secret),
-		planeState: map[string]string{}, engineOps: ops}
-	if cfg.Inject.Mode == fault.Lie && ops == nil {
+		planeState: map[string]string{}, openEngine: openEngine}
+	if cfg.Inject.Mode == fault.Lie && openEngine == nil {
 		return nil, fmt.Errorf("%w: inject lie is an engine's fault (its reads answered from its own copy): it needs a guard over an engine", errs.Config)
 	}
 	g.ids = newTransferIDs()

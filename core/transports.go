@@ -25,14 +25,15 @@ var dataPlanes = []struct {
 	open  func(g *Guard, host string) (transport.Transport, error)
 }{
 	{engine.Name, true, func(g *Guard, _ string) (transport.Transport, error) {
-		if g.engineOps == nil {
+		if g.openEngine == nil {
 			return nil, fmt.Errorf("%w: transport engine is the application's own engine, handed over with mc_guard_open_with_transport", errs.Config)
 		}
-		p, err := engine.Open(engine.Config{Ops: *g.engineOps, Faults: g.cfg.Inject, Linger: g.cfg.Timeout, Timeout: g.cfg.Timeout, Inline: g.cfg.Planes.Engine.InlineCalls})
-		if err == nil {
-			g.engine = p
+		p, err := g.openEngine(&g.cfg)
+		if err != nil {
+			return nil, err
 		}
-		return p, err
+		g.engine = p
+		return p, nil
 	}},
 	{rdma.Name, false, func(g *Guard, _ string) (transport.Transport, error) {
 		return rdma.Open(rdma.Config{Settings: g.cfg.Planes.RDMA, Timeout: g.cfg.Timeout, GPU: g.regions.GPU(),
