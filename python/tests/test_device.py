@@ -12,6 +12,7 @@ import pytest
 import mcguard
 import models
 from mcguard import MCGuardError
+from mcguard.tools.devicecheck import serve_pipe
 
 def model_path():
     return models.cuda_model_path()
@@ -55,18 +56,14 @@ def receiver_main(conn, path, size, transport, env=None):
     dev = model.alloc(size)
     g.register(FakeCudaTensor(dev, size))
     conn.send((g.endpoint, dev))
-    while True:
-        msg = conn.recv()
-        if msg == "stop":
-            break
-        if msg == "stats":
-            conn.send(g.stats())
-            continue
+
+    def check(transfer_id):
         try:
-            g.sync_transfers([msg], stream=0)
-            conn.send(hashlib.sha1(ctypes.string_at(dev, size)).hexdigest())
+            g.sync_transfers([transfer_id], stream=0)
         except MCGuardError as e:
-            conn.send(e.name)
+            return e.name
+        return hashlib.sha1(ctypes.string_at(dev, size)).hexdigest()
+    serve_pipe(conn, g, check)
     g.close()
 
 

@@ -50,24 +50,28 @@ def decode_main(conn, args):
     g.register(kv)
     conn.send((g.endpoint, kv.data_ptr(), g.stats()["cuda"]))
     stream = torch.cuda.current_stream()
-    while True:
-        msg = conn.recv()
-        if msg == "stop":
-            break
-        if msg == "stats":
-            conn.send(g.stats())
-            continue
+
+    def check(msg):
         transfer_id, seed, first = msg
         try:
             g.sync_transfers([transfer_id], stream=stream)
         except mcguard.MCGuardError as e:
-            conn.send(("failed", e.name))
-            continue
+            return "failed", e.name
         want = blocks(torch, seed, args.batch, args.block_bytes, "cuda")
         got = kv[first:first + args.batch]
-        bad = int((got != want).any(dim=1).sum().item())
-        conn.send(("ok", bad))
+        return "ok", int((got != want).any(dim=1).sum().item())
+    serve_pipe(conn, g, check)
     g.close()
+
+
+def serve_pipe(conn, guard, handle):
+    """A decode process's loop: each message on conn until "stop" is
+    answered, "stats" with the guard's stats, any other with handle's."""
+    while True:
+        msg = conn.recv()
+        if msg == "stop":
+            return
+        conn.send(guard.stats() if msg == "stats" else handle(msg))
 
 
 class DecodeGone(Exception):
