@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
@@ -144,7 +145,7 @@ func (g *Guard) abortRemote(s *session) AbortState {
 	}
 	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.ConnectTimeout)
 	defer cancel()
-	sock, _, err := newReqSocket(ctx, g.zctx, s.control, g.cfg.ConnectTimeout)
+	sock, _, err := control.NewReqSocket(ctx, g.zctx, s.control, g.cfg.ConnectTimeout)
 	if err != nil {
 		return AbortUnconfirmed
 	}

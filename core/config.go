@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/mcguard/mcguard/core/config"
+	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/logs"
@@ -161,7 +162,7 @@ func LoadConfig(getenv config.Getenv, configJSON string) (Config, error) {
 		lvl, _ := logs.ParseLevel(c.LogLevel) // a Choice of logs.Levels
 		logs.SetLevel(lvl)
 	}
-	host, _, err := parseHostPort(c.Listen, true)
+	host, _, err := control.ParseHostPort(c.Listen, true)
 	if err != nil {
 		return Config{}, fmt.Errorf("%w: listen %q is not host:port (%v); an IPv6 host goes in brackets: \"[::1]:0\"", errs.Config, c.Listen, err)
 	}

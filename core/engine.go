@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
@@ -102,7 +103,7 @@ func (g *Guard) SetPeerGuard(session, endpoint string) error {
 	if err := g.checkSession(session); err != nil {
 		return err
 	}
-	if err := validSessionName(endpoint); err != nil {
+	if err := control.ValidSessionName(endpoint); err != nil {
 		return fmt.Errorf("peer guard endpoint: %w", err)
 	}
 	if g.engine == nil {

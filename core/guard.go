@@ -8,6 +8,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/memory"
@@ -29,7 +30,7 @@ type Guard struct {
 	regions *memory.Regions
 	view    verify.LocalFunc // regions.View: where verification reads local bytes
 	zctx    *zmq.Context
-	control *controlServer
+	control *control.Server
 
 	// planes are the data planes this guard serves; data is the one it
 	// sends over. planeState says, for each data plane a guard can have,
@@ -103,7 +104,7 @@ func open(cfg Config, openEngine func(cfg *Config) (enginePlane, error)) (*Guard
 		}
 		return g.answerHandshake(peer, body)
 	}
-	if g.control, err = newControlServer(g.zctx, cfg.Listen, handle); err != nil {
+	if g.control, err = control.NewServer(g.zctx, cfg.Listen, handle); err != nil {
 		g.closeDataPlanes()
 		g.zctx.Term()
 		return nil, err
@@ -112,7 +113,7 @@ func open(cfg Config, openEngine func(cfg *Config) (enginePlane, error)) (*Guard
 }
 
 // Endpoint is the "host:port" peers use as this guard's session name.
-func (g *Guard) Endpoint() string { return g.control.endpoint }
+func (g *Guard) Endpoint() string { return g.control.Endpoint }
 
 // Config returns the guard's settings.
 func (g *Guard) Config() Config { return g.cfg }
@@ -144,9 +145,9 @@ func (g *Guard) Close() error {
 	for _, s := range g.sessions {
 		s.disconnect()
 	}
-	g.control.stop()
+	g.control.Stop()
 	g.zctx.Term() // returns once the control socket is closed
-	g.control.wait()
+	g.control.Wait()
 	g.closeDataPlanes()
 	g.freeAllocs()
 	return nil

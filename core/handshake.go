@@ -11,6 +11,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/memory"
@@ -29,9 +30,6 @@ import (
 // part of the handshake as an offer and an answer that only that data
 // plane reads.
 const ProtocolVersion = 4
-
-// maxControlMessage bounds what a control socket accepts from a peer.
-const maxControlMessage = 2 << 20
 
 // helloRequest is a handshake step: "hello", then "auth" if the guard
 // asked for it.
@@ -93,7 +91,7 @@ const codeUnknownToken = "unknown_token"
 // secret is set. req gives Sender, Transport and Offer; handshake fills in
 // the rest. The REQ socket lives only for this call and this goroutine.
 func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration, secret []byte, req helloRequest) (helloReply, error) {
-	sock, addr, err := newReqSocket(ctx, zctx, session, timeout)
+	sock, addr, err := control.NewReqSocket(ctx, zctx, session, timeout)
 	if err != nil {
 		return helloReply{}, err
 	}
@@ -131,12 +129,12 @@ func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout t
 
 func handshakeStep(ctx context.Context, sock *zmq.Socket, session string, timeout time.Duration, req helloRequest) (helloReply, error) {
 	body, _ := json.Marshal(req)
-	raw, err := request(ctx, sock, session, "handshake", body, timeout)
+	raw, err := control.Request(ctx, sock, session, "handshake", body, timeout)
 	if err != nil {
 		return helloReply{}, err
 	}
 	var rep helloReply
-	if err := decodeStrict(raw, &rep); err != nil {
+	if err := control.DecodeStrict(raw, &rep); err != nil {
 		return helloReply{}, fmt.Errorf("%w: session %q sent a malformed handshake reply: %v", errs.Session, session, err)
 	}
 	if rep.Error != "" {
@@ -165,7 +163,7 @@ func (g *Guard) answer(peer, body []byte) helloReply {
 		return helloReply{Proto: ProtocolVersion, Error: msg}
 	}
 	var req helloRequest
-	if err := decodeStrict(body, &req); err != nil {
+	if err := control.DecodeStrict(body, &req); err != nil {
 		return refuse("malformed control request: %v", err)
 	}
 	if req.Proto != ProtocolVersion {

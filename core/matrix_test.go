@@ -12,6 +12,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/fault"
@@ -194,10 +195,10 @@ func sendRaw(t *testing.T, endpoint string, body []byte) string {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	sock, _, err := newReqSocket(t.Context(), zctx, endpoint, time.Second)
+	sock, _, err := control.NewReqSocket(t.Context(), zctx, endpoint, time.Second)
 	require.NoError(t, err)
 	defer sock.Close()
-	raw, err := request(t.Context(), sock, endpoint, "test", body, 2*time.Second)
+	raw, err := control.Request(t.Context(), sock, endpoint, "test", body, 2*time.Second)
 	require.NoError(t, err)
 	return string(raw)
 }

@@ -20,6 +20,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/transport"
@@ -91,7 +92,7 @@ func TestChallengesAreSingleUse(t *testing.T) {
 	require.NoError(t, err)
 	defer zctx.Term()
 	secret := []byte("correct horse battery staple")
-	sock, _, err := newReqSocket(t.Context(), zctx, g.Endpoint(), time.Second)
+	sock, _, err := control.NewReqSocket(t.Context(), zctx, g.Endpoint(), time.Second)
 	require.NoError(t, err)
 	defer sock.Close()
 	nonce := randomBytes(nonceSize)

@@ -7,6 +7,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/memory"
@@ -131,20 +132,20 @@ func (s *session) disconnect() {
 // ZeroMQ asks for when a socket changes threads).
 func (s *session) notify(ctx context.Context, zctx *zmq.Context, cfg *Config, body []byte) error {
 	if s.notices == nil {
-		sock, _, err := newReqSocket(ctx, zctx, s.control, cfg.ConnectTimeout)
+		sock, _, err := control.NewReqSocket(ctx, zctx, s.control, cfg.ConnectTimeout)
 		if err != nil {
 			return err
 		}
 		s.notices = sock
 	}
-	raw, err := request(ctx, s.notices, s.control, "completion notice", body, cfg.Timeout)
+	raw, err := control.Request(ctx, s.notices, s.control, "completion notice", body, cfg.Timeout)
 	if err != nil {
 		s.notices.Close() // a REQ that missed its reply cannot be reused
 		s.notices = nil
 		return err
 	}
 	var rep controlReply
-	if err := decodeStrict(raw, &rep); err != nil {
+	if err := control.DecodeStrict(raw, &rep); err != nil {
 		return fmt.Errorf("%w: session %q answered a notice with: %v", errs.Peer, s.name, err)
 	}
 	if rep.Error != "" {

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
+	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/errs"
 )
 
@@ -72,7 +73,7 @@ func (g *Guard) Notify(name string, n Notify) error {
 	if err := s.greet(ctx, g); err != nil {
 		return callErr(ctx, err)
 	}
-	sock, _, err := newReqSocket(ctx, g.zctx, s.control, g.cfg.ConnectTimeout)
+	sock, _, err := control.NewReqSocket(ctx, g.zctx, s.control, g.cfg.ConnectTimeout)
 	if err != nil {
 		return callErr(ctx, err)
 	}

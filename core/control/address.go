@@ -1,4 +1,4 @@
-package core
+package control
 
 import (
 	"context"
@@ -6,11 +6,8 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/transport"
@@ -20,9 +17,9 @@ import (
 // is an IPv4 address, a bracketed IPv6 address ("[::1]") or a host name
 // ("localhost").
 
-// parseHostPort splits s and checks its port: 1 to 65535, or 0 where
+// ParseHostPort splits s and checks its port: 1 to 65535, or 0 where
 // zeroOK (listen: pick a free one).
-func parseHostPort(s string, zeroOK bool) (host string, port int, err error) {
+func ParseHostPort(s string, zeroOK bool) (host string, port int, err error) {
 	host, p, err := net.SplitHostPort(s)
 	if err != nil {
 		return "", 0, err
@@ -37,26 +34,9 @@ func parseHostPort(s string, zeroOK bool) (host string, port int, err error) {
 	return host, port, nil
 }
 
-func validSessionName(name string) error {
-	if _, _, err := parseHostPort(name, false); err != nil {
+func ValidSessionName(name string) error {
+	if _, _, err := ParseHostPort(name, false); err != nil {
 		return fmt.Errorf("%w: session %q is not \"host:port\" (%v); an IPv6 host goes in brackets: \"[::1]:5000\"", errs.InvalidArg, name, err)
-	}
-	return nil
-}
-
-// maxEngineSession bounds the name of a session over an engine.
-const maxEngineSession = 1024
-
-// checkSession validates a session's name: over mcguard's own data planes
-// the peer guard's "host:port"; over an engine, the engine's own name for
-// the peer (Mooncake's "host:port" or segment name, a NIXL agent's
-// name), which only needs to be printable text.
-func (g *Guard) checkSession(name string) error {
-	if g.engine == nil {
-		return validSessionName(name)
-	}
-	if name == "" || len(name) > maxEngineSession || !utf8.ValidString(name) || strings.ContainsFunc(name, unicode.IsControl) {
-		return fmt.Errorf("%w: session %q: an engine's peer name must be 1 to %d bytes of printable UTF-8", errs.InvalidArg, name, maxEngineSession)
 	}
 	return nil
 }
@@ -79,7 +59,7 @@ func listenIP(host string) (net.IP, error) {
 // TCP connect, which is closed at once. A peer that refuses everywhere is
 // an error within milliseconds, not after the handshake's timeout.
 func reachControl(ctx context.Context, session string, timeout time.Duration) (string, error) {
-	host, port, err := parseHostPort(session, false)
+	host, port, err := ParseHostPort(session, false)
 	if err != nil {
 		return "", fmt.Errorf("%w: session %q: %v", errs.InvalidArg, session, err)
 	}

@@ -1,4 +1,7 @@
-package core
+// Package control is a guard's control channel over ZeroMQ: the ROUTER
+// endpoint that answers peers' handshakes and notices within its bounds,
+// and the REQ sockets and requests a guard sends them with.
+package control
 
 import (
 	"bytes"
@@ -26,39 +29,41 @@ import (
 // controlBacklog is the listen queue's length (the kernel caps it at
 // net.core.somaxconn).
 const (
+	// MaxMessage bounds what a control socket accepts from a peer.
+	MaxMessage      = 2 << 20
 	maxControlConns = 1024
 	controlHWM      = 4
 	controlBacklog  = 1024
 )
 
-// controlServer answers handshakes and notices on a ZMQ ROUTER socket. The
+// Server answers handshakes and notices on a ZMQ ROUTER socket. The
 // socket has one owner, the serve goroutine, which also reads the socket's
 // connection events to hold the connection cap; it stops when the context
 // is terminated (its poll fails with ETERM), the ZeroMQ way to shut down.
 // handle turns a peer's request body into a reply body; peer names the
 // connection it came on.
-type controlServer struct {
-	endpoint string // "host:port", the session name peers use
+type Server struct {
+	Endpoint string // "host:port", the session name peers use
 	done     chan struct{}
 	wg       sync.WaitGroup
 }
 
 var controlMonitors atomic.Uint64 // names each control socket's monitor
 
-func newControlServer(zctx *zmq.Context, listen string, handle func(peer, body []byte) []byte) (*controlServer, error) {
+func NewServer(zctx *zmq.Context, listen string, handle func(peer, body []byte) []byte) (*Server, error) {
 	sock, err := zctx.NewSocket(zmq.ROUTER)
 	if err != nil {
 		return nil, fmt.Errorf("%w: control socket: %v", errs.Config, err)
 	}
 	sock.SetLinger(0)
-	sock.SetMaxmsgsize(maxControlMessage)
+	sock.SetMaxmsgsize(MaxMessage)
 	sock.SetIpv6(true)
 	sock.SetSndhwm(controlHWM)
 	sock.SetRcvhwm(controlHWM)
 	// ZeroMQ's accept queue holds 100 by default: a flood of strangers
 	// fills it, and the kernel drops an honest peer's SYN behind them.
 	sock.SetBacklog(controlBacklog)
-	fail := func(err error) (*controlServer, error) {
+	fail := func(err error) (*Server, error) {
 		sock.Close()
 		return nil, err
 	}
@@ -93,13 +98,13 @@ func newControlServer(zctx *zmq.Context, listen string, handle func(peer, body [
 		return fail(fmt.Errorf("%w: control endpoint: %v", errs.Config, err))
 	}
 	_, boundPort, _ := net.SplitHostPort(last[len("tcp://"):])
-	s := &controlServer{endpoint: net.JoinHostPort(host, boundPort), done: make(chan struct{})}
+	s := &Server{Endpoint: net.JoinHostPort(host, boundPort), done: make(chan struct{})}
 	s.wg.Add(1)
 	go s.serve(sock, events, handle)
 	return s, nil
 }
 
-func (s *controlServer) serve(sock, events *zmq.Socket, handle func(peer, body []byte) []byte) {
+func (s *Server) serve(sock, events *zmq.Socket, handle func(peer, body []byte) []byte) {
 	defer s.wg.Done()
 	defer sock.Close()
 	defer events.Close()
@@ -240,12 +245,12 @@ func peerName(fd int) string {
 
 // stop tells the serve goroutine to end; terminating the context (which
 // waits for its socket to close) wakes it. wait then joins it.
-func (s *controlServer) stop() { close(s.done) }
-func (s *controlServer) wait() { s.wg.Wait() }
+func (s *Server) Stop() { close(s.done) }
+func (s *Server) Wait() { s.wg.Wait() }
 
-// newReqSocket opens a REQ socket to session's control endpoint, at the
+// NewReqSocket opens a REQ socket to session's control endpoint, at the
 // first of its addresses that accepts a connection, and returns that.
-func newReqSocket(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration) (*zmq.Socket, string, error) {
+func NewReqSocket(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration) (*zmq.Socket, string, error) {
 	addr, err := reachControl(ctx, session, timeout)
 	if err != nil {
 		return nil, "", err
@@ -255,7 +260,7 @@ func newReqSocket(ctx context.Context, zctx *zmq.Context, session string, timeou
 		return nil, "", fmt.Errorf("%w: control socket: %v", errs.Session, err)
 	}
 	sock.SetLinger(0)
-	sock.SetMaxmsgsize(maxControlMessage)
+	sock.SetMaxmsgsize(MaxMessage)
 	sock.SetIpv6(true)
 	if err := sock.Connect("tcp://" + addr); err != nil {
 		sock.Close()
@@ -264,10 +269,10 @@ func newReqSocket(ctx context.Context, zctx *zmq.Context, session string, timeou
 	return sock, addr, nil
 }
 
-// request sends body on a REQ socket and waits for the reply until the
+// Request sends body on a REQ socket and waits for the reply until the
 // timeout or ctx ends. After an error the socket must be closed: a REQ
 // that missed its reply cannot be reused (Lazy Pirate).
-func request(ctx context.Context, sock *zmq.Socket, session, what string, body []byte, timeout time.Duration) ([]byte, error) {
+func Request(ctx context.Context, sock *zmq.Socket, session, what string, body []byte, timeout time.Duration) ([]byte, error) {
 	if _, err := sock.SendBytes(body, 0); err != nil {
 		return nil, fmt.Errorf("%w: session %q: %s send: %v", errs.Session, session, what, err)
 	}
@@ -300,9 +305,9 @@ func request(ctx context.Context, sock *zmq.Socket, session, what string, body [
 	return raw, nil
 }
 
-// decodeStrict decodes one JSON object, refusing unknown fields and
+// DecodeStrict decodes one JSON object, refusing unknown fields and
 // trailing data.
-func decodeStrict(b []byte, v any) error {
+func DecodeStrict(b []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
