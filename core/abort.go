@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/mcguard/mcguard/core/auth"
 	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/memory"
@@ -131,7 +132,7 @@ func (g *Guard) Cancel(session string) error {
 // abortMAC binds an abort request to the handshake's key, its token and a
 // sequence number above the last one used under it.
 func abortMAC(key, token []byte, seq uint64) []byte {
-	return mac(key, labelAbort, token, binary.LittleEndian.AppendUint64(nil, seq))
+	return auth.MAC(key, auth.LabelAbort, token, binary.LittleEndian.AppendUint64(nil, seq))
 }
 
 // abortRemote runs after a failed transfer whose writes may be on their
@@ -151,7 +152,7 @@ func (g *Guard) abortRemote(s *session) AbortState {
 	}
 	defer sock.Close()
 	s.seq++
-	req := helloRequest{Proto: ProtocolVersion, Op: "abort", Nonce: randomBytes(nonceSize), Transport: g.handshakeTransport(),
+	req := helloRequest{Proto: ProtocolVersion, Op: "abort", Nonce: auth.RandomBytes(auth.NonceSize), Transport: g.handshakeTransport(),
 		Token: s.hello.Token, Seq: s.seq, MAC: abortMAC(s.hello.key, s.hello.Token, s.seq)}
 	if _, err := handshakeStep(ctx, sock, s.control, g.cfg.ConnectTimeout, req); err != nil {
 		return AbortUnconfirmed
@@ -163,7 +164,7 @@ func (g *Guard) abortRemote(s *session) AbortState {
 // handshake's token, with its MAC and a fresh sequence number, makes every
 // data plane cut off that sender's connections.
 func (g *Guard) answerAbort(req helloRequest) error {
-	sender, err := g.auth.tokens.notice(req.Token, req.Seq, func(key []byte) bool {
+	sender, err := g.auth.Tokens.Notice(req.Token, req.Seq, func(key []byte) bool {
 		return hmac.Equal(req.MAC, abortMAC(key, req.Token, req.Seq))
 	})
 	if err != nil {

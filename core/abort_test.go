@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/auth"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/wire"
 )
@@ -17,7 +18,7 @@ import (
 // fill into m, which the receiver's hold fault keeps back: bytes still on
 // their way when the receiver decides to reuse m.
 func heldWrite(t *testing.T, recv *Guard, m *mem, fill byte) net.Conn {
-	c := dataConn(t, recv, shakeHands(t, recv, randomBytes(nonceSize)))
+	c := dataConn(t, recv, shakeHands(t, recv, auth.RandomBytes(auth.NonceSize)))
 	c.Write(frame(wire.Header{Op: wire.OpWrite, ID: 2, Addr: m.addr(0), Len: uint64(len(m.b))}, bytes.Repeat([]byte{fill}, len(m.b))))
 	return c
 }
@@ -139,7 +140,7 @@ func TestAConnectionBoundAfterAQuiesceCatchesUp(t *testing.T) {
 	m := newMem(t, 4096)
 	recv := openGuard(t, "")
 	require.NoError(t, recv.Register(m.addr(0), 4096))
-	hello := shakeHands(t, recv, randomBytes(nonceSize)) // the generation before the quiesce
+	hello := shakeHands(t, recv, auth.RandomBytes(auth.NonceSize)) // the generation before the quiesce
 	require.NoError(t, recv.Quiesce([]SyncRange{{m.addr(0), 4096}}))
 	c := dataConn(t, recv, hello)
 	defer c.Close()

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mcguard/mcguard/core/auth"
 	"github.com/mcguard/mcguard/core/config"
 	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/errs"
@@ -89,12 +90,12 @@ func (c *Config) takeSecret(secret, secretFile, host string) error {
 		secret = strings.TrimRight(string(b), "\r\n")
 	}
 	if secret != "" {
-		if len(secret) < secretMinBytes {
-			return fmt.Errorf("%w: the secret must be at least %d bytes (use e.g. `openssl rand -hex 32`)", errs.Config, secretMinBytes)
+		if len(secret) < auth.SecretMinBytes {
+			return fmt.Errorf("%w: the secret must be at least %d bytes (use e.g. `openssl rand -hex 32`)", errs.Config, auth.SecretMinBytes)
 		}
 		c.Secret = []byte(secret)
 	}
-	if c.Secret == nil && !isLoopback(host) {
+	if c.Secret == nil && !auth.IsLoopback(host) {
 		if !c.AllowInsecure {
 			return fmt.Errorf("%w: listen %q reaches beyond this machine, and the guard has no secret: any peer could write into registered memory. Set secret (or secret_file, MC_GUARD_SECRET), or allow_insecure: true to accept that", errs.Config, c.Listen)
 		}

@@ -15,6 +15,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/auth"
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/wire"
 )
@@ -109,7 +110,7 @@ func TestEndurance(t *testing.T) {
 	var handshakes, handshakeFailures atomic.Int64
 	churn := func(n int) {
 		for i := 0; i < n; i++ {
-			_, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, helloRequest{Sender: randomBytes(nonceSize), Transport: "tcp"})
+			_, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, helloRequest{Sender: auth.RandomBytes(auth.NonceSize), Transport: "tcp"})
 			handshakes.Add(1)
 			if err != nil {
 				handshakeFailures.Add(1)
@@ -136,7 +137,7 @@ func TestEndurance(t *testing.T) {
 			require.NoError(t, cmd.Wait())
 		}},
 		{"stalled peers", func() {
-			hello := shakeHands(t, recv, randomBytes(nonceSize))
+			hello := shakeHands(t, recv, auth.RandomBytes(auth.NonceSize))
 			var conns []net.Conn
 			for i := 0; i < 8; i++ {
 				c := dataConn(t, recv, hello)
@@ -197,9 +198,9 @@ func TestEndurance(t *testing.T) {
 	require.LessOrEqual(t, after.fds, base.fds+4, "file descriptors leaked")
 	require.LessOrEqual(t, after.goroutines, base.goroutines+4, "goroutines leaked")
 	require.LessOrEqual(t, after.rssKiB, base.rssKiB+64<<10, "RSS grew by more than 64 MiB")
-	senders, tokens := recv.auth.tokens.size()
-	require.LessOrEqual(t, senders, maxSenders)
-	require.LessOrEqual(t, tokens, senders*tokensPerSender)
+	senders, tokens := recv.auth.Tokens.Size()
+	require.LessOrEqual(t, senders, auth.MaxSenders)
+	require.LessOrEqual(t, tokens, senders*auth.TokensPerSender)
 	for _, s := range sessions {
 		require.NoError(t, s.g.Close())
 	}

@@ -13,6 +13,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/auth"
 	"github.com/mcguard/mcguard/core/desc"
 )
 
@@ -33,7 +34,7 @@ func TestHelperControlFlood(t *testing.T) {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	require.NoError(t, zctx.SetMaxSockets(sockets+16))
-	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: randomBytes(nonceSize), Transport: "tcp"})
+	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: auth.RandomBytes(auth.NonceSize), Transport: "tcp"})
 	var socks []*zmq.Socket
 	for i := 0; i < sockets; i++ {
 		s, err := zctx.NewSocket(zmq.DEALER)

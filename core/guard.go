@@ -8,6 +8,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/mcguard/mcguard/core/auth"
 	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/fault"
@@ -54,7 +55,7 @@ type Guard struct {
 
 	notices   *notices.Store
 	notifies  notifyQueue
-	auth      *authority
+	auth      *auth.Authority
 	cudaState string       // for stats: why device memory does or does not work
 	ids       *transferIDs // transfer ids, unpredictable to peers
 	// afterChunk, set by tests only, runs after each chunk of a transfer
@@ -79,7 +80,7 @@ func open(cfg Config, openEngine func(cfg *Config) (enginePlane, error)) (*Guard
 	if cfg.Verify.SliceBytes == verify.SliceAuto {
 		cfg.Verify.SliceBytes = 0 // own data planes move a descriptor in order
 	}
-	g := &Guard{cfg: cfg, sessions: map[string]*session{}, allocs: map[uint64]*sharedmem.File{}, notices: notices.NewStore(), auth: newAuthority(cfg.Secret),
+	g := &Guard{cfg: cfg, sessions: map[string]*session{}, allocs: map[uint64]*sharedmem.File{}, notices: notices.NewStore(), auth: auth.NewAuthority(cfg.Secret),
 		planeState: map[string]string{}, openEngine: openEngine}
 	if cfg.Inject.Mode == fault.Lie && openEngine == nil {
 		return nil, fmt.Errorf("%w: inject lie is an engine's fault (its reads answered from its own copy): it needs a guard over an engine", errs.Config)
@@ -174,7 +175,7 @@ func (g *Guard) session(name string) *session {
 	defer g.mu.Unlock()
 	s, ok := g.sessions[name]
 	if !ok {
-		s = &session{name: name, sender: randomBytes(nonceSize), control: name}
+		s = &session{name: name, sender: auth.RandomBytes(auth.NonceSize), control: name}
 		if g.engine != nil {
 			s.control = "" // until SetPeerGuard names it
 		}

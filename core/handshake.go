@@ -11,6 +11,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/mcguard/mcguard/core/auth"
 	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/logs"
@@ -96,7 +97,7 @@ func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout t
 		return helloReply{}, err
 	}
 	defer sock.Close()
-	nonce := randomBytes(nonceSize)
+	nonce := auth.RandomBytes(auth.NonceSize)
 	req.Proto, req.Op, req.Nonce = ProtocolVersion, "hello", nonce
 	rep, err := handshakeStep(ctx, sock, session, timeout, req)
 	if err != nil {
@@ -109,14 +110,14 @@ func handshake(ctx context.Context, zctx *zmq.Context, session string, timeout t
 		return helloReply{}, fmt.Errorf("%w: session %q did not authenticate itself (it has no secret); refusing an unauthenticated peer", errs.Session, session)
 	case rep.Challenge != nil:
 		challenge := rep.Challenge
-		req.Op, req.Challenge, req.MAC = "auth", challenge, mac(secret, labelClient, challenge, nonce)
+		req.Op, req.Challenge, req.MAC = "auth", challenge, auth.MAC(secret, auth.LabelClient, challenge, nonce)
 		if rep, err = handshakeStep(ctx, sock, session, timeout, req); err != nil {
 			return helloReply{}, err
 		}
-		if !hmac.Equal(rep.MAC, mac(secret, labelServer, nonce, challenge)) {
+		if !hmac.Equal(rep.MAC, auth.MAC(secret, auth.LabelServer, nonce, challenge)) {
 			return helloReply{}, fmt.Errorf("%w: session %q failed to prove it knows the shared secret", errs.Session, session)
 		}
-		rep.Token, rep.key = deriveToken(secret, challenge, nonce), deriveKey(secret, challenge, nonce)
+		rep.Token, rep.key = auth.DeriveToken(secret, challenge, nonce), auth.DeriveKey(secret, challenge, nonce)
 	default:
 		rep.key = rep.Token // no secret: nothing to keep from an observer
 	}
@@ -169,8 +170,8 @@ func (g *Guard) answer(peer, body []byte) helloReply {
 	if req.Proto != ProtocolVersion {
 		return refuse("protocol version %d, this guard speaks %d", req.Proto, ProtocolVersion)
 	}
-	if len(req.Nonce) != nonceSize {
-		return refuse("a %d-byte nonce, want %d", len(req.Nonce), nonceSize)
+	if len(req.Nonce) != auth.NonceSize {
+		return refuse("a %d-byte nonce, want %d", len(req.Nonce), auth.NonceSize)
 	}
 	plane := g.plane(req.Transport)
 	if plane == nil {
@@ -191,16 +192,15 @@ func (g *Guard) answer(peer, body []byte) helloReply {
 	rep := helloReply{Proto: ProtocolVersion}
 	var token, key []byte
 	switch {
-	case req.Op == "hello" && g.auth.secret != nil:
+	case req.Op == "hello" && g.auth.Authenticates():
 		g.metrics.handshakes.Add(1, "challenged")
-		return helloReply{Proto: ProtocolVersion, Challenge: g.auth.challenge(peer)}
+		return helloReply{Proto: ProtocolVersion, Challenge: g.auth.Challenge(peer)}
 	case req.Op == "hello":
-		token = randomBytes(wire.TokenSize)
+		token = g.auth.Open(req.Sender)
 		key = token
-		g.auth.tokens.add(token, key, req.Sender)
 		rep.Token = token
-	case req.Op == "auth" && g.auth.secret != nil:
-		proof, tok, k, err := g.auth.answer(peer, req)
+	case req.Op == "auth" && g.auth.Authenticates():
+		proof, tok, k, err := g.auth.Answer(peer, auth.Proof{Challenge: req.Challenge, Nonce: req.Nonce, MAC: req.MAC, Sender: req.Sender})
 		if err != nil {
 			g.metrics.authFailures.Add(1)
 			return refuse("%v", err)

@@ -11,6 +11,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/auth"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/wire"
 )
@@ -22,7 +23,7 @@ func othersShakeHands(t *testing.T, g *Guard, n int) {
 	require.NoError(t, err)
 	defer zctx.Term()
 	for i := 0; i < n; i++ {
-		_, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, helloRequest{Sender: randomBytes(nonceSize), Transport: "tcp"})
+		_, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, helloRequest{Sender: auth.RandomBytes(auth.NonceSize), Transport: "tcp"})
 		require.NoError(t, err)
 	}
 }
@@ -51,32 +52,32 @@ func TestLongLivedSessionOutlivesOtherSendersHandshakes(t *testing.T) {
 // while idle) shakes hands again, once, and goes on; the receiver's table
 // stays within its bound.
 func TestForgottenSessionShakesHandsAgain(t *testing.T) {
-	old := maxSenders
-	maxSenders = 8
-	t.Cleanup(func() { maxSenders = old })
+	old := auth.MaxSenders
+	auth.MaxSenders = 8
+	t.Cleanup(func() { auth.MaxSenders = old })
 	p := newPair(t, `{"verify": "digest"}`, "", 16*4096)
 	digestRound(t, p)
 	othersShakeHands(t, p.recv, 50)
 	digestRound(t, p)
-	senders, tokens := p.recv.auth.tokens.size()
+	senders, tokens := p.recv.auth.Tokens.Size()
 	require.LessOrEqual(t, senders, 8)
-	require.LessOrEqual(t, tokens, 8*tokensPerSender)
+	require.LessOrEqual(t, tokens, 8*auth.TokensPerSender)
 }
 
-// A sender's refreshes keep at most tokensPerSender tokens at the receiver.
+// A sender's refreshes keep at most auth.TokensPerSender tokens at the receiver.
 func TestRefreshesAreBoundedPerSender(t *testing.T) {
 	g := openGuard(t, "")
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	sender := randomBytes(nonceSize)
+	sender := auth.RandomBytes(auth.NonceSize)
 	for i := 0; i < 100; i++ {
 		_, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, helloRequest{Sender: sender, Transport: "tcp"})
 		require.NoError(t, err)
 	}
-	senders, tokens := g.auth.tokens.size()
+	senders, tokens := g.auth.Tokens.Size()
 	require.Equal(t, 1, senders)
-	require.Equal(t, tokensPerSender, tokens)
+	require.Equal(t, auth.TokensPerSender, tokens)
 }
 
 // A peer that sends a write's header and stalls in its payload holds up
@@ -87,7 +88,7 @@ func TestStalledPeerHoldsUpNobody(t *testing.T) {
 	p := newPair(t, "", `{"timeout_ms": 5000}`, 16*4096)
 	stalled := newMem(t, 1<<20)
 	require.NoError(t, p.recv.Register(stalled.addr(0), 1<<20))
-	c := dataConn(t, p.recv, shakeHands(t, p.recv, randomBytes(nonceSize)))
+	c := dataConn(t, p.recv, shakeHands(t, p.recv, auth.RandomBytes(auth.NonceSize)))
 	defer c.Close()
 	c.Write(frame(wire.Header{Op: wire.OpWrite, ID: 2, Addr: stalled.addr(0), Len: 512 << 10}, make([]byte, 1000)))
 	time.Sleep(100 * time.Millisecond) // the target is now inside the payload

@@ -8,6 +8,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/auth"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/notices"
 	"github.com/mcguard/mcguard/core/transport"
@@ -63,16 +64,16 @@ func TestRefusedNoticeSurfacesAtALaterCall(t *testing.T) {
 // of it is not, nor the same notice from the control channel or another
 // connection.
 func TestNoticeOnItsConnectionOutlivesTheTable(t *testing.T) {
-	old := maxSenders
-	maxSenders = 2
-	t.Cleanup(func() { maxSenders = old })
+	old := auth.MaxSenders
+	auth.MaxSenders = 2
+	t.Cleanup(func() { auth.MaxSenders = old })
 	g := openGuard(t, "")
 	dst := newMem(t, 4096)
 	require.NoError(t, g.Register(dst.addr(0), 4096))
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	sender := randomBytes(nonceSize)
+	sender := auth.RandomBytes(auth.NonceSize)
 	rep, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, helloRequest{Sender: sender, Transport: "tcp"})
 	require.NoError(t, err)
 	s := &session{hello: rep}
@@ -85,9 +86,9 @@ func TestNoticeOnItsConnectionOutlivesTheTable(t *testing.T) {
 
 	othersShakeHands(t, g, 4) // crowds this sender out
 	body := sign()
-	require.ErrorIs(t, g.takeNotice(body, nil, nil), errUnknownNoticeToken, "the control channel has only the table")
-	other := &transport.ConnAuth{Token: randomBytes(wire.TokenSize), Key: rep.key}
-	require.ErrorIs(t, g.takeNotice(body, nil, other), errUnknownNoticeToken, "another connection's handshake")
+	require.ErrorIs(t, g.takeNotice(body, nil, nil), auth.ErrUnknownNoticeToken, "the control channel has only the table")
+	other := &transport.ConnAuth{Token: auth.RandomBytes(wire.TokenSize), Key: rep.key}
+	require.ErrorIs(t, g.takeNotice(body, nil, other), auth.ErrUnknownNoticeToken, "another connection's handshake")
 	require.NoError(t, g.takeNotice(body, nil, conn), "its own connection's")
 	require.ErrorContains(t, g.takeNotice(body, nil, conn), "replay")
 	forged := sign()

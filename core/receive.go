@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/mcguard/mcguard/core/auth"
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/memory"
@@ -28,7 +29,7 @@ func (g *Guard) receiveNotice(body []byte) []byte {
 	rep := controlReply{Proto: ProtocolVersion}
 	if err := g.takeNotice(body, nil, nil); err != nil {
 		rep.Error = err.Error()
-		if errors.Is(err, errUnknownNoticeToken) {
+		if errors.Is(err, auth.ErrUnknownNoticeToken) {
 			rep.Code = codeUnknownToken
 		}
 	}
@@ -73,8 +74,8 @@ func (g *Guard) takeNotice(body []byte, landed transport.Landed, conn *transport
 // its connection, and a same-host sender, which does not wait for its
 // notice's answer, never has one refused as stale.
 func (g *Guard) proveNotice(n wire.Notice, body []byte, conn *transport.ConnAuth) (sender string, err error) {
-	macOK := func(key []byte) bool { m := noticeMAC(key, body); return hmac.Equal(n.MAC, m[:]) }
-	sender, err = g.auth.tokens.notice(n.Token, n.Seq, macOK)
+	macOK := func(key []byte) bool { m := auth.NoticeMAC(key, body); return hmac.Equal(n.MAC, m[:]) }
+	sender, err = g.auth.Tokens.Notice(n.Token, n.Seq, macOK)
 	onConn := conn != nil && len(conn.Token) > 0 && hmac.Equal(n.Token, conn.Token)
 	switch {
 	case err == nil:
@@ -82,7 +83,7 @@ func (g *Guard) proveNotice(n wire.Notice, body []byte, conn *transport.ConnAuth
 			conn.LastSeq = max(conn.LastSeq, n.Seq)
 		}
 		return sender, nil
-	case !onConn || !errors.Is(err, errUnknownNoticeToken):
+	case !onConn || !errors.Is(err, auth.ErrUnknownNoticeToken):
 		return "", err
 	case !macOK(conn.Key):
 		return "", fmt.Errorf("the MAC is wrong: not from the sender that shook hands")

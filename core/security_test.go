@@ -20,6 +20,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/auth"
 	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
@@ -95,12 +96,12 @@ func TestChallengesAreSingleUse(t *testing.T) {
 	sock, _, err := control.NewReqSocket(t.Context(), zctx, g.Endpoint(), time.Second)
 	require.NoError(t, err)
 	defer sock.Close()
-	nonce := randomBytes(nonceSize)
+	nonce := auth.RandomBytes(auth.NonceSize)
 	rep, err := handshakeStep(t.Context(), sock, g.Endpoint(), time.Second, helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: nonce, Transport: "tcp"})
 	require.NoError(t, err)
-	require.Len(t, rep.Challenge, nonceSize)
+	require.Len(t, rep.Challenge, auth.NonceSize)
 	require.Empty(t, rep.Answer, "no endpoint before authentication")
-	auth := helloRequest{Proto: ProtocolVersion, Op: "auth", Nonce: nonce, Challenge: rep.Challenge, MAC: mac(secret, labelClient, rep.Challenge, nonce), Transport: "tcp"}
+	auth := helloRequest{Proto: ProtocolVersion, Op: "auth", Nonce: nonce, Challenge: rep.Challenge, MAC: auth.MAC(secret, auth.LabelClient, rep.Challenge, nonce), Transport: "tcp"}
 	rep, err = handshakeStep(t.Context(), sock, g.Endpoint(), time.Second, auth)
 	require.NoError(t, err)
 	require.NotEmpty(t, rep.Answer)
@@ -130,7 +131,7 @@ func TestListenPolicy(t *testing.T) {
 
 func TestProtocolMismatchIsAClearError(t *testing.T) {
 	g := openGuard(t, "")
-	body, _ := json.Marshal(helloRequest{Proto: 3, Op: "hello", Nonce: randomBytes(nonceSize), Transport: "tcp"})
+	body, _ := json.Marshal(helloRequest{Proto: 3, Op: "hello", Nonce: auth.RandomBytes(auth.NonceSize), Transport: "tcp"})
 	require.Contains(t, sendRaw(t, g.Endpoint(), body), "protocol version 3, this guard speaks 4",
 		"version 3 spelled out RDMA's fields where 4 carries each data plane's offer")
 }
@@ -391,7 +392,7 @@ func TestReconnectDropsTheOlderConnection(t *testing.T) {
 	recv := openGuard(t, "")
 	m := newMem(t, 4096)
 	require.NoError(t, recv.Register(m.addr(0), 4096))
-	sender := randomBytes(nonceSize)
+	sender := auth.RandomBytes(auth.NonceSize)
 	dial := func() net.Conn { return dataConn(t, recv, shakeHands(t, recv, sender)) }
 	old := dial()
 	defer old.Close()
@@ -410,7 +411,7 @@ func TestReconnectDropsTheOlderConnection(t *testing.T) {
 
 func TestHandshakeAskingForTooManyQueuePairsIsRefused(t *testing.T) {
 	g := openGuard(t, "{"+rdmaKey(t)+"}")
-	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: randomBytes(nonceSize), Transport: "rdma", Offer: qpOffer(make([]verbs.QPInfo, rdma.MaxQPs+1))})
+	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: auth.RandomBytes(auth.NonceSize), Transport: "rdma", Offer: qpOffer(make([]verbs.QPInfo, rdma.MaxQPs+1))})
 	require.Contains(t, sendRaw(t, g.Endpoint(), body), "17 queue pairs asked for, at most 16")
 }
 
@@ -419,7 +420,7 @@ func TestHandshakeWithBogusQueuePairsIsRefusedAndTheGuardServesOn(t *testing.T) 
 	p := newPair(t, "{"+key+"}", "{"+key+"}", 4096)
 	bogus := verbs.QPInfo{QPN: 7}
 	copy(bogus.GID[:], "not a NIC's GID!")
-	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: randomBytes(nonceSize), Transport: "rdma", Offer: qpOffer([]verbs.QPInfo{bogus})})
+	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: auth.RandomBytes(auth.NonceSize), Transport: "rdma", Offer: qpOffer([]verbs.QPInfo{bogus})})
 	require.Contains(t, sendRaw(t, p.recv.Endpoint(), body), "cannot connect queue pairs to the peer's")
 	fill(p.src.b)
 	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(1, 4096), TransferOptions{})
@@ -542,12 +543,12 @@ func TestSniffedHelloIsWorthNothing(t *testing.T) {
 func TestMACIsHMAC(t *testing.T) {
 	for _, keyLen := range []int{0, 1, 16, 32, 63, 64, 65, 100, 200} {
 		for _, msgLen := range []int{0, 1, 55, 64, 1000, 5000} {
-			key, a, b := randomBytes(keyLen), randomBytes(msgLen), randomBytes(msgLen/3)
+			key, a, b := auth.RandomBytes(keyLen), auth.RandomBytes(msgLen), auth.RandomBytes(msgLen/3)
 			m := hmac.New(sha256.New, key)
-			m.Write([]byte(labelNotice))
+			m.Write([]byte(auth.LabelNotice))
 			m.Write(a)
 			m.Write(b)
-			require.Equal(t, m.Sum(nil), mac(key, labelNotice, a, b), "key %d, message %d", keyLen, msgLen)
+			require.Equal(t, m.Sum(nil), auth.MAC(key, auth.LabelNotice, a, b), "key %d, message %d", keyLen, msgLen)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	zmq "github.com/pebbe/zmq4"
 
+	"github.com/mcguard/mcguard/core/auth"
 	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
@@ -165,7 +166,7 @@ func (s *session) signNotice(n wire.Notice) []byte {
 	s.seq++
 	n.Token, n.Seq, n.MAC = s.hello.Token, s.seq, nil
 	body := wire.EncodeNotice(reuse.Keep(s.noticeBody), n)
-	m := noticeMAC(s.hello.key, body)
+	m := auth.NoticeMAC(s.hello.key, body)
 	copy(body[wire.NoticeMACOffset:], m[:])
 	s.noticeBody = body
 	return body

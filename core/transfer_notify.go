@@ -8,6 +8,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
+	"github.com/mcguard/mcguard/core/auth"
 	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/errs"
 )
@@ -47,7 +48,7 @@ func notifyMAC(key, token []byte, seq uint64, n Notify) []byte {
 	b := binary.LittleEndian.AppendUint64(nil, seq)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(n.Name)))
 	b = append(append(b, n.Name...), n.Msg...)
-	return mac(key, labelNotify, token, b)
+	return auth.MAC(key, auth.LabelNotify, token, b)
 }
 
 // Notify sends n to session and returns once the receiver has queued it.
@@ -79,7 +80,7 @@ func (g *Guard) Notify(name string, n Notify) error {
 	}
 	defer sock.Close()
 	s.seq++
-	req := helloRequest{Proto: ProtocolVersion, Op: "notify", Nonce: randomBytes(nonceSize), Transport: g.handshakeTransport(),
+	req := helloRequest{Proto: ProtocolVersion, Op: "notify", Nonce: auth.RandomBytes(auth.NonceSize), Transport: g.handshakeTransport(),
 		Token: s.hello.Token, Seq: s.seq, MAC: notifyMAC(s.hello.key, s.hello.Token, s.seq, n), Name: n.Name, Msg: n.Msg}
 	if _, err := handshakeStep(ctx, sock, s.control, g.cfg.Timeout, req); err != nil {
 		// The receiver may have forgotten this handshake: the next call
@@ -96,7 +97,7 @@ func (g *Guard) answerNotify(req helloRequest) error {
 	if err := n.check(); err != nil {
 		return err
 	}
-	sender, err := g.auth.tokens.notice(req.Token, req.Seq, func(key []byte) bool {
+	sender, err := g.auth.Tokens.Notice(req.Token, req.Seq, func(key []byte) bool {
 		return hmac.Equal(req.MAC, notifyMAC(key, req.Token, req.Seq, n))
 	})
 	if err != nil {

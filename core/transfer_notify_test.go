@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/auth"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -51,7 +52,7 @@ func TestNotifyRefusesBadInputAndForgeries(t *testing.T) {
 	token, key, seq := s.hello.Token, s.hello.key, s.seq+1
 	s.seq++
 	s.mu.Unlock()
-	forged := helloRequest{Proto: ProtocolVersion, Op: "notify", Nonce: randomBytes(nonceSize), Transport: "tcp",
+	forged := helloRequest{Proto: ProtocolVersion, Op: "notify", Nonce: auth.RandomBytes(auth.NonceSize), Transport: "tcp",
 		Token: token, Seq: seq, MAC: notifyMAC(key, token, seq, Notify{"real", "x"}), Name: "real", Msg: "y"}
 	require.Error(t, p.recv.answerNotify(forged))
 	forged.Msg, forged.Seq = "x", seq // the right MAC, but a replayed sequence number

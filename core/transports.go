@@ -44,7 +44,7 @@ var dataPlanes = []struct {
 		if g.engine != nil {
 			faults = fault.Config{} // injected at the engine's callbacks instead
 		}
-		return tcp.New(tcp.Config{Host: host, Timeout: g.cfg.Timeout, Regions: g.regions, Tokens: g.auth.tokens.sender,
+		return tcp.New(tcp.Config{Host: host, Timeout: g.cfg.Timeout, Regions: g.regions, Tokens: g.auth.Tokens.Sender,
 			Faults: faults, TailBytes: g.cfg.Verify.TailBytes, Notice: g.takeNotice, SameHost: g.cfg.SameHost, MACReplies: len(g.cfg.Secret) > 0,
 			SameHostWriter: g.cfg.SameHostWriter, Pushed: &g.stats.pushed, Mapped: &g.stats.mapped, Joined: &g.stats.joined,
 			DigestAtLanding: g.cfg.DigestAt == "landing", Settings: g.cfg.Planes.TCP,

@@ -1,4 +1,8 @@
-package core
+// Package auth is how guards know each other: the handshake's challenge
+// and proofs under the shared secret, the token and key each handshake
+// yields, the MACs on notices and aborts, and the table of tokens a guard
+// answered (bounded per sender).
+package auth
 
 import (
 	"container/list"
@@ -25,26 +29,26 @@ import (
 // number, so a peer that did not take part in the handshake can neither
 // read, write nor announce, even with every byte of the wire in hand.
 const (
-	nonceSize      = 16
+	NonceSize      = 16
 	challengeLife  = 10 * time.Second
 	maxChallenges  = 4096
-	labelClient    = "mcguard/2 client"
-	labelServer    = "mcguard/2 server"
+	LabelClient    = "mcguard/2 client"
+	LabelServer    = "mcguard/2 server"
 	labelToken     = "mcguard/2 token"
 	labelKey       = "mcguard/4 key"
-	labelNotice    = "mcguard/4 notice"
-	labelAbort     = "mcguard/4 abort"
-	labelNotify    = "mcguard/4 notify"
-	secretMinBytes = 16
+	LabelNotice    = "mcguard/4 notice"
+	LabelAbort     = "mcguard/4 abort"
+	LabelNotify    = "mcguard/4 notify"
+	SecretMinBytes = 16
 )
 
-// mac is HMAC-SHA256(secret, label | a | b) (RFC 2104), computed with
+// MAC is HMAC-SHA256(secret, label | a | b) (RFC 2104), computed with
 // sha256.Sum256 over buffers on the stack instead of hmac.New's hash
 // objects: every notice is signed by its sender and checked by its
 // receiver, and hmac.New allocates a dozen times. Longer messages than
 // the stack buffer holds (large notices) take a pooled buffer.
 // TestMACIsHMAC holds it to crypto/hmac.
-func mac(secret []byte, label string, a, b []byte) []byte {
+func MAC(secret []byte, label string, a, b []byte) []byte {
 	sum := macSum(secret, label, a, b)
 	return sum[:]
 }
@@ -56,7 +60,7 @@ var macBufs = sync.Pool{New: func() any { return new([]byte) }}
 // macStack is the inner hash's input that macSum keeps on its stack.
 const macStack = 1024
 
-// macSum is mac without allocating: a notice's MAC allocates nothing.
+// macSum is MAC without allocating: a notice's MAC allocates nothing.
 func macSum(secret []byte, label string, a, b []byte) [sha256.Size]byte {
 	if sha256.BlockSize+len(label)+len(a)+len(b) > macStack {
 		p := macBufs.Get().(*[]byte)
@@ -94,25 +98,27 @@ func macSumIn(buf, secret []byte, label string, a, b []byte) ([sha256.Size]byte,
 	return sha256.Sum256(outer[:]), buf
 }
 
-func deriveToken(secret, challenge, nonce []byte) []byte {
-	return mac(secret, labelToken, challenge, nonce)[:wire.TokenSize]
+// DeriveToken is the handshake's token, its name on the wire.
+func DeriveToken(secret, challenge, nonce []byte) []byte {
+	return MAC(secret, labelToken, challenge, nonce)[:wire.TokenSize]
 }
 
-// deriveKey is the handshake's key: data connections and notices prove
+// DeriveKey is the handshake's key: data connections and notices prove
 // they come from its sender with it. It never crosses the wire.
-func deriveKey(secret, challenge, nonce []byte) []byte {
-	return mac(secret, labelKey, challenge, nonce)
+func DeriveKey(secret, challenge, nonce []byte) []byte {
+	return MAC(secret, labelKey, challenge, nonce)
 }
 
-// noticeMAC is the MAC of an encoded notice under the handshake's key:
+// NoticeMAC is the MAC of an encoded notice under the handshake's key:
 // over everything but the MAC field.
-func noticeMAC(key, body []byte) (m [wire.NoticeMACSize]byte) {
-	sum := macSum(key, labelNotice, body[:wire.NoticeMACOffset], body[wire.NoticeHeaderSize:])
+func NoticeMAC(key, body []byte) (m [wire.NoticeMACSize]byte) {
+	sum := macSum(key, LabelNotice, body[:wire.NoticeMACOffset], body[wire.NoticeHeaderSize:])
 	copy(m[:], sum[:])
 	return m
 }
 
-func randomBytes(n int) []byte {
+// RandomBytes is n bytes from the system's random source.
+func RandomBytes(n int) []byte {
 	b := make([]byte, n)
 	if _, err := rand.Read(b); err != nil {
 		panic(fmt.Sprintf("crypto/rand failed: %v", err)) // the kernel's RNG does not fail
@@ -120,10 +126,10 @@ func randomBytes(n int) []byte {
 	return b
 }
 
-// authority is the server side of the handshake.
-type authority struct {
+// Authority is the server side of the handshake.
+type Authority struct {
 	secret []byte // nil: no authentication
-	tokens *tokenSet
+	Tokens *TokenSet
 
 	mu         sync.Mutex
 	challenges map[string]*challenge // outstanding, single use, by peer connection
@@ -138,16 +144,17 @@ type challenge struct {
 	elem        *list.Element
 }
 
-func newAuthority(secret []byte) *authority {
-	return &authority{secret: secret, tokens: newTokenSet(maxSenders), challenges: map[string]*challenge{}}
+// NewAuthority answers with secret (nil: no authentication).
+func NewAuthority(secret []byte) *Authority {
+	return &Authority{secret: secret, Tokens: newTokenSet(MaxSenders), challenges: map[string]*challenge{}}
 }
 
-// challenge issues a fresh single-use challenge to peer (a control
+// Challenge issues a fresh single-use challenge to peer (a control
 // connection). A connection has one outstanding at most, a newer one
 // replacing it, so a flood's challenges are bounded by its connections;
 // past maxChallenges in all the oldest goes, never the whole table.
-func (a *authority) challenge(peer []byte) []byte {
-	c := &challenge{peer: string(peer), value: string(randomBytes(nonceSize)), issued: time.Now()}
+func (a *Authority) Challenge(peer []byte) []byte {
+	c := &challenge{peer: string(peer), value: string(RandomBytes(NonceSize)), issued: time.Now()}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if old, ok := a.challenges[c.peer]; ok {
@@ -165,15 +172,21 @@ func (a *authority) challenge(peer []byte) []byte {
 	return []byte(c.value)
 }
 
-func (a *authority) forgetLocked(c *challenge) {
+func (a *Authority) forgetLocked(c *challenge) {
 	delete(a.challenges, c.peer)
 	a.order.Remove(c.elem)
 }
 
-// answer checks a peer's proof and, if good, returns the guard's proof and
+// Answer checks a peer's proof and, if good, returns the guard's proof and
 // the handshake's token and key, already registered. The challenge must be
 // the one issued to the same connection, and is spent either way.
-func (a *authority) answer(peer []byte, req helloRequest) (proof, token, key []byte, err error) {
+// Proof is a peer's answer to a challenge: the challenge, its nonce, its
+// MAC over both, and the sender it speaks for.
+type Proof struct {
+	Challenge, Nonce, MAC, Sender []byte
+}
+
+func (a *Authority) Answer(peer []byte, req Proof) (proof, token, key []byte, err error) {
 	a.mu.Lock()
 	c, ok := a.challenges[string(peer)]
 	if ok {
@@ -183,16 +196,27 @@ func (a *authority) answer(peer []byte, req helloRequest) (proof, token, key []b
 	if !ok || c.value != string(req.Challenge) || time.Since(c.issued) > challengeLife {
 		return nil, nil, nil, fmt.Errorf("unknown or expired challenge")
 	}
-	if len(req.Nonce) != nonceSize || !hmac.Equal(req.MAC, mac(a.secret, labelClient, req.Challenge, req.Nonce)) {
+	if len(req.Nonce) != NonceSize || !hmac.Equal(req.MAC, MAC(a.secret, LabelClient, req.Challenge, req.Nonce)) {
 		return nil, nil, nil, fmt.Errorf("authentication failed: the peer does not know this guard's secret")
 	}
-	token, key = deriveToken(a.secret, req.Challenge, req.Nonce), deriveKey(a.secret, req.Challenge, req.Nonce)
-	a.tokens.add(token, key, req.Sender)
-	return mac(a.secret, labelServer, req.Nonce, req.Challenge), token, key, nil
+	token, key = DeriveToken(a.secret, req.Challenge, req.Nonce), DeriveKey(a.secret, req.Challenge, req.Nonce)
+	a.Tokens.add(token, key, req.Sender)
+	return MAC(a.secret, LabelServer, req.Nonce, req.Challenge), token, key, nil
 }
 
-// isLoopback reports whether host names only this machine.
-func isLoopback(host string) bool {
+// Authenticates says whether peers must prove they know the secret.
+func (a *Authority) Authenticates() bool { return a.secret != nil }
+
+// Open is a handshake without a secret: a fresh token, which is its key
+// too, registered to sender.
+func (a *Authority) Open(sender []byte) (token []byte) {
+	token = RandomBytes(wire.TokenSize)
+	a.Tokens.add(token, token, sender)
+	return token
+}
+
+// IsLoopback reports whether host names only this machine.
+func IsLoopback(host string) bool {
 	if host == "localhost" {
 		return true
 	}

@@ -1,4 +1,4 @@
-package core
+package auth
 
 import (
 	"container/list"
@@ -12,23 +12,23 @@ import (
 
 // Bounds of the handshake tokens a guard keeps. What is bounded is per
 // sender (one session at a peer, stable across its reconnects and
-// refreshes): its newest tokensPerSender tokens. Senders are forgotten
+// refreshes): its newest TokensPerSender tokens. Senders are forgotten
 // when unused for tokenIdle, or least recently used first past
-// maxSenders, so another peer's handshakes cannot evict a sender in use;
+// MaxSenders, so another peer's handshakes cannot evict a sender in use;
 // one that was forgotten all the same has its next notice refused as
 // unknown, and re-handshakes.
 const (
-	tokensPerSender = 4
+	TokensPerSender = 4
 	tokenIdle       = time.Hour
 )
 
-// maxSenders bounds the senders a guard keeps tokens for (a variable, for tests).
-var maxSenders = 1 << 16
+// MaxSenders bounds the senders a guard keeps tokens for (a variable, for tests).
+var MaxSenders = 1 << 16
 
-// tokenSet maps the tokens of the handshakes a guard answered to the
+// TokenSet maps the tokens of the handshakes a guard answered to the
 // senders they were issued to, each with the handshake's key and the
 // sequence number of its last notice.
-type tokenSet struct {
+type TokenSet struct {
 	mu      sync.Mutex
 	max     int
 	tokens  map[string]*token
@@ -49,12 +49,12 @@ type senderTokens struct {
 	elem   *list.Element
 }
 
-func newTokenSet(max int) *tokenSet {
-	return &tokenSet{max: max, tokens: map[string]*token{}, senders: map[string]*senderTokens{}}
+func newTokenSet(max int) *TokenSet {
+	return &TokenSet{max: max, tokens: map[string]*token{}, senders: map[string]*senderTokens{}}
 }
 
 // add records tok as issued to sender, with the handshake's key.
-func (s *tokenSet) add(tok, key, sender []byte) {
+func (s *TokenSet) add(tok, key, sender []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := string(tok)
@@ -70,7 +70,7 @@ func (s *tokenSet) add(tok, key, sender []byte) {
 	}
 	e.tokens = append(e.tokens, k)
 	s.tokens[k] = &token{sender: e, key: key}
-	if len(e.tokens) > tokensPerSender {
+	if len(e.tokens) > TokensPerSender {
 		delete(s.tokens, e.tokens[0])
 		e.tokens = e.tokens[1:]
 	}
@@ -84,12 +84,12 @@ func (s *tokenSet) add(tok, key, sender []byte) {
 	}
 }
 
-func (s *tokenSet) touchLocked(e *senderTokens, now time.Time) {
+func (s *TokenSet) touchLocked(e *senderTokens, now time.Time) {
 	e.used = now
 	s.lru.MoveToFront(e.elem)
 }
 
-func (s *tokenSet) forgetLocked(e *senderTokens) {
+func (s *TokenSet) forgetLocked(e *senderTokens) {
 	for _, k := range e.tokens {
 		delete(s.tokens, k)
 	}
@@ -97,9 +97,9 @@ func (s *tokenSet) forgetLocked(e *senderTokens) {
 	s.lru.Remove(e.elem)
 }
 
-// sender returns whom tok was issued to and the handshake's key, and
+// Sender returns whom tok was issued to and the handshake's key, and
 // counts as a use of it.
-func (s *tokenSet) sender(tok []byte) (string, []byte, bool) {
+func (s *TokenSet) Sender(tok []byte) (string, []byte, bool) {
 	if len(tok) != wire.TokenSize {
 		return "", nil, false
 	}
@@ -113,19 +113,19 @@ func (s *tokenSet) sender(tok []byte) (string, []byte, bool) {
 	return t.sender.id, t.key, true
 }
 
-// notice checks a notice's token, its MAC (macOK, given the key) and its
+// Notice checks a notice's token, its MAC (macOK, given the key) and its
 // sequence number, which must be above the last one taken under the token.
 // It returns the token's sender.
-func (s *tokenSet) notice(tok []byte, seq uint64, macOK func(key []byte) bool) (string, error) {
+func (s *TokenSet) Notice(tok []byte, seq uint64, macOK func(key []byte) bool) (string, error) {
 	if len(tok) != wire.TokenSize {
-		return "", errUnknownNoticeToken
+		return "", ErrUnknownNoticeToken
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t, ok := s.tokens[string(tok)]
 	switch {
 	case !ok:
-		return "", errUnknownNoticeToken
+		return "", ErrUnknownNoticeToken
 	case !macOK(t.key):
 		return "", fmt.Errorf("the MAC is wrong: not from the sender that shook hands")
 	case seq <= t.lastSeq:
@@ -136,10 +136,12 @@ func (s *tokenSet) notice(tok []byte, seq uint64, macOK func(key []byte) bool) (
 	return t.sender.id, nil
 }
 
-var errUnknownNoticeToken = fmt.Errorf("the notice's token belongs to no handshake with this guard (%w)", transport.ErrStaleToken)
+// ErrUnknownNoticeToken marks a notice whose token names no handshake
+// this guard knows (forgotten, or never made): the sender shakes hands again.
+var ErrUnknownNoticeToken = fmt.Errorf("the notice's token belongs to no handshake with this guard (%w)", transport.ErrStaleToken)
 
-// size is how many senders and tokens are kept.
-func (s *tokenSet) size() (senders, tokens int) {
+// Size is how many senders and tokens are kept.
+func (s *TokenSet) Size() (senders, tokens int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.senders), len(s.tokens)
