@@ -51,8 +51,6 @@ type enginePlane interface {
 	Conn(session string) transport.Conn
 	Engine() string
 	InFlight() int64
-	Transfers() int
-	Sessions() int
 	WaitTransfer(ctx context.Context, transfer uint64) error
 	QuiesceSession(ctx context.Context, session string, regions []memory.Region) error
 }

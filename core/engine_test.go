@@ -292,7 +292,7 @@ func TestWaitEngineCallsWaitsForItsTransferOnly(t *testing.T) {
 	require.NoError(t, <-bDone)
 	require.Eventually(t, func() bool { return g.engine.InFlight() == 0 }, 2*time.Second, time.Millisecond)
 	require.NoError(t, g.WaitEngineCalls(a.ID, 0), "nothing of A runs: at once")
-	require.Zero(t, g.engine.Transfers(), "no entry outlives its calls")
+	require.Zero(t, g.engine.(*engine.Plane).Transfers(), "no entry outlives its calls")
 
 	for _, bad := range []struct {
 		id      uint64
@@ -329,7 +329,7 @@ func TestEngineHeldWritesCountForTheirTransfer(t *testing.T) {
 		require.NoError(t, err, "off trusts the engine: the held write is not seen")
 		ids = append(ids, res.ID)
 	}
-	require.Equal(t, 20, g.engine.Transfers(), "one entry per transfer with a write held")
+	require.Equal(t, 20, g.engine.(*engine.Plane).Transfers(), "one entry per transfer with a write held")
 	for _, id := range ids {
 		require.ErrorIs(t, g.WaitEngineCalls(id, 0), errs.Timeout, "its write is held")
 	}
@@ -337,7 +337,7 @@ func TestEngineHeldWritesCountForTheirTransfer(t *testing.T) {
 		require.NoError(t, g.WaitEngineCalls(id, 5*time.Second))
 	}
 	require.EqualValues(t, 0, g.engine.InFlight())
-	require.Zero(t, g.engine.Transfers(), "the entries went with their calls")
+	require.Zero(t, g.engine.(*engine.Plane).Transfers(), "the entries went with their calls")
 }
 
 func TestWaitEngineCallsEndsWhenTheGuardCloses(t *testing.T) {
@@ -513,8 +513,8 @@ func TestQuiesceEngineKeepsAHeldWriteOutOfTheQuiescedRange(t *testing.T) {
 	_, err = g2.Transfer("decode:1", []desc.Desc{{Src: src.addr(4096), Dst: dst.addr(0), Len: 4096}}, TransferOptions{})
 	require.NoError(t, err, "begun after the quiesce")
 	require.Equal(t, src.b[4096:], dst.b[:4096])
-	require.Zero(t, g.engine.Sessions(), "no fence state is kept once nothing runs under it")
-	require.Zero(t, g2.engine.Sessions())
+	require.Zero(t, g.engine.(*engine.Plane).Sessions(), "no fence state is kept once nothing runs under it")
+	require.Zero(t, g2.engine.(*engine.Plane).Sessions())
 }
 
 // A transfer under way when the quiesce comes fails at its next engine

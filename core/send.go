@@ -159,13 +159,11 @@ func (g *Guard) transfer(name string, descs []desc.Desc, opts TransferOptions) (
 	}()
 	res.ID = g.ids.give()
 	r.id = res.ID
-	if g.engine != nil {
-		if t := s.caps().Tagged; t != nil {
-			// Over an engine, calls count for this transfer until they
-			// return (WaitEngineCalls); the session's later calls are not its.
-			t.SetTransfer(res.ID)
-			defer t.SetTransfer(0)
-		}
+	if t := s.caps().Tagged; t != nil {
+		// Over an engine, calls count for this transfer until they
+		// return (WaitEngineCalls); the session's later calls are not its.
+		t.SetTransfer(res.ID)
+		defer t.SetTransfer(0)
 	}
 	r.notify = !opts.NoNotice && vcfg.Notifies()
 	// A read-back mode without notices posts each chunk's writes while the

@@ -88,10 +88,11 @@ def bars(ax, run, engines, sizes, value):
     ax.set_xticklabels(sizes)
 
 
-def save(plt, fig, ax, out, title):
+def save(plt, fig, ax, out, title, legend=True):
     """Title, the legend beside the bars, and the PNG written."""
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if legend:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -121,11 +122,7 @@ def latency_plot(plt, run, out):
     ax.set_yticklabels(engines)
     ax.invert_yaxis()
     ax.set_xlabel("µs per 1 x 4 KiB transfer (median, whiskers: min–max)")
-    ax.set_title("Latency by engine and mode (%s)" % run["date"])
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save(plt, fig, ax, out, "Latency by engine and mode (%s)" % run["date"], legend=False)
 
 
 def fraction_plot(plt, run, out):

@@ -508,23 +508,14 @@ class GuardedTransferEngine:
         return batch_id
 
     def _reachable(self, target_hostname, what):
-        """Whether target_hostname answered once: a handshake with its guard
-        (over Mooncake's engine: Mooncake's probe), done once per session;
-        the set is bounded, emptied when full."""
+        """Whether target_hostname answered send_probe once (per session;
+        the set is bounded, emptied when full)."""
         if target_hostname in self._reached:
             return True
-        if self._engine is not None:
-            ok = self._engine.send_probe(target_hostname) == 0
-            if not ok:
-                log.error("mcguard: %s: %r cannot be reached", what, target_hostname)
+        ok = self.send_probe(target_hostname) == 0
+        if not ok:
+            log.error("mcguard: %s: %r cannot be reached", what, target_hostname)
         else:
-            try:
-                self._guard.peer_regions(target_hostname)
-                ok = True
-            except MCGuardError as e:
-                log.error("mcguard: %s: %r cannot be reached: %s", what, target_hostname, e)
-                ok = False
-        if ok:
             with self._mu:
                 if len(self._reached) >= MAX_PENDING_BATCHES:
                     self._reached.clear()
