@@ -113,13 +113,10 @@ func callErr(ctx context.Context, err error) error {
 // Cancel cancels the transfers in flight to session: each returns
 // ErrCancelled once its writes are cut off, with its abort state.
 func (g *Guard) Cancel(session string) error {
-	if err := g.enter(); err != nil {
+	if err := g.enterSession(session); err != nil {
 		return err
 	}
-	defer g.inflight.Done()
-	if err := g.checkSession(session); err != nil {
-		return err
-	}
+	defer g.leave()
 	g.mu.Lock()
 	s := g.sessions[session]
 	g.mu.Unlock()
@@ -152,9 +149,9 @@ func (g *Guard) abortRemote(s *session) AbortState {
 	}
 	defer sock.Close()
 	s.seq++
-	req := helloRequest{Proto: ProtocolVersion, Op: "abort", Nonce: auth.RandomBytes(auth.NonceSize), Transport: g.handshakeTransport(),
-		Token: s.hello.Token, Seq: s.seq, MAC: abortMAC(s.hello.key, s.hello.Token, s.seq)}
-	if _, err := handshakeStep(ctx, sock, s.control, g.cfg.ConnectTimeout, req); err != nil {
+	req := control.Hello{Proto: control.ProtocolVersion, Op: "abort", Nonce: auth.RandomBytes(auth.NonceSize), Transport: g.handshakeTransport(),
+		Token: s.hello.Token, Seq: s.seq, MAC: abortMAC(s.hello.Key, s.hello.Token, s.seq)}
+	if _, err := control.HandshakeStep(ctx, sock, s.control, g.cfg.ConnectTimeout, req); err != nil {
 		return AbortUnconfirmed
 	}
 	return AbortConfirmed
@@ -163,7 +160,7 @@ func (g *Guard) abortRemote(s *session) AbortState {
 // answerAbort is the receiver's half of an abort: a request under a live
 // handshake's token, with its MAC and a fresh sequence number, makes every
 // data plane cut off that sender's connections.
-func (g *Guard) answerAbort(req helloRequest) error {
+func (g *Guard) answerAbort(req control.Hello) error {
 	sender, err := g.auth.Tokens.Notice(req.Token, req.Seq, func(key []byte) bool {
 		return hmac.Equal(req.MAC, abortMAC(key, req.Token, req.Seq))
 	})
@@ -188,7 +185,7 @@ func (g *Guard) Quiesce(ranges []SyncRange) error {
 	if err := g.enter(); err != nil {
 		return err
 	}
-	defer g.inflight.Done()
+	defer g.leave()
 	if len(ranges) > MaxDescriptors {
 		return fmt.Errorf("%w: %d ranges, limit %d per call", errs.InvalidArg, len(ranges), MaxDescriptors)
 	}

@@ -17,7 +17,7 @@ func (g *Guard) Alloc(n uint64) (uint64, error) {
 	if err := g.enter(); err != nil {
 		return 0, err
 	}
-	defer g.inflight.Done()
+	defer g.leave()
 	if n == 0 || n > maxAlloc {
 		return 0, fmt.Errorf("%w: allocation of %d bytes (1 to %d)", errs.InvalidArg, n, uint64(maxAlloc))
 	}
@@ -47,7 +47,7 @@ func (g *Guard) Free(addr uint64) error {
 	if err := g.enter(); err != nil {
 		return err
 	}
-	defer g.inflight.Done()
+	defer g.leave()
 	g.mu.Lock()
 	f := g.allocs[addr]
 	delete(g.allocs, addr)

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/auth"
+	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/wire"
 )
@@ -110,7 +111,7 @@ func TestEndurance(t *testing.T) {
 	var handshakes, handshakeFailures atomic.Int64
 	churn := func(n int) {
 		for i := 0; i < n; i++ {
-			_, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, helloRequest{Sender: auth.RandomBytes(auth.NonceSize), Transport: "tcp"})
+			_, err := control.Handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, control.Hello{Sender: auth.RandomBytes(auth.NonceSize), Transport: "tcp"})
 			handshakes.Add(1)
 			if err != nil {
 				handshakeFailures.Add(1)

@@ -94,13 +94,10 @@ func atoi(s string) int {
 // and the peer's region table go there. Over mcguard's own data planes
 // the session's name is that endpoint already.
 func (g *Guard) SetPeerGuard(session, endpoint string) error {
-	if err := g.enter(); err != nil {
+	if err := g.enterSession(session); err != nil {
 		return err
 	}
-	defer g.inflight.Done()
-	if err := g.checkSession(session); err != nil {
-		return err
-	}
+	defer g.leave()
 	if err := control.ValidSessionName(endpoint); err != nil {
 		return fmt.Errorf("peer guard endpoint: %w", err)
 	}
@@ -112,7 +109,7 @@ func (g *Guard) SetPeerGuard(session, endpoint string) error {
 	defer s.mu.Unlock()
 	if s.control != endpoint {
 		s.disconnect()
-		s.control, s.hello, s.seq = endpoint, helloReply{}, 0
+		s.control, s.hello, s.seq = endpoint, control.HelloReply{}, 0
 	}
 	return nil
 }
@@ -135,7 +132,7 @@ func (g *Guard) WaitEngineCalls(id uint64, timeout time.Duration) error {
 	if err := g.enter(); err != nil {
 		return err
 	}
-	defer g.inflight.Done()
+	defer g.leave()
 	switch {
 	case g.engine == nil:
 		return fmt.Errorf("%w: this guard sends over mcguard's %s data plane, where a failed transfer's abort state says whether more of it can land and the receiver's quiesce makes sure; waiting for engine calls is for guards over an engine", errs.InvalidArg, g.data.Name())
@@ -170,7 +167,7 @@ func (g *Guard) QuiesceEngine(session string, ranges []SyncRange) error {
 	if err := g.enter(); err != nil {
 		return err
 	}
-	defer g.inflight.Done()
+	defer g.leave()
 	switch {
 	case g.engine == nil:
 		return fmt.Errorf("%w: this guard sends over mcguard's %s data plane, where the receiver's own quiesce refuses late writes; quiescing at the sender is for guards over an engine", errs.InvalidArg, g.data.Name())

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/auth"
+	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/desc"
 )
 
@@ -34,7 +35,7 @@ func TestHelperControlFlood(t *testing.T) {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	require.NoError(t, zctx.SetMaxSockets(sockets+16))
-	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: auth.RandomBytes(auth.NonceSize), Transport: "tcp"})
+	body, _ := json.Marshal(control.Hello{Proto: control.ProtocolVersion, Op: "hello", Nonce: auth.RandomBytes(auth.NonceSize), Transport: "tcp"})
 	var socks []*zmq.Socket
 	for i := 0; i < sockets; i++ {
 		s, err := zctx.NewSocket(zmq.DEALER)

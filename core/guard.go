@@ -119,8 +119,8 @@ func (g *Guard) Endpoint() string { return g.control.Endpoint }
 // Config returns the guard's settings.
 func (g *Guard) Config() Config { return g.cfg }
 
-// enter admits a call unless the guard is closed; the caller must call
-// g.inflight.Done when it returns.
+// enter admits a call unless the guard is closed; the caller defers
+// g.leave, which Close waits for.
 func (g *Guard) enter() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -128,6 +128,22 @@ func (g *Guard) enter() error {
 		return fmt.Errorf("%w", errs.Closed)
 	}
 	g.inflight.Add(1)
+	return nil
+}
+
+// leave ends a call enter admitted.
+func (g *Guard) leave() { g.inflight.Done() }
+
+// enterSession is enter for a call that names a session: the name is
+// checked once the call is admitted, and on error the call has left.
+func (g *Guard) enterSession(name string) error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	if err := g.checkSession(name); err != nil {
+		g.leave()
+		return err
+	}
 	return nil
 }
 

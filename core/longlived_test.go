@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/auth"
+	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/wire"
 )
@@ -23,7 +24,7 @@ func othersShakeHands(t *testing.T, g *Guard, n int) {
 	require.NoError(t, err)
 	defer zctx.Term()
 	for i := 0; i < n; i++ {
-		_, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, helloRequest{Sender: auth.RandomBytes(auth.NonceSize), Transport: "tcp"})
+		_, err := control.Handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, control.Hello{Sender: auth.RandomBytes(auth.NonceSize), Transport: "tcp"})
 		require.NoError(t, err)
 	}
 }
@@ -72,7 +73,7 @@ func TestRefreshesAreBoundedPerSender(t *testing.T) {
 	defer zctx.Term()
 	sender := auth.RandomBytes(auth.NonceSize)
 	for i := 0; i < 100; i++ {
-		_, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, helloRequest{Sender: sender, Transport: "tcp"})
+		_, err := control.Handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, control.Hello{Sender: sender, Transport: "tcp"})
 		require.NoError(t, err)
 	}
 	senders, tokens := g.auth.Tokens.Size()

@@ -210,11 +210,11 @@ func TestMalformedNoticesAreRefused(t *testing.T) {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	hello, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, helloRequest{Transport: "tcp"})
+	hello, err := control.Handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, control.Hello{Transport: "tcp"})
 	require.NoError(t, err)
 	signer := &session{hello: hello} // signs as the session of that handshake would
 	good := wire.Notice{ID: 7, Mode: 4, Total: 1, Descs: []wire.NoticeDesc{{Dst: m.addr(0), Len: 64, Digest: 1}}}
-	stranger := &session{hello: helloReply{Token: make([]byte, wire.TokenSize), key: make([]byte, 32)}}
+	stranger := &session{hello: control.HelloReply{Token: make([]byte, wire.TokenSize), Key: make([]byte, 32)}}
 	badMAC := signer.signNotice(good)
 	badMAC[wire.NoticeMACOffset] ^= 1
 	cases := map[string][]byte{
@@ -239,7 +239,7 @@ func TestMalformedNoticesAreRefused(t *testing.T) {
 	// The well-formed one is taken, and its wrong digest shows at sync;
 	// the same bytes again are a replay.
 	signed := signer.signNotice(good)
-	require.Contains(t, sendRaw(t, g.Endpoint(), signed), fmt.Sprintf(`"proto":%d}`, ProtocolVersion))
+	require.Contains(t, sendRaw(t, g.Endpoint(), signed), fmt.Sprintf(`"proto":%d}`, control.ProtocolVersion))
 	require.Contains(t, sendRaw(t, g.Endpoint(), signed), "a replay")
 	err = g.SyncTransfers([]uint64{7}, 0)
 	require.True(t, errors.Is(err, errs.Verify), "%v", err)

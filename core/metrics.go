@@ -98,7 +98,7 @@ func (g *Guard) Metrics() ([]byte, error) {
 	if err := g.enter(); err != nil {
 		return nil, err
 	}
-	defer g.inflight.Done()
+	defer g.leave()
 	var b strings.Builder
 	err := g.metrics.reg.Write(&b)
 	return []byte(b.String()), err

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/auth"
+	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/notices"
 	"github.com/mcguard/mcguard/core/transport"
@@ -74,20 +75,20 @@ func TestNoticeOnItsConnectionOutlivesTheTable(t *testing.T) {
 	require.NoError(t, err)
 	defer zctx.Term()
 	sender := auth.RandomBytes(auth.NonceSize)
-	rep, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, helloRequest{Sender: sender, Transport: "tcp"})
+	rep, err := control.Handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, control.Hello{Sender: sender, Transport: "tcp"})
 	require.NoError(t, err)
 	s := &session{hello: rep}
 	sign := func() []byte {
 		n := wire.Notice{ID: uint64(time.Now().UnixNano()), Total: 1, Descs: []wire.NoticeDesc{{Dst: dst.addr(0), Len: 4096}}}
 		return append([]byte(nil), s.signNotice(n)...)
 	}
-	conn := &transport.ConnAuth{Token: rep.Token, Key: rep.key, Sender: string(sender)}
+	conn := &transport.ConnAuth{Token: rep.Token, Key: rep.Key, Sender: string(sender)}
 	require.NoError(t, g.takeNotice(sign(), nil, conn), "known to the table")
 
 	othersShakeHands(t, g, 4) // crowds this sender out
 	body := sign()
 	require.ErrorIs(t, g.takeNotice(body, nil, nil), auth.ErrUnknownNoticeToken, "the control channel has only the table")
-	other := &transport.ConnAuth{Token: auth.RandomBytes(wire.TokenSize), Key: rep.key}
+	other := &transport.ConnAuth{Token: auth.RandomBytes(wire.TokenSize), Key: rep.Key}
 	require.ErrorIs(t, g.takeNotice(body, nil, other), auth.ErrUnknownNoticeToken, "another connection's handshake")
 	require.NoError(t, g.takeNotice(body, nil, conn), "its own connection's")
 	require.ErrorContains(t, g.takeNotice(body, nil, conn), "replay")

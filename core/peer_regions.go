@@ -10,13 +10,10 @@ import (
 // registered them, from a fresh handshake (connecting first if need be).
 // Mooncake's get_first_buffer_address(session) is the first of them.
 func (g *Guard) PeerRegions(name string) ([]memory.Region, error) {
-	if err := g.enter(); err != nil {
+	if err := g.enterSession(name); err != nil {
 		return nil, err
 	}
-	defer g.inflight.Done()
-	if err := g.checkSession(name); err != nil {
-		return nil, err
-	}
+	defer g.leave()
 	s := g.session(name)
 	ctx, c := s.callContext(g.ctx, 0)
 	defer s.endCall(c)

@@ -17,7 +17,7 @@ func (g *Guard) Read(name string, descs []desc.Desc) error {
 	if err := g.enter(); err != nil {
 		return err
 	}
-	defer g.inflight.Done()
+	defer g.leave()
 	if _, err := g.checkBatch(name, descs); err != nil {
 		return err
 	}

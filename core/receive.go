@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/mcguard/mcguard/core/auth"
+	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/memory"
@@ -26,11 +27,11 @@ import (
 // taken. A notice that is malformed or names memory this guard did not
 // register is refused whole.
 func (g *Guard) receiveNotice(body []byte) []byte {
-	rep := controlReply{Proto: ProtocolVersion}
+	rep := control.Reply{Proto: control.ProtocolVersion}
 	if err := g.takeNotice(body, nil, nil); err != nil {
 		rep.Error = err.Error()
 		if errors.Is(err, auth.ErrUnknownNoticeToken) {
-			rep.Code = codeUnknownToken
+			rep.Code = control.CodeUnknownToken
 		}
 	}
 	out, _ := json.Marshal(rep)
@@ -110,7 +111,7 @@ func (g *Guard) Sync(ranges []SyncRange, digests []uint64, stream uint64) (err e
 	if err := g.enter(); err != nil {
 		return err
 	}
-	defer g.inflight.Done()
+	defer g.leave()
 	defer func() { g.metrics.syncs.Add(1, outcomeOf(err)) }()
 	if len(ranges) > MaxDescriptors {
 		return fmt.Errorf("%w: %d ranges, limit %d per call", errs.InvalidArg, len(ranges), MaxDescriptors)
@@ -136,7 +137,7 @@ func (g *Guard) SyncTransfers(ids []uint64, stream uint64) (err error) {
 	if err := g.enter(); err != nil {
 		return err
 	}
-	defer g.inflight.Done()
+	defer g.leave()
 	defer func() { g.metrics.syncs.Add(1, outcomeOf(err)) }()
 	if len(ids) == 0 || len(ids) > MaxDescriptors {
 		return fmt.Errorf("%w: %d transfer ids (1 to %d)", errs.InvalidArg, len(ids), MaxDescriptors)

@@ -15,7 +15,7 @@ func (g *Guard) Register(addr, n uint64) error {
 	if err := g.enter(); err != nil {
 		return err
 	}
-	defer g.inflight.Done()
+	defer g.leave()
 	var mem cuda.Memory
 	if gpu := g.regions.GPU(); gpu != nil && n > 0 && addr+n > addr {
 		first, err := gpu.Classify(addr)
@@ -65,7 +65,7 @@ func (g *Guard) Unregister(addr uint64) error {
 	if err := g.enter(); err != nil {
 		return err
 	}
-	defer g.inflight.Done()
+	defer g.leave()
 	if err := g.regions.Remove(addr); err != nil {
 		return err
 	}

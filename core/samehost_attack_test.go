@@ -15,6 +15,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/wire"
 )
 
@@ -59,7 +60,7 @@ func TestSameHostOfferCannotNameAnotherProcess(t *testing.T) {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, helloRequest{Transport: "tcp", Sender: []byte("mallory"), Offer: offer})
+	hello, err := control.Handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, control.Hello{Transport: "tcp", Sender: []byte("mallory"), Offer: offer})
 	require.NoError(t, err)
 	var a struct {
 		SameHost string `json:"same_host"`

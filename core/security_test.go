@@ -97,16 +97,16 @@ func TestChallengesAreSingleUse(t *testing.T) {
 	require.NoError(t, err)
 	defer sock.Close()
 	nonce := auth.RandomBytes(auth.NonceSize)
-	rep, err := handshakeStep(t.Context(), sock, g.Endpoint(), time.Second, helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: nonce, Transport: "tcp"})
+	rep, err := control.HandshakeStep(t.Context(), sock, g.Endpoint(), time.Second, control.Hello{Proto: control.ProtocolVersion, Op: "hello", Nonce: nonce, Transport: "tcp"})
 	require.NoError(t, err)
 	require.Len(t, rep.Challenge, auth.NonceSize)
 	require.Empty(t, rep.Answer, "no endpoint before authentication")
-	auth := helloRequest{Proto: ProtocolVersion, Op: "auth", Nonce: nonce, Challenge: rep.Challenge, MAC: auth.MAC(secret, auth.LabelClient, rep.Challenge, nonce), Transport: "tcp"}
-	rep, err = handshakeStep(t.Context(), sock, g.Endpoint(), time.Second, auth)
+	auth := control.Hello{Proto: control.ProtocolVersion, Op: "auth", Nonce: nonce, Challenge: rep.Challenge, MAC: auth.MAC(secret, auth.LabelClient, rep.Challenge, nonce), Transport: "tcp"}
+	rep, err = control.HandshakeStep(t.Context(), sock, g.Endpoint(), time.Second, auth)
 	require.NoError(t, err)
 	require.NotEmpty(t, rep.Answer)
 	require.Empty(t, rep.Token, "an authenticated token never crosses the wire")
-	_, err = handshakeStep(t.Context(), sock, g.Endpoint(), time.Second, auth)
+	_, err = control.HandshakeStep(t.Context(), sock, g.Endpoint(), time.Second, auth)
 	require.ErrorContains(t, err, "unknown or expired challenge", "a replayed answer is refused")
 }
 
@@ -131,7 +131,7 @@ func TestListenPolicy(t *testing.T) {
 
 func TestProtocolMismatchIsAClearError(t *testing.T) {
 	g := openGuard(t, "")
-	body, _ := json.Marshal(helloRequest{Proto: 3, Op: "hello", Nonce: auth.RandomBytes(auth.NonceSize), Transport: "tcp"})
+	body, _ := json.Marshal(control.Hello{Proto: 3, Op: "hello", Nonce: auth.RandomBytes(auth.NonceSize), Transport: "tcp"})
 	require.Contains(t, sendRaw(t, g.Endpoint(), body), "protocol version 3, this guard speaks 4",
 		"version 3 spelled out RDMA's fields where 4 carries each data plane's offer")
 }
@@ -212,7 +212,7 @@ func TestHostilePeers(t *testing.T) {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, helloRequest{Transport: "tcp"})
+	hello, err := control.Handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, control.Hello{Transport: "tcp"})
 	require.NoError(t, err)
 	base := hostileMem.addr()
 	// Inputs after a valid hello ("+") or on a fresh connection.
@@ -346,7 +346,7 @@ func TestSlowlorisIsCutAtTheDeadline(t *testing.T) {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, helloRequest{Transport: "tcp"})
+	hello, err := control.Handshake(t.Context(), zctx, recv.Endpoint(), time.Second, nil, control.Hello{Transport: "tcp"})
 	require.NoError(t, err)
 	for name, stall := range map[string][]byte{
 		"before hello":     nil,
@@ -411,7 +411,7 @@ func TestReconnectDropsTheOlderConnection(t *testing.T) {
 
 func TestHandshakeAskingForTooManyQueuePairsIsRefused(t *testing.T) {
 	g := openGuard(t, "{"+rdmaKey(t)+"}")
-	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: auth.RandomBytes(auth.NonceSize), Transport: "rdma", Offer: qpOffer(make([]verbs.QPInfo, rdma.MaxQPs+1))})
+	body, _ := json.Marshal(control.Hello{Proto: control.ProtocolVersion, Op: "hello", Nonce: auth.RandomBytes(auth.NonceSize), Transport: "rdma", Offer: qpOffer(make([]verbs.QPInfo, rdma.MaxQPs+1))})
 	require.Contains(t, sendRaw(t, g.Endpoint(), body), "17 queue pairs asked for, at most 16")
 }
 
@@ -420,7 +420,7 @@ func TestHandshakeWithBogusQueuePairsIsRefusedAndTheGuardServesOn(t *testing.T) 
 	p := newPair(t, "{"+key+"}", "{"+key+"}", 4096)
 	bogus := verbs.QPInfo{QPN: 7}
 	copy(bogus.GID[:], "not a NIC's GID!")
-	body, _ := json.Marshal(helloRequest{Proto: ProtocolVersion, Op: "hello", Nonce: auth.RandomBytes(auth.NonceSize), Transport: "rdma", Offer: qpOffer([]verbs.QPInfo{bogus})})
+	body, _ := json.Marshal(control.Hello{Proto: control.ProtocolVersion, Op: "hello", Nonce: auth.RandomBytes(auth.NonceSize), Transport: "rdma", Offer: qpOffer([]verbs.QPInfo{bogus})})
 	require.Contains(t, sendRaw(t, p.recv.Endpoint(), body), "cannot connect queue pairs to the peer's")
 	fill(p.src.b)
 	_, err := p.send.Transfer(p.recv.Endpoint(), p.blocks(1, 4096), TransferOptions{})
@@ -430,7 +430,7 @@ func TestHandshakeWithBogusQueuePairsIsRefusedAndTheGuardServesOn(t *testing.T) 
 
 // dataConn opens a data connection to g bound to hello, a handshake's
 // reply, as a sender's dial makes it.
-func dataConn(t testing.TB, g *Guard, hello helloReply) net.Conn {
+func dataConn(t testing.TB, g *Guard, hello control.HelloReply) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", dataAddr(g))
 	require.NoError(t, err)
@@ -441,12 +441,12 @@ func dataConn(t testing.TB, g *Guard, hello helloReply) net.Conn {
 }
 
 // shakeHands makes one handshake with g as sender.
-func shakeHands(t testing.TB, g *Guard, sender []byte) helloReply {
+func shakeHands(t testing.TB, g *Guard, sender []byte) control.HelloReply {
 	t.Helper()
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	hello, err := handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, helloRequest{Sender: sender, Transport: "tcp"})
+	hello, err := control.Handshake(t.Context(), zctx, g.Endpoint(), time.Second, nil, control.Hello{Sender: sender, Transport: "tcp"})
 	require.NoError(t, err)
 	return hello
 }
@@ -467,14 +467,14 @@ func readChallenge(c net.Conn) ([]byte, error) {
 
 // helloFor is the Hello frame that binds a connection with challenge to
 // the handshake hello, as a sender's dial makes it.
-func helloFor(hello helloReply, challenge []byte) []byte {
+func helloFor(hello control.HelloReply, challenge []byte) []byte {
 	return frame(wire.Header{Op: wire.OpHello, ID: 1, Len: wire.HelloSize},
-		append(append([]byte(nil), hello.Token...), transport.ConnectionProof(hello.key, challenge)...))
+		append(append([]byte(nil), hello.Token...), transport.ConnectionProof(hello.Key, challenge)...))
 }
 
 // bindData sends the hello for challenge on c and reads its reply, which
 // must accept it.
-func bindData(c net.Conn, hello helloReply, challenge []byte) error {
+func bindData(c net.Conn, hello control.HelloReply, challenge []byte) error {
 	c.Write(helloFor(hello, challenge))
 	reply := make([]byte, wire.HeaderSize)
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -506,7 +506,7 @@ func TestSniffedHelloIsWorthNothing(t *testing.T) {
 	zctx, err := zmq.NewContext()
 	require.NoError(t, err)
 	defer zctx.Term()
-	hello, err := handshake(t.Context(), zctx, recv.Endpoint(), time.Second, []byte("correct horse battery staple"), helloRequest{Transport: "tcp"})
+	hello, err := control.Handshake(t.Context(), zctx, recv.Endpoint(), time.Second, []byte("correct horse battery staple"), control.Hello{Transport: "tcp"})
 	require.NoError(t, err)
 	honest, err := net.Dial("tcp", dataAddr(recv))
 	require.NoError(t, err)

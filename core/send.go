@@ -42,7 +42,7 @@ func (g *Guard) Transfer(name string, descs []desc.Desc, opts TransferOptions) (
 	if err := g.enter(); err != nil {
 		return TransferResult{}, err
 	}
-	defer g.inflight.Done()
+	defer g.leave()
 	g.stats.transfers.Add(1)
 	start := time.Now()
 	res, err := g.transfer(name, descs, opts)

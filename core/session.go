@@ -34,7 +34,7 @@ type session struct {
 	gen *callGen
 
 	// Under mu:
-	hello   helloReply
+	hello   control.HelloReply
 	conn    transport.Conn // nil until connected, and again after an I/O error
 	seq     uint64         // of the last notice sent under hello.Token
 	notices *zmq.Socket    // REQ to the peer's control endpoint, for notices
@@ -69,12 +69,12 @@ func (s *session) connect(ctx context.Context, g *Guard) error {
 	if err != nil {
 		return err
 	}
-	rep, err := handshake(ctx, g.zctx, s.name, g.cfg.ConnectTimeout, g.cfg.Secret, helloRequest{Sender: s.sender, Transport: g.data.Name(), Offer: d.Offer()})
+	rep, err := control.Handshake(ctx, g.zctx, s.name, g.cfg.ConnectTimeout, g.cfg.Secret, control.Hello{Sender: s.sender, Transport: g.data.Name(), Offer: d.Offer()})
 	if err != nil {
 		d.Abandon()
 		return err
 	}
-	conn, err := d.Connect(ctx, transport.Peer{Sender: string(s.sender), Token: rep.Token, Key: rep.key, Host: rep.host}, rep.Answer, rep.Regions)
+	conn, err := d.Connect(ctx, transport.Peer{Sender: string(s.sender), Token: rep.Token, Key: rep.Key, Host: rep.Host}, rep.Answer, rep.Regions)
 	if err != nil {
 		return err
 	}
@@ -88,7 +88,7 @@ func (s *session) refresh(ctx context.Context, g *Guard) error {
 	if s.control == "" {
 		return fmt.Errorf("%w: session %s is reached through the %s engine, and this guard does not know where its peer's guard listens (mc_guard_set_peer_guard): completion notices, notifies and the peer's region table need it; without one, use a read-back mode, or notify \"never\" and forward the digests to the receiver's mc_guard_sync yourself", errs.Config, s.name, g.engine.Engine())
 	}
-	rep, err := handshake(ctx, g.zctx, s.control, g.cfg.ConnectTimeout, g.cfg.Secret, helloRequest{Sender: s.sender, Transport: g.handshakeTransport()})
+	rep, err := control.Handshake(ctx, g.zctx, s.control, g.cfg.ConnectTimeout, g.cfg.Secret, control.Hello{Sender: s.sender, Transport: g.handshakeTransport()})
 	if err != nil {
 		return err
 	}
@@ -98,7 +98,7 @@ func (s *session) refresh(ctx context.Context, g *Guard) error {
 		}
 	}
 	// The newest token: the receiver keeps only a few per sender.
-	s.hello.Regions, s.hello.Token, s.hello.key, s.seq = rep.Regions, rep.Token, rep.key, 0
+	s.hello.Regions, s.hello.Token, s.hello.Key, s.seq = rep.Regions, rep.Token, rep.Key, 0
 	return nil
 }
 
@@ -145,13 +145,13 @@ func (s *session) notify(ctx context.Context, zctx *zmq.Context, cfg *Config, bo
 		s.notices = nil
 		return err
 	}
-	var rep controlReply
+	var rep control.Reply
 	if err := control.DecodeStrict(raw, &rep); err != nil {
 		return fmt.Errorf("%w: session %q answered a notice with: %v", errs.Peer, s.name, err)
 	}
 	if rep.Error != "" {
 		err := fmt.Errorf("%w: session %q refused the completion notice: %s", errs.Session, s.name, rep.Error)
-		if rep.Code == codeUnknownToken {
+		if rep.Code == control.CodeUnknownToken {
 			err = fmt.Errorf("%w (%w)", err, errUnknownToken)
 		}
 		return err
@@ -166,7 +166,7 @@ func (s *session) signNotice(n wire.Notice) []byte {
 	s.seq++
 	n.Token, n.Seq, n.MAC = s.hello.Token, s.seq, nil
 	body := wire.EncodeNotice(reuse.Keep(s.noticeBody), n)
-	m := auth.NoticeMAC(s.hello.key, body)
+	m := auth.NoticeMAC(s.hello.Key, body)
 	copy(body[wire.NoticeMACOffset:], m[:])
 	s.noticeBody = body
 	return body

@@ -25,7 +25,7 @@ func (g *Guard) Stats() ([]byte, error) {
 	if err := g.enter(); err != nil {
 		return nil, err
 	}
-	defer g.inflight.Done()
+	defer g.leave()
 	g.mu.Lock()
 	nsessions := len(g.sessions)
 	g.mu.Unlock()

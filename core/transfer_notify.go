@@ -53,13 +53,10 @@ func notifyMAC(key, token []byte, seq uint64, n Notify) []byte {
 
 // Notify sends n to session and returns once the receiver has queued it.
 func (g *Guard) Notify(name string, n Notify) error {
-	if err := g.enter(); err != nil {
+	if err := g.enterSession(name); err != nil {
 		return err
 	}
-	defer g.inflight.Done()
-	if err := g.checkSession(name); err != nil {
-		return err
-	}
+	defer g.leave()
 	if err := n.check(); err != nil {
 		return err
 	}
@@ -80,9 +77,9 @@ func (g *Guard) Notify(name string, n Notify) error {
 	}
 	defer sock.Close()
 	s.seq++
-	req := helloRequest{Proto: ProtocolVersion, Op: "notify", Nonce: auth.RandomBytes(auth.NonceSize), Transport: g.handshakeTransport(),
-		Token: s.hello.Token, Seq: s.seq, MAC: notifyMAC(s.hello.key, s.hello.Token, s.seq, n), Name: n.Name, Msg: n.Msg}
-	if _, err := handshakeStep(ctx, sock, s.control, g.cfg.Timeout, req); err != nil {
+	req := control.Hello{Proto: control.ProtocolVersion, Op: "notify", Nonce: auth.RandomBytes(auth.NonceSize), Transport: g.handshakeTransport(),
+		Token: s.hello.Token, Seq: s.seq, MAC: notifyMAC(s.hello.Key, s.hello.Token, s.seq, n), Name: n.Name, Msg: n.Msg}
+	if _, err := control.HandshakeStep(ctx, sock, s.control, g.cfg.Timeout, req); err != nil {
 		// The receiver may have forgotten this handshake: the next call
 		// handshakes again.
 		s.disconnect()
@@ -92,7 +89,7 @@ func (g *Guard) Notify(name string, n Notify) error {
 }
 
 // answerNotify queues a notify that proves its handshake.
-func (g *Guard) answerNotify(req helloRequest) error {
+func (g *Guard) answerNotify(req control.Hello) error {
 	n := Notify{Name: req.Name, Msg: req.Msg}
 	if err := n.check(); err != nil {
 		return err
@@ -113,7 +110,7 @@ func (g *Guard) Notifies(room int) ([]byte, int, error) {
 	if err := g.enter(); err != nil {
 		return nil, 0, err
 	}
-	defer g.inflight.Done()
+	defer g.leave()
 	return g.notifies.take(room)
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/auth"
+	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -49,10 +50,10 @@ func TestNotifyRefusesBadInputAndForgeries(t *testing.T) {
 	require.NoError(t, p.send.Notify(ep, Notify{"real", "x"}))
 	s := p.send.session(ep)
 	s.mu.Lock()
-	token, key, seq := s.hello.Token, s.hello.key, s.seq+1
+	token, key, seq := s.hello.Token, s.hello.Key, s.seq+1
 	s.seq++
 	s.mu.Unlock()
-	forged := helloRequest{Proto: ProtocolVersion, Op: "notify", Nonce: auth.RandomBytes(auth.NonceSize), Transport: "tcp",
+	forged := control.Hello{Proto: control.ProtocolVersion, Op: "notify", Nonce: auth.RandomBytes(auth.NonceSize), Transport: "tcp",
 		Token: token, Seq: seq, MAC: notifyMAC(key, token, seq, Notify{"real", "x"}), Name: "real", Msg: "y"}
 	require.Error(t, p.recv.answerNotify(forged))
 	forged.Msg, forged.Seq = "x", seq // the right MAC, but a replayed sequence number

@@ -15,6 +15,7 @@ import (
 	"github.com/mcguard/mcguard/core/internal/testmem"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/transport/samehost"
 	"github.com/mcguard/mcguard/core/wire"
 )
 
@@ -26,7 +27,7 @@ func sameHostTransport(t *testing.T, dst []byte) (*Transport, transport.Peer) {
 	regions := memory.New(nil)
 	require.NoError(t, regions.Add(memory.AddrOf(dst), uint64(len(dst))))
 	tr, err := New(Config{Host: "127.0.0.1", Timeout: 5 * time.Second, Regions: regions, Faults: fault.Config{Mode: fault.None},
-		SameHost: SameHostAuto, SameHostWriter: SameHostWriterSender,
+		SameHost: samehost.Auto, SameHostWriter: samehost.WriterSender,
 		Tokens: func(tok []byte) (string, []byte, bool) { return "sender", key, bytes.Equal(tok, token) }})
 	require.NoError(t, err)
 	t.Cleanup(tr.Close)
@@ -48,7 +49,7 @@ func TestSameHostConnectionsForTheLifeOfTheProcess(t *testing.T) {
 	regions := memory.New(nil)
 	require.NoError(t, regions.Add(memory.AddrOf(src), uint64(len(src))))
 	sender, err := New(Config{Host: "127.0.0.1", Timeout: 5 * time.Second, Regions: regions, Faults: fault.Config{Mode: fault.None},
-		SameHost: SameHostRequired, Tokens: func([]byte) (string, []byte, bool) { return "", nil, false }})
+		SameHost: samehost.Required, Tokens: func([]byte) (string, []byte, bool) { return "", nil, false }})
 	require.NoError(t, err)
 	defer sender.Close()
 	d, err := sender.Dial()

@@ -3,7 +3,6 @@ package tcp
 import (
 	"context"
 	"crypto/hmac"
-	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -12,7 +11,6 @@ import (
 	"os"
 	"syscall"
 
-	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/transport/samehost"
@@ -31,53 +29,13 @@ import (
 // connection then proved itself: the target reads back the handshake's
 // nonce at an address the sender names.
 
-// Same-host settings.
-const (
-	SameHostAuto     = "auto"     // use it where the handshake shows one host and the target can read the sender
-	SameHostOff      = "off"      // always send the bytes through the socket
-	SameHostRequired = "required" // fail where it cannot be used, saying why
-
-	SameHostWriterSender   = "sender"   // same-host senders write host memory into the target themselves
-	SameHostWriterReceiver = "receiver" // the target copies it out of them
-)
-
-// sameHostAnswer decides, for a sender's offer, whether it may use
-// same-host writes here: a nonce for it to prove, or why not. The offer
-// is the sender's word; nothing is read from its pid until the identity
-// socket proved it.
-func (t *Transport) sameHostAnswer(sender string, offer []byte) (nonce, why string) {
-	if t.cfg.SameHost == SameHostOff {
-		return "", "the receiver turned same-host transfers off"
-	}
-	if t.target.identity == nil {
-		return "", "the receiver has no identity socket"
-	}
-	pid, why := samehost.Compare(offer)
-	if why != "" {
-		return "", why
-	}
-	n := make([]byte, samehost.NonceSize)
-	rand.Read(n)
-	t.target.grants.Put(sender, samehost.Grant{Claimed: pid, Nonce: n})
-	return hex.EncodeToString(n), ""
-}
-
-// sameHostOffer is a TCP sender's handshake offer: where it runs.
-func sameHostOffer(setting string) []byte {
-	if setting == SameHostOff {
-		return nil
-	}
-	return samehost.Offer()
-}
-
 // readPeer copies [addr, addr+len(b)) of process pid into b; a test
 // replaces it.
 var readPeer = samehost.Read
 
-// Why, once per process, a same-host path fell back: an automatic
-// same-host transfer to the socket, a sender's own writes to the receiver
-// copying, a GPU source from CUDA IPC to staging.
-var sameHostFallback, pushFallback, ipcFallback logs.Once
+// Why, once per process, a same-host path fell back: a sender's own writes
+// to the receiver copying, a GPU source from CUDA IPC to staging.
+var pushFallback, ipcFallback logs.Once
 
 func errnoText(code uint64) string {
 	switch code {
@@ -130,16 +88,7 @@ func (t *conn) sameHost(ctx context.Context, setting string, a handshakeAnswer) 
 	} else if why == "" {
 		why = "the receiver offered none"
 	}
-	switch {
-	case setting == SameHostRequired:
-		return fmt.Errorf("%w: same_host is required and cannot be used with this receiver: %s", errs.Config, why)
-	case setting == SameHostAuto && why != samehost.NotThisHost && why != samehost.NotThisPidNS:
-		sameHostFallback.Printf(logs.Info, "same-host transfers not used (bytes go through the socket): %s", why)
-		if t.fallbacks != nil {
-			t.fallbacks.Count(why)
-		}
-	}
-	return nil
+	return samehost.Decline(setting, why, t.fallbacks)
 }
 
 // identifyTo proves this process on the target's identity socket with

@@ -90,13 +90,13 @@ func serveOn(ln net.Listener, cfg Config) *target {
 	// apply each write: no digests as bytes land, and no fault that holds
 	// writes back (the faults that act on one write at once, senders
 	// inject themselves: pushFaults).
-	if cfg.SameHost != SameHostOff {
+	if cfg.SameHost != samehost.Off {
 		var err error
 		if t.identity, err = samehost.NewIdentity(&t.grants, cfg.Timeout); err != nil {
 			logs.Printf(logs.Info, "same-host transfers not offered: no identity socket: %v", err)
 		}
 	}
-	if t.identity != nil && cfg.SameHostWriter != SameHostWriterReceiver && pushFaults(t.faults) && t.landed == nil {
+	if t.identity != nil && cfg.SameHostWriter != samehost.WriterReceiver && pushFaults(t.faults) && t.landed == nil {
 		var err error
 		if t.lease, err = samehost.NewLease(cfg.Timeout); err != nil {
 			logs.Printf(logs.Info, "same-host writes by the sender not offered: no lease file: %v", err)

@@ -48,13 +48,13 @@ type Config struct {
 	DigestAtLanding bool
 	Settings                    // stripes and busy polling
 	spins           *SpinCounts // set by New
-	// SameHost is SameHostAuto, SameHostOff or SameHostRequired: as a
+	// SameHost is samehost.Auto, samehost.Off or samehost.Required: as a
 	// sender whether to offer same-host transfers, as a target whether
 	// to grant them.
 	SameHost string
 	// SameHostWriter is, for a target, who copies same-host senders'
-	// host-memory writes: SameHostWriterSender (they write into this
-	// process themselves, push.go) or SameHostWriterReceiver (the target
+	// host-memory writes: samehost.WriterSender (they write into this
+	// process themselves, push.go) or samehost.WriterReceiver (the target
 	// reads them out of the sender).
 	SameHostWriter string
 	// MACReplies: the guards share a secret, so the replies a sender's
@@ -182,8 +182,10 @@ func (t *Transport) Accept(peer transport.Peer, offer []byte, _ []memory.Region)
 	a := handshakeAnswer{Data: t.target.addr(), FinalFence: t.target.faults.Mode() != fault.Reorder, Gen: t.target.q.gen.Load(),
 		Landing: t.target.landed != nil, HostOnly: t.cfg.Regions.GPU() == nil}
 	if len(offer) != 0 {
-		a.SameHost, a.SameHostWhy = t.sameHostAnswer(peer.Sender, offer)
-		if a.SameHost != "" {
+		var nonce []byte
+		nonce, a.SameHostWhy = t.target.grants.Answer(t.cfg.SameHost, t.target.identity != nil, peer.Sender, offer)
+		if nonce != nil {
+			a.SameHost = hex.EncodeToString(nonce)
 			a.Identity = t.target.identity.Name()
 			a.Pid = os.Getpid() // the sender lets it read its memory (Yama)
 			gr, _ := t.target.grants.Get(peer.Sender)
@@ -274,7 +276,7 @@ func (t *Transport) Dial() (transport.Dialer, error) { return dialer{t}, nil }
 
 type dialer struct{ t *Transport }
 
-func (d dialer) Offer() []byte { return sameHostOffer(d.t.cfg.SameHost) }
+func (d dialer) Offer() []byte { return samehost.OfferFor(d.t.cfg.SameHost) }
 func (dialer) Abandon()        {}
 
 // Connect opens a data connection to the answer's address and presents

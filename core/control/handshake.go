@@ -1,0 +1,143 @@
+package control
+
+import (
+	"context"
+	"crypto/hmac"
+	"encoding/json"
+	"fmt"
+	"net"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+
+	"github.com/mcguard/mcguard/core/auth"
+	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/memory"
+	"github.com/mcguard/mcguard/core/wire"
+)
+
+// The handshake's messages and its sender's half: a sender's request for
+// a session's region table, token and data-plane answer, authenticated
+// both ways under a shared secret. The guard's answer is core's.
+
+// ProtocolVersion is spoken in the handshake; a peer with another is refused.
+// Version 2 added authentication and tokens in notices; 3, a list of queue
+// pairs (one per RDMA stripe) where 2 had one; 4 carries the data plane's
+// part of the handshake as an offer and an answer that only that data
+// plane reads.
+const ProtocolVersion = 4
+
+// Hello is a handshake step: "hello", then "auth" if the guard
+// asked for it.
+type Hello struct {
+	Proto     int    `json:"proto"`
+	Op        string `json:"op"`
+	Nonce     []byte `json:"nonce,omitempty"`     // the peer's fresh nonce
+	Challenge []byte `json:"challenge,omitempty"` // auth: the guard's challenge it answers
+	MAC       []byte `json:"mac,omitempty"`       // auth: its proof
+	// Sender names the sending session across reconnects, so the target
+	// can drop its older data connections (and their late bytes).
+	Sender []byte `json:"sender,omitempty"`
+	// Transport names the data plane the sender sends over, and Offer is
+	// that data plane's part of the request (its queue pairs, say).
+	Transport string          `json:"transport,omitempty"`
+	Offer     json.RawMessage `json:"offer,omitempty"`
+	// An "abort" names its handshake by Token, with a sequence number
+	// above the last one used under it, and MAC under the handshake's key.
+	Token []byte `json:"token,omitempty"`
+	Seq   uint64 `json:"seq,omitempty"`
+	// A "notify" (authenticated as an abort is) carries an application
+	// message for the receiver's Notifies.
+	Name string `json:"name,omitempty"`
+	Msg  string `json:"msg,omitempty"`
+}
+
+// HelloReply tells a sender what it may write to and how its data plane
+// reaches the target, or, from a guard with a secret, the challenge to
+// answer first.
+type HelloReply struct {
+	Proto     int             `json:"proto"`
+	Error     string          `json:"error,omitempty"`
+	Challenge []byte          `json:"challenge,omitempty"` // authenticate first
+	Token     []byte          `json:"token,omitempty"`     // unauthenticated guards: binds data connections to this handshake
+	MAC       []byte          `json:"mac,omitempty"`       // authenticated guards: their proof
+	Regions   []memory.Region `json:"regions,omitempty"`
+	// Answer is the data plane's part of the reply (the target's address,
+	// its queue pairs and rkeys, ...).
+	Answer json.RawMessage `json:"answer,omitempty"`
+	// Host is the address the sender reached the guard at, and Key the
+	// handshake's key (neither is sent).
+	Host string `json:"-"`
+	Key  []byte `json:"-"`
+}
+
+// Reply is the answer to a notice, or to a request that failed.
+type Reply struct {
+	Proto int    `json:"proto"`
+	Error string `json:"error,omitempty"`
+	Code  string `json:"code,omitempty"` // CodeUnknownToken, or empty
+}
+
+// CodeUnknownToken: the notice's token belongs to no handshake the guard
+// still keeps; the sender may shake hands again.
+const CodeUnknownToken = "unknown_token"
+
+// handshake asks the guard at session for its region table, a token and
+// its data plane's answer to req's offer, authenticating both ways when
+// secret is set. req gives Sender, Transport and Offer; handshake fills in
+// the rest. The REQ socket lives only for this call and this goroutine.
+func Handshake(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration, secret []byte, req Hello) (HelloReply, error) {
+	sock, addr, err := NewReqSocket(ctx, zctx, session, timeout)
+	if err != nil {
+		return HelloReply{}, err
+	}
+	defer sock.Close()
+	nonce := auth.RandomBytes(auth.NonceSize)
+	req.Proto, req.Op, req.Nonce = ProtocolVersion, "hello", nonce
+	rep, err := HandshakeStep(ctx, sock, session, timeout, req)
+	if err != nil {
+		return HelloReply{}, err
+	}
+	switch {
+	case rep.Challenge != nil && secret == nil:
+		return HelloReply{}, fmt.Errorf("%w: session %q requires authentication: configure the shared secret (secret, secret_file or MC_GUARD_SECRET)", errs.Session, session)
+	case rep.Challenge == nil && secret != nil:
+		return HelloReply{}, fmt.Errorf("%w: session %q did not authenticate itself (it has no secret); refusing an unauthenticated peer", errs.Session, session)
+	case rep.Challenge != nil:
+		challenge := rep.Challenge
+		req.Op, req.Challenge, req.MAC = "auth", challenge, auth.MAC(secret, auth.LabelClient, challenge, nonce)
+		if rep, err = HandshakeStep(ctx, sock, session, timeout, req); err != nil {
+			return HelloReply{}, err
+		}
+		if !hmac.Equal(rep.MAC, auth.MAC(secret, auth.LabelServer, nonce, challenge)) {
+			return HelloReply{}, fmt.Errorf("%w: session %q failed to prove it knows the shared secret", errs.Session, session)
+		}
+		rep.Token, rep.Key = auth.DeriveToken(secret, challenge, nonce), auth.DeriveKey(secret, challenge, nonce)
+	default:
+		rep.Key = rep.Token // no secret: nothing to keep from an observer
+	}
+	if len(rep.Answer) == 0 || len(rep.Token) != wire.TokenSize {
+		return HelloReply{}, fmt.Errorf("%w: session %q sent an incomplete handshake reply", errs.Session, session)
+	}
+	rep.Host, _, _ = net.SplitHostPort(addr)
+	return rep, nil
+}
+
+func HandshakeStep(ctx context.Context, sock *zmq.Socket, session string, timeout time.Duration, req Hello) (HelloReply, error) {
+	body, _ := json.Marshal(req)
+	raw, err := Request(ctx, sock, session, "handshake", body, timeout)
+	if err != nil {
+		return HelloReply{}, err
+	}
+	var rep HelloReply
+	if err := DecodeStrict(raw, &rep); err != nil {
+		return HelloReply{}, fmt.Errorf("%w: session %q sent a malformed handshake reply: %v", errs.Session, session, err)
+	}
+	if rep.Error != "" {
+		return HelloReply{}, fmt.Errorf("%w: session %q refused the handshake: %s", errs.Session, session, rep.Error)
+	}
+	if rep.Proto != ProtocolVersion {
+		return HelloReply{}, fmt.Errorf("%w: session %q speaks protocol version %d, this guard %d", errs.Session, session, rep.Proto, ProtocolVersion)
+	}
+	return rep, nil
+}
