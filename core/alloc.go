@@ -5,11 +5,11 @@ import (
 
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/memory"
-	"github.com/mcguard/mcguard/core/sharedmem"
+	"github.com/mcguard/mcguard/core/transport/samehost"
 )
 
 // Alloc allocates n bytes (whole pages) of zeroed host memory as a shared
-// allocation (core/sharedmem) and registers it. A same-host sender then
+// allocation (core/transport/samehost) and registers it. A same-host sender then
 // maps it and writes into it with memcpy, and its tail check is a memcmp,
 // instead of two cross-memory system calls per transfer. It is freed by
 // Free or by Close.
@@ -21,7 +21,7 @@ func (g *Guard) Alloc(n uint64) (uint64, error) {
 	if n == 0 || n > maxAlloc {
 		return 0, fmt.Errorf("%w: allocation of %d bytes (1 to %d)", errs.InvalidArg, n, uint64(maxAlloc))
 	}
-	f, err := sharedmem.Alloc(n, g.regions)
+	f, err := samehost.AllocShared(n, g.regions)
 	if err != nil {
 		return 0, fmt.Errorf("%w: allocating %d bytes: %v", errs.NoMemory, n, err)
 	}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
-	"github.com/mcguard/mcguard/core/sharedmem"
+	"github.com/mcguard/mcguard/core/transport/samehost"
 	"github.com/mcguard/mcguard/verify"
 )
 
@@ -57,17 +57,17 @@ func TestAllocatedMemoryIsWrittenByMemcpy(t *testing.T) {
 // lands in the freed memory's file), and the sender lets go of its
 // mapping at its next try, so freed memory is freed on both sides.
 func TestFreeShutsOutTheSenderAndReleasesItsMapping(t *testing.T) {
-	before := sharedmem.Mapped()
+	before := samehost.SharedMapped()
 	p := newMappedPair(t, "", "", 16*4096)
 	s := keepSending(t, p, p.blocks(16, 4096))
 	s.until(&s.ok, 20)
-	require.Equal(t, before+1, sharedmem.Mapped(), "one mapping, shared by the session's connections")
+	require.Equal(t, before+1, samehost.SharedMapped(), "one mapping, shared by the session's connections")
 	require.NoError(t, p.recv.Free(p.dst.addr(0)))
-	_, still := sharedmem.Lookup(p.dst.addr(0), 1, p.recv.regions)
+	_, still := samehost.LookupShared(p.dst.addr(0), 1, p.recv.regions)
 	require.False(t, still, "the receiver let go of it")
 	s.until(&s.failed, 20)
 	s.stop()
-	require.Equal(t, before, sharedmem.Mapped(), "the sender let go of it at its next try")
+	require.Equal(t, before, samehost.SharedMapped(), "the sender let go of it at its next try")
 	require.Positive(t, mapped(t, p.send))
 }
 
@@ -87,7 +87,7 @@ func TestAllocAndFreeRefuseBadInput(t *testing.T) {
 	require.NoError(t, g.Free(m.addr(0)))
 	require.ErrorIs(t, g.Free(m.addr(0)), errs.InvalidArg, "freed twice")
 	require.ErrorIs(t, g.regions.Check(m.addr(0), 4096), errs.NotRegistered, "freed memory is unregistered")
-	_, ok := sharedmem.Lookup(m.addr(0), 1, g.regions)
+	_, ok := samehost.LookupShared(m.addr(0), 1, g.regions)
 	require.False(t, ok, "and unmapped")
 }
 
@@ -113,7 +113,7 @@ func TestCloseFreesAllocations(t *testing.T) {
 	require.NoError(t, g.Unregister(b.addr(0)))
 	require.NoError(t, g.Close())
 	for _, m := range []*mem{a, b} {
-		_, ok := sharedmem.Lookup(m.addr(0), 1, g.regions)
+		_, ok := samehost.LookupShared(m.addr(0), 1, g.regions)
 		require.False(t, ok)
 	}
 }
@@ -153,7 +153,7 @@ func TestAnotherGuardsAllocationIsNotMapped(t *testing.T) {
 // each allocation leaves no mapping behind on either side: each is let go
 // of at the sender's next transfer after the free.
 func TestAllocFreeCyclesLeaveNoMappings(t *testing.T) {
-	before := sharedmem.Mapped()
+	before := samehost.SharedMapped()
 	send, recv := openGuard(t, ""), openGuard(t, "")
 	src := newMem(t, 8192)
 	require.NoError(t, send.Register(src.addr(0), 8192))
@@ -163,12 +163,12 @@ func TestAllocFreeCyclesLeaveNoMappings(t *testing.T) {
 		_, err := send.Transfer(recv.Endpoint(), []desc.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 8192}}, TransferOptions{})
 		require.NoError(t, err)
 		require.Equal(t, src.b, dst.b)
-		require.LessOrEqual(t, sharedmem.Mapped(), before+2, "cycle %d: at most the live allocation and the one freed last", i)
+		require.LessOrEqual(t, samehost.SharedMapped(), before+2, "cycle %d: at most the live allocation and the one freed last", i)
 		require.NoError(t, recv.Free(dst.addr(0)))
 	}
 	require.EqualValues(t, 60*8192, mapped(t, send))
 	other := allocated(t, recv, 4096) // a transfer after the last free lets go of its mapping
 	_, err := send.Transfer(recv.Endpoint(), []desc.Desc{{Src: src.addr(0), Dst: other.addr(0), Len: 4096}}, TransferOptions{})
 	require.NoError(t, err)
-	require.Equal(t, before+1, sharedmem.Mapped())
+	require.Equal(t, before+1, samehost.SharedMapped())
 }

@@ -14,8 +14,8 @@ import (
 	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/notices"
-	"github.com/mcguard/mcguard/core/sharedmem"
 	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/transport/samehost"
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -51,7 +51,7 @@ type Guard struct {
 	closed   bool
 	sessions map[string]*session
 	inflight sync.WaitGroup
-	allocs   map[uint64]*sharedmem.File // Alloc's, by address
+	allocs   map[uint64]*samehost.SharedFile // Alloc's, by address
 
 	notices   *notices.Store
 	notifies  notifyQueue
@@ -80,7 +80,7 @@ func open(cfg Config, openEngine func(cfg *Config) (enginePlane, error)) (*Guard
 	if cfg.Verify.SliceBytes == verify.SliceAuto {
 		cfg.Verify.SliceBytes = 0 // own data planes move a descriptor in order
 	}
-	g := &Guard{cfg: cfg, sessions: map[string]*session{}, allocs: map[uint64]*sharedmem.File{}, notices: notices.NewStore(), auth: auth.NewAuthority(cfg.Secret),
+	g := &Guard{cfg: cfg, sessions: map[string]*session{}, allocs: map[uint64]*samehost.SharedFile{}, notices: notices.NewStore(), auth: auth.NewAuthority(cfg.Secret),
 		planeState: map[string]string{}, openEngine: openEngine}
 	if cfg.Inject.Mode == fault.Lie && openEngine == nil {
 		return nil, fmt.Errorf("%w: inject lie is an engine's fault (its reads answered from its own copy): it needs a guard over an engine", errs.Config)

@@ -12,7 +12,6 @@ import (
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/logs"
-	"github.com/mcguard/mcguard/core/sharedmem"
 )
 
 // mapFallback says, once per process, that a receiver's shared buffer
@@ -33,10 +32,10 @@ type LeaseHolder struct {
 	pid    int // the target
 	pidfd  int // the target process, to see that it was alive when a memcpy into its memory ended
 
-	spans    []span                        // the last Enter's ranges: the shared allocation each lies in
-	maps     map[uint64]*sharedmem.Mapping // the target's shared allocations mapped here, by inode
-	unmapped map[uint64]bool               // inodes that could not be mapped: process_vm_writev
-	mapGen   uint64                        // the gen maps were last checked against the table under
+	spans    []span                    // the last Enter's ranges: the shared allocation each lies in
+	maps     map[uint64]*SharedMapping // the target's shared allocations mapped here, by inode
+	unmapped map[uint64]bool           // inodes that could not be mapped: process_vm_writev
+	mapGen   uint64                    // the gen maps were last checked against the table under
 }
 
 // AttachLease maps the target's lease file: fd in process pid, checked
@@ -75,7 +74,7 @@ func AttachLease(pid, fd int, nonceHex string, slot int, epoch uint64) (*LeaseHo
 	}
 	keep = true
 	return &LeaseHolder{mem: mem, slot: slot, epoch: epoch, pid: pid, pidfd: pidfd,
-		maps: map[uint64]*sharedmem.Mapping{}, unmapped: map[uint64]bool{}}, ""
+		maps: map[uint64]*SharedMapping{}, unmapped: map[uint64]bool{}}, ""
 }
 
 func (p *LeaseHolder) Close() {
@@ -190,7 +189,7 @@ func (p *LeaseHolder) Mapped(i int, r desc.Range) []byte {
 	m := p.maps[s.ino]
 	if m == nil {
 		var err error
-		if m, err = sharedmem.Attach(p.pid, int(s.fd), s.ino, s.size); err != nil {
+		if m, err = AttachShared(p.pid, int(s.fd), s.ino, s.size); err != nil {
 			mapFallback.Printf(logs.Info, "a receiver's shared buffer not mapped (written with process_vm_writev instead): %v", err)
 			p.unmapped[s.ino] = true
 			return nil

@@ -12,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mcguard/mcguard/core/logs"
-	"github.com/mcguard/mcguard/core/sharedmem"
 )
 
 // The lease file: how a same-host sender may write into the target's
@@ -31,7 +30,7 @@ import (
 //     stops writing itself and sends the rest through the socket, where
 //     the target refuses what falls into the quiesced ranges.
 //   - the table: the target's registered host regions (address, length),
-//     and for one inside a shared allocation (core/sharedmem) the
+//     and for one inside a shared allocation (core/transport/samehost) the
 //     allocation's address, size, descriptor and inode, for the sender to
 //     map it and copy with memcpy instead of process_vm_writev.
 //   - a slot per data connection: busy, the gen+1 its sender entered under
@@ -113,7 +112,7 @@ type Lease struct {
 // regionEntry is a table entry; shared the allocation it lies in, if any.
 type regionEntry struct {
 	addr, n uint64
-	shared  sharedmem.File
+	shared  SharedFile
 }
 
 // NewLease creates the lease file; timeout bounds each wait for writers.
@@ -184,7 +183,7 @@ func (l *Lease) changeLocked(fn func()) uint64 {
 // Add puts a registered host region in the table, with the shared
 // allocation it lies in (Ino 0: none); past maxLeaseRegions it is left
 // out, and senders write into it through the socket.
-func (l *Lease) Add(addr, n uint64, shared sharedmem.File) {
+func (l *Lease) Add(addr, n uint64, shared SharedFile) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.table) >= maxLeaseRegions {

@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/desc"
-	"github.com/mcguard/mcguard/core/sharedmem"
 )
 
 // newLeasePair is a target's lease and a sender's view of it, in this
@@ -21,7 +20,7 @@ import (
 // and the sender in the middle of a write into it.
 func leaseWithWriter(t *testing.T, timeout time.Duration) (*Lease, *LeaseHolder) {
 	l, p := newLeasePair(t, timeout)
-	l.Add(0x10000, 0x1000, sharedmem.File{})
+	l.Add(0x10000, 0x1000, SharedFile{})
 	ok, err := p.Enter(rng(0x10000, 0x1000))
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -44,8 +43,8 @@ func rng(addr, n uint64) []desc.Range { return []desc.Range{{Addr: addr, Len: n}
 
 func TestLeaseCoversOnlyTheTable(t *testing.T) {
 	l, p := newLeasePair(t, time.Second)
-	l.Add(0x10000, 0x1000, sharedmem.File{})
-	l.Add(0x40000, 0x2000, sharedmem.File{})
+	l.Add(0x10000, 0x1000, SharedFile{})
+	l.Add(0x40000, 0x2000, SharedFile{})
 	ok, err := p.Enter([]desc.Range{{Addr: 0x10000, Len: 0x1000}, {Addr: 0x41000, Len: 0x1000}})
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -97,7 +96,7 @@ func TestLeaseRemoveFailsWhereAWriterNeverFinishes(t *testing.T) {
 // waits only for what began before it.
 func TestLeaseSettleWaitsOnlyForOlderWriters(t *testing.T) {
 	l, p := newLeasePair(t, time.Second)
-	l.Add(0x10000, 0x1000, sharedmem.File{})
+	l.Add(0x10000, 0x1000, SharedFile{})
 	require.NoError(t, l.Settle(context.Background()))
 	ok, _ := p.Enter(rng(0x10000, 0x1000))
 	require.True(t, ok)
@@ -110,7 +109,7 @@ func TestLeaseSettleWaitsOnlyForOlderWriters(t *testing.T) {
 
 func TestLeaseRevokeStopsTheSendersWrites(t *testing.T) {
 	l, p := newLeasePair(t, time.Second)
-	l.Add(0x10000, 0x1000, sharedmem.File{})
+	l.Add(0x10000, 0x1000, SharedFile{})
 	require.NoError(t, l.Revoke(context.Background(), "someone else"))
 	ok, err := p.Enter(rng(0x10000, 0x1000))
 	require.NoError(t, err)
@@ -127,7 +126,7 @@ func TestLeaseADeadWriterHoldsNothing(t *testing.T) {
 	l, err := NewLease(5 * time.Second)
 	require.NoError(t, err)
 	defer l.Close()
-	l.Add(0x10000, 0x1000, sharedmem.File{})
+	l.Add(0x10000, 0x1000, SharedFile{})
 	cmd := exec.Command("sleep", "30")
 	require.NoError(t, cmd.Start())
 	slot, _ := l.Assign("dead", cmd.Process.Pid)
@@ -162,7 +161,7 @@ func TestLeaseSlotsAreBounded(t *testing.T) {
 // connection's epoch no longer owns it, even though the slot is in use.
 func TestLeaseAReassignedSlotRefusesItsFormerConnection(t *testing.T) {
 	l, p := newLeasePair(t, time.Second)
-	l.Add(0x10000, 0x1000, sharedmem.File{})
+	l.Add(0x10000, 0x1000, SharedFile{})
 	l.Release(p.slot)
 	slot, epoch := l.Assign("sender", os.Getpid())
 	require.Equal(t, p.slot, slot)
@@ -183,7 +182,7 @@ func TestLeaseAReassignedSlotRefusesItsFormerConnection(t *testing.T) {
 func TestLeaseCloseShutsOutEverySender(t *testing.T) {
 	l, err := NewLease(time.Second)
 	require.NoError(t, err)
-	l.Add(0x10000, 0x1000, sharedmem.File{})
+	l.Add(0x10000, 0x1000, SharedFile{})
 	slot, epoch := l.Assign("sender", os.Getpid())
 	p, why := AttachLease(os.Getpid(), l.fd, hex.EncodeToString(l.nonce[:]), slot, epoch)
 	require.Empty(t, why)

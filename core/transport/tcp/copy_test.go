@@ -8,16 +8,12 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/mcguard/mcguard/core/desc"
-	"github.com/mcguard/mcguard/core/internal/testmem"
-
 	"github.com/stretchr/testify/require"
-
-	"github.com/mcguard/mcguard/core/memory"
-	"github.com/mcguard/mcguard/core/sharedmem"
-
 	"golang.org/x/sys/unix"
 
+	"github.com/mcguard/mcguard/core/desc"
+	"github.com/mcguard/mcguard/core/internal/testmem"
+	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport/samehost"
 )
 
@@ -29,7 +25,7 @@ func TestMappedCopiesFailOnceTheReceiverIsGone(t *testing.T) {
 	require.NoError(t, err)
 	defer l.Close()
 	defer p.Close()
-	f, err := sharedmem.Alloc(4096, "receiver")
+	f, err := samehost.AllocShared(4096, "receiver")
 	require.NoError(t, err)
 	defer f.Free()
 	l.Add(f.Addr, f.Len, *f)

@@ -27,7 +27,7 @@ import (
 // thread. The call is a synchronous kernel copy, so its return means the
 // bytes are in the target's memory; a fence has nothing left to wait for.
 // Where a destination lies in a shared allocation of the target
-// (core/sharedmem), the sender maps that allocation once and copies with
+// (core/transport/samehost), the sender maps that allocation once and copies with
 // memcpy instead: no system call at all. Anything else (device memory, a
 // region the table does not hold, a changing table, a kernel that refuses
 // the calls) goes the socket's way.

@@ -18,7 +18,6 @@ import (
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/memory"
-	"github.com/mcguard/mcguard/core/sharedmem"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/transport/samehost"
 )
@@ -157,7 +156,7 @@ func (t *Transport) Addr() string { return t.target.addr() }
 // the target checks its own writes against the guard's table.
 func (t *Transport) Register(addr, n uint64, mem cuda.Memory) error {
 	if l := t.target.lease; l != nil && !mem.Device {
-		shared, _ := sharedmem.Lookup(addr, n, t.cfg.Regions)
+		shared, _ := samehost.LookupShared(addr, n, t.cfg.Regions)
 		l.Add(addr, n, shared)
 	}
 	return nil

@@ -1,4 +1,4 @@
-package sharedmem
+package samehost
 
 import (
 	"os"
@@ -9,60 +9,60 @@ import (
 )
 
 func TestAllocIsSealedZeroedAndFound(t *testing.T) {
-	f, err := Alloc(5000, "a")
+	f, err := AllocShared(5000, "a")
 	require.NoError(t, err)
 	require.EqualValues(t, 8192, f.Len, "whole pages")
 	require.Equal(t, make([]byte, f.Len), f.mem)
-	seals, err := unix.FcntlInt(uintptr(f.FD), unix.F_GET_SEALS, 0)
+	sharedSeals, err := unix.FcntlInt(uintptr(f.FD), unix.F_GET_SEALS, 0)
 	require.NoError(t, err)
-	require.Equal(t, seals&(unix.F_SEAL_SHRINK|unix.F_SEAL_GROW), unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
+	require.Equal(t, sharedSeals&(unix.F_SEAL_SHRINK|unix.F_SEAL_GROW), unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
 	require.Error(t, unix.Ftruncate(f.FD, 4096), "it cannot shrink under a peer's mapping")
-	got, ok := Lookup(f.Addr+100, 200, "a")
+	got, ok := LookupShared(f.Addr+100, 200, "a")
 	require.True(t, ok)
 	require.Equal(t, f.FD, got.FD)
-	_, ok = Lookup(f.Addr+100, 200, "b")
+	_, ok = LookupShared(f.Addr+100, 200, "b")
 	require.False(t, ok, "another owner's")
-	_, ok = Lookup(f.Addr+8000, 200, "a")
+	_, ok = LookupShared(f.Addr+8000, 200, "a")
 	require.False(t, ok, "past its end")
 	require.NoError(t, f.Free())
 	require.Error(t, f.Free(), "freed twice")
-	_, ok = Lookup(f.Addr, 1, "a")
+	_, ok = LookupShared(f.Addr, 1, "a")
 	require.False(t, ok)
-	_, err = Alloc(0, "a")
+	_, err = AllocShared(0, "a")
 	require.Error(t, err)
 }
 
 // A peer's mapping shows the owner's bytes both ways, is shared between
 // holders, and outlives the owner's Free until the last holder lets go.
 func TestAttachSharesOneMapping(t *testing.T) {
-	f, err := Alloc(4096, "a")
+	f, err := AllocShared(4096, "a")
 	require.NoError(t, err)
 	pid := os.Getpid()
-	a, err := Attach(pid, f.FD, f.Ino, f.Len)
+	a, err := AttachShared(pid, f.FD, f.Ino, f.Len)
 	require.NoError(t, err)
-	b, err := Attach(pid, f.FD, f.Ino, f.Len)
+	b, err := AttachShared(pid, f.FD, f.Ino, f.Len)
 	require.NoError(t, err)
 	require.Same(t, a, b)
-	_, err = Attach(pid, f.FD, f.Ino, 2*f.Len)
+	_, err = AttachShared(pid, f.FD, f.Ino, 2*f.Len)
 	require.ErrorContains(t, err, "not the shared buffer", "a size its sealed file cannot have")
-	require.Equal(t, 1, Mapped())
+	require.Equal(t, 1, SharedMapped())
 	a.Mem[7] = 42
 	require.EqualValues(t, 42, f.mem[7], "the very pages")
 	require.NoError(t, f.Free())
 	a.Release()
 	b.Mem[8] = 1 // still mapped for its other holder
 	b.Release()
-	require.Equal(t, 0, Mapped())
+	require.Equal(t, 0, SharedMapped())
 }
 
 func TestAttachRefusesAFileItWasNotTold(t *testing.T) {
-	f, err := Alloc(4096, "a")
+	f, err := AllocShared(4096, "a")
 	require.NoError(t, err)
 	defer f.Free()
 	pid := os.Getpid()
-	_, err = Attach(pid, f.FD, f.Ino+1, f.Len)
+	_, err = AttachShared(pid, f.FD, f.Ino+1, f.Len)
 	require.ErrorContains(t, err, "not the shared buffer")
-	_, err = Attach(pid, f.FD, f.Ino, 2*f.Len)
+	_, err = AttachShared(pid, f.FD, f.Ino, 2*f.Len)
 	require.ErrorContains(t, err, "not the shared buffer")
 
 	fd, err := unix.MemfdCreate("unsealed", unix.MFD_CLOEXEC)
@@ -71,9 +71,9 @@ func TestAttachRefusesAFileItWasNotTold(t *testing.T) {
 	require.NoError(t, unix.Ftruncate(fd, 4096))
 	var st unix.Stat_t
 	require.NoError(t, unix.Fstat(fd, &st))
-	_, err = Attach(pid, fd, st.Ino, 4096)
+	_, err = AttachShared(pid, fd, st.Ino, 4096)
 	require.ErrorContains(t, err, "not sealed", "a file that could shrink under the mapping (SIGBUS)")
-	_, err = Attach(pid, 9999, 1, 4096)
+	_, err = AttachShared(pid, 9999, 1, 4096)
 	require.ErrorContains(t, err, "pidfd_getfd")
-	require.Equal(t, 0, Mapped())
+	require.Equal(t, 0, SharedMapped())
 }

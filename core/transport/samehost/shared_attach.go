@@ -1,4 +1,4 @@
-package sharedmem
+package samehost
 
 import (
 	"fmt"
@@ -7,38 +7,38 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Mapping is a peer's allocation mapped into this process. Every
+// SharedMapping is a peer's allocation mapped into this process. Every
 // connection of this process to that peer shares one mapping (one set of
 // page tables to fill), until the last lets go of it.
-type Mapping struct {
+type SharedMapping struct {
 	Mem  []byte
-	key  mapKey
+	key  sharedKey
 	refs int
 }
 
-// mapKey names a peer's file: its descriptor in the peer's process and its
+// sharedKey names a peer's file: its descriptor in the peer's process and its
 // inode. A mapping keeps its inode alive, so no other file takes the
 // number while the mapping is here.
-type mapKey struct {
+type sharedKey struct {
 	pid, fd int
 	ino     uint64
 }
 
-var mappings = struct {
+var sharedMappings = struct {
 	sync.Mutex
-	byKey map[mapKey]*Mapping
-}{byKey: map[mapKey]*Mapping{}}
+	byKey map[sharedKey]*SharedMapping
+}{byKey: map[sharedKey]*SharedMapping{}}
 
-// Attach maps the allocation that process pid holds as descriptor fd and
+// AttachShared maps the allocation that process pid holds as descriptor fd and
 // says is inode ino of size bytes. Taking a copy of the descriptor
 // (pidfd_getfd) needs the same permission as writing the process's
 // memory; the copy must be the inode named, sealed against shrinking, and
 // of that size, or nothing is mapped.
-func Attach(pid, fd int, ino, size uint64) (*Mapping, error) {
-	key := mapKey{pid, fd, ino}
-	mappings.Lock()
-	defer mappings.Unlock()
-	if m := mappings.byKey[key]; m != nil {
+func AttachShared(pid, fd int, ino, size uint64) (*SharedMapping, error) {
+	key := sharedKey{pid, fd, ino}
+	sharedMappings.Lock()
+	defer sharedMappings.Unlock()
+	if m := sharedMappings.byKey[key]; m != nil {
 		if uint64(len(m.Mem)) != size { // sealed: its size cannot have changed
 			return nil, fmt.Errorf("descriptor %d of process %d is not the shared buffer its table names", fd, pid)
 		}
@@ -70,28 +70,28 @@ func Attach(pid, fd int, ino, size uint64) (*Mapping, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mmap: %w", err)
 	}
-	m := &Mapping{Mem: mem, key: key, refs: 1}
-	mappings.byKey[key] = m
+	m := &SharedMapping{Mem: mem, key: key, refs: 1}
+	sharedMappings.byKey[key] = m
 	return m, nil
 }
 
 // Release lets go of a mapping; the last holder unmaps it, which frees the
 // peer's pages if it freed them too.
-func (m *Mapping) Release() {
-	mappings.Lock()
-	defer mappings.Unlock()
+func (m *SharedMapping) Release() {
+	sharedMappings.Lock()
+	defer sharedMappings.Unlock()
 	m.refs--
 	if m.refs > 0 {
 		return
 	}
-	delete(mappings.byKey, m.key)
+	delete(sharedMappings.byKey, m.key)
 	unix.Munmap(m.Mem)
 	m.Mem = nil
 }
 
-// Mapped counts this process's mappings of peers' allocations.
-func Mapped() int {
-	mappings.Lock()
-	defer mappings.Unlock()
-	return len(mappings.byKey)
+// SharedMapped counts this process's sharedMappings of peers' allocations.
+func SharedMapped() int {
+	sharedMappings.Lock()
+	defer sharedMappings.Unlock()
+	return len(sharedMappings.byKey)
 }
