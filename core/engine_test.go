@@ -24,7 +24,9 @@ type fakeEngines struct {
 	mu    sync.Mutex
 	nodes map[string]map[uint64]uint64 // engine name -> registered regions
 	// lose, if set, says whether one slice of a write is lost.
-	lose      func(off uint64) bool
+	lose func(off uint64) bool
+	// loseRead, if set, says whether one slice of a read is lost.
+	loseRead  func(off uint64) bool
 	sliceSize uint64
 	calls     int
 }
@@ -72,7 +74,7 @@ func (f *fakeEngines) ops(node, name string) engine.Ops {
 				}
 				for off := uint64(0); off < n[i]; off += f.sliceSize {
 					end := min(off+f.sliceSize, n[i])
-					if write && f.lose != nil && f.lose(off) {
+					if write && f.lose != nil && f.lose(off) || !write && f.loseRead != nil && f.loseRead(off) {
 						continue
 					}
 					copy(dst[off:end], src[off:end])

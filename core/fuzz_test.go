@@ -14,12 +14,12 @@ import (
 // Every request gets a JSON reply, and nothing is recorded from one that
 // could not have come from a peer that shook hands.
 func FuzzControlRequest(f *testing.F) {
-	f.Add([]byte(`{"proto":4,"op":"hello","nonce":"AAAAAAAAAAAAAAAAAAAAAA==","transport":"tcp"}`))
-	f.Add([]byte(`{"proto":4,"op":"auth","nonce":"AAAAAAAAAAAAAAAAAAAAAA==","challenge":"AAAAAAAAAAAAAAAAAAAAAA==","mac":"AA==","transport":"tcp"}`))
+	f.Add([]byte(`{"proto":5,"op":"hello","nonce":"AAAAAAAAAAAAAAAAAAAAAA==","transport":"tcp"}`))
+	f.Add([]byte(`{"proto":5,"op":"auth","nonce":"AAAAAAAAAAAAAAAAAAAAAA==","challenge":"AAAAAAAAAAAAAAAAAAAAAA==","mac":"AA==","transport":"tcp"}`))
 	f.Add(wire.EncodeNotice(nil, wire.Notice{Token: make([]byte, 16), ID: 1, Mode: 4, Total: 1, Descs: []wire.NoticeDesc{{Dst: 4096, Len: 8}}}))
-	f.Add([]byte(`{"proto":4,"op":"hello","nonce":null,"extra":1}`))
-	f.Add([]byte(`{"proto":4,"op":"hello","nonce":"AAAAAAAAAAAAAAAAAAAAAA==","transport":"rdma","offer":{"qps":[{"qpn":1,"psn":2},{}]}}`))
-	f.Add([]byte(`{"proto":4,"op":"hello","nonce":"AAAAAAAAAAAAAAAAAAAAAA==","transport":"tcp","offer":[1,2]}`))
+	f.Add([]byte(`{"proto":5,"op":"hello","nonce":null,"extra":1}`))
+	f.Add([]byte(`{"proto":5,"op":"hello","nonce":"AAAAAAAAAAAAAAAAAAAAAA==","transport":"rdma","offer":{"qps":[{"qpn":1,"psn":2},{}]}}`))
+	f.Add([]byte(`{"proto":5,"op":"hello","nonce":"AAAAAAAAAAAAAAAAAAAAAA==","transport":"tcp","offer":[1,2]}`))
 	g, err := Open(mustLoad(f, ""))
 	if err != nil {
 		f.Fatal(err)

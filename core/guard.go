@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	zmq "github.com/pebbe/zmq4"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/mcguard/mcguard/core/fault"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/notices"
+	"github.com/mcguard/mcguard/core/seal"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/transport/samehost"
 	"github.com/mcguard/mcguard/core/wire"
@@ -56,8 +58,10 @@ type Guard struct {
 	notices   *notices.Store
 	notifies  notifyQueue
 	auth      *auth.Authority
-	cudaState string       // for stats: why device memory does or does not work
-	ids       *transferIDs // transfer ids, unpredictable to peers
+	cudaState string            // for stats: why device memory does or does not work
+	ids       *transferIDs      // transfer ids, unpredictable to peers
+	id        [seal.IDSize]byte // this guard, as its seals and handshakes name it
+	seals     atomic.Uint64     // the serial of its last seal
 	// afterChunk, set by tests only, runs after each chunk of a transfer
 	// is delivered (base: its first descriptor).
 	afterChunk func(base int)
@@ -86,6 +90,7 @@ func open(cfg Config, openEngine func(cfg *Config) (enginePlane, error)) (*Guard
 		return nil, fmt.Errorf("%w: inject lie is an engine's fault (its reads answered from its own copy): it needs a guard over an engine", errs.Config)
 	}
 	g.ids = newTransferIDs()
+	copy(g.id[:], auth.RandomBytes(seal.IDSize))
 	g.digesters.jobs = make(chan *digestJob)
 	g.metrics = newGuardMetrics(g)
 	if err := g.loadCUDA(); err != nil {

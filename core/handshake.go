@@ -82,7 +82,7 @@ func (g *Guard) answer(peer, body []byte) control.HelloReply {
 	if err != nil {
 		return refuse("%s: %v", plane.Name(), err)
 	}
-	rep.Answer = answer
+	rep.Answer, rep.Guard = answer, g.id[:]
 	g.metrics.handshakes.Add(1, "ok")
 	return rep
 }

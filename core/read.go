@@ -18,14 +18,27 @@ func (g *Guard) Read(name string, descs []desc.Desc) error {
 		return err
 	}
 	defer g.leave()
+	_, err := g.read(name, descs, false)
+	return err
+}
+
+// read is Read. Where identify is set it returns the identity of the
+// guard the session's handshake reached (over an engine, the peer's guard
+// where the application named it; nil where there is none).
+func (g *Guard) read(name string, descs []desc.Desc, identify bool) (producer []byte, err error) {
 	if _, err := g.checkBatch(name, descs); err != nil {
-		return err
+		return nil, err
 	}
 	s, err := g.lockSession(g.ctx, name, descs)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer s.mu.Unlock()
+	if identify && g.engine != nil && s.control != "" {
+		if err := s.greet(g.ctx, g); err != nil {
+			return nil, err
+		}
+	}
 	var slices []transport.Slice
 	for sl := range transport.Slices(descs) {
 		slices = append(slices, sl)
@@ -42,14 +55,14 @@ func (g *Guard) Read(name string, descs []desc.Desc) error {
 		buf := s.scratch.Bytes(total)
 		if err := s.conn.Read(g.ctx, ranges, buf, false); err != nil {
 			s.disconnect()
-			return fmt.Errorf("session %s: %w", name, err)
+			return nil, fmt.Errorf("session %s: %w", name, err)
 		}
 		for _, sl := range slices[start:end] {
 			if err := g.regions.Store(sl.Src, sl.Len, func(m []byte) error { copy(m, buf[:sl.Len]); return nil }); err != nil {
-				return err
+				return nil, err
 			}
 			buf = buf[sl.Len:]
 		}
 	}
-	return nil
+	return s.hello.Guard, nil
 }

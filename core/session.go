@@ -98,7 +98,7 @@ func (s *session) refresh(ctx context.Context, g *Guard) error {
 		}
 	}
 	// The newest token: the receiver keeps only a few per sender.
-	s.hello.Regions, s.hello.Token, s.hello.Key, s.seq = rep.Regions, rep.Token, rep.Key, 0
+	s.hello.Regions, s.hello.Token, s.hello.Key, s.hello.Guard, s.seq = rep.Regions, rep.Token, rep.Key, rep.Guard, 0
 	return nil
 }
 

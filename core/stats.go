@@ -18,6 +18,8 @@ type counters struct {
 	mapped                     atomic.Int64 // of pushed, those copied into targets' shared allocations (memcpy)
 	joined                     atomic.Int64 // descriptors sent inside another descriptor's write (consecutive)
 	pipelined                  atomic.Int64 // chunks whose writes went out while the chunk before was checked
+	sealsChecked               atomic.Int64 // reads whose landed bytes matched their seal
+	sealMismatches             atomic.Int64 // ranges read that differed from their seal
 }
 
 // Stats returns counters and settings as JSON.
@@ -69,6 +71,9 @@ func (g *Guard) Stats() ([]byte, error) {
 		"digests_landed":      g.stats.digestsLanded.Load(),
 		"digests_read":        g.stats.digestsRead.Load(),
 		"digest_at":           g.cfg.DigestAt,
+		"seals_made":          g.seals.Load(),
+		"seals_checked":       g.stats.sealsChecked.Load(),
+		"seal_mismatches":     g.stats.sealMismatches.Load(),
 	}
 	for _, p := range g.planes {
 		p.Stats(out)

@@ -24,8 +24,9 @@ import (
 // Version 2 added authentication and tokens in notices; 3, a list of queue
 // pairs (one per RDMA stripe) where 2 had one; 4 carries the data plane's
 // part of the handshake as an offer and an answer that only that data
-// plane reads.
-const ProtocolVersion = 4
+// plane reads; 5, the answering guard's identity (the producer its seals
+// name).
+const ProtocolVersion = 5
 
 // Hello is a handshake step: "hello", then "auth" if the guard
 // asked for it.
@@ -62,6 +63,8 @@ type HelloReply struct {
 	Token     []byte          `json:"token,omitempty"`     // unauthenticated guards: binds data connections to this handshake
 	MAC       []byte          `json:"mac,omitempty"`       // authenticated guards: their proof
 	Regions   []memory.Region `json:"regions,omitempty"`
+	// Guard is the answering guard's identity, as its seals name it.
+	Guard []byte `json:"guard,omitempty"`
 	// Answer is the data plane's part of the reply (the target's address,
 	// its queue pairs and rkeys, ...).
 	Answer json.RawMessage `json:"answer,omitempty"`

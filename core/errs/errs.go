@@ -32,4 +32,7 @@ var (
 	Cancelled = errors.New("transfer cancelled")
 	// NoMemory: the system refused memory for an allocation.
 	NoMemory = errors.New("out of memory")
+	// Seal: a seal that is malformed, truncated, forged, from another
+	// producer, or not for the ranges read.
+	Seal = errors.New("seal refused")
 )

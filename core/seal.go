@@ -1,0 +1,157 @@
+package core
+
+import (
+	"fmt"
+
+	"github.com/mcguard/mcguard/core/desc"
+	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/seal"
+	"github.com/mcguard/mcguard/verify"
+)
+
+// Verified reads: a producer seals ranges whose bytes are final (Seal),
+// the application carries the seal to the reader with its own metadata,
+// and the reader's read succeeds only when the bytes it landed are the
+// sealed ones (ReadSealed over mcguard's data planes, CheckSeal after a
+// read another engine made).
+
+// SealModes are what a reader's check of a seal can be: Digest compares
+// an xxh3-64 digest of every landed byte with the seal's; Tail compares
+// only the last seal.TailSize bytes of each range (no digest: it proves
+// that each range's end landed and is what the producer sealed, not its
+// middle).
+var SealModes = []verify.Mode{verify.Digest, verify.Tail}
+
+// Seal publishes ranges of this guard's registered memory whose bytes are
+// final: their digests and tails, this guard's identity, a serial, and a
+// MAC under the shared secret when the guard has one. The bytes must not
+// change until every reader has checked them; a reader of changed bytes
+// fails.
+func (g *Guard) Seal(ranges []desc.Range) ([]byte, error) {
+	if err := g.enter(); err != nil {
+		return nil, err
+	}
+	defer g.leave()
+	if len(ranges) == 0 || len(ranges) > seal.MaxRanges {
+		return nil, fmt.Errorf("%w: %d ranges (1 to %d per seal)", errs.InvalidArg, len(ranges), seal.MaxRanges)
+	}
+	addrs, lens := make([]uint64, len(ranges)), make([]uint64, len(ranges))
+	for i, r := range ranges {
+		if r.Len == 0 {
+			return nil, fmt.Errorf("%w: range %d has length 0", errs.InvalidArg, i)
+		}
+		if err := g.regions.Check(r.Addr, r.Len); err != nil {
+			return nil, fmt.Errorf("range %d: %w", i, err)
+		}
+		addrs[i], lens[i] = r.Addr, r.Len
+	}
+	s := seal.Seal{Producer: g.id, Serial: g.seals.Add(1), Entries: make([]seal.Entry, len(ranges))}
+	k := 0
+	err := g.regions.LoadRanges(addrs, lens, nil, func(b []byte) error {
+		s.Entries[k] = seal.Entry{Addr: addrs[k], Len: lens[k], Digest: desc.DigestOf(b), Tail: seal.TailOf(b)}
+		k++
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return seal.Encode(s, g.cfg.Secret), nil
+}
+
+// ID is this guard's identity: the producer its seals name.
+func (g *Guard) ID() [seal.IDSize]byte { return g.id }
+
+// CheckSeal compares the bytes a read landed in this guard's registered
+// memory with sealed: reads[i] read sealed range i (Dst, its remote
+// address, 0 where the caller does not know it) into [Src, +Len). mode
+// is one of SealModes; producer, where not nil, is the producer the
+// seal must name. It returns errs.Seal for a seal that does not decode,
+// is not for these ranges or not from producer, and errs.Verify naming
+// the ranges whose bytes differ.
+func (g *Guard) CheckSeal(sealed []byte, reads []desc.Desc, mode verify.Mode, producer []byte) error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	defer g.leave()
+	return g.checkSeal(sealed, reads, mode, producer)
+}
+
+// ReadSealed reads as Read does and then checks the landed bytes against
+// sealed as CheckSeal does, the producer being the guard the session's
+// handshake reached (unchecked over an engine whose peer guard is not
+// known). A read that failed, or bytes that differ, never return nil.
+func (g *Guard) ReadSealed(name string, descs []desc.Desc, sealed []byte, mode verify.Mode) error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	defer g.leave()
+	s, err := seal.Decode(sealed, g.cfg.Secret) // refused before any byte moves
+	if err != nil {
+		return err
+	}
+	if err := matchSeal(s, descs, mode); err != nil {
+		return err
+	}
+	producer, err := g.read(name, descs, true)
+	if err != nil {
+		return err
+	}
+	return g.checkSeal(sealed, descs, mode, producer)
+}
+
+func (g *Guard) checkSeal(sealed []byte, reads []desc.Desc, mode verify.Mode, producer []byte) error {
+	s, err := seal.Decode(sealed, g.cfg.Secret)
+	if err != nil {
+		return err
+	}
+	if err := matchSeal(s, reads, mode); err != nil {
+		return err
+	}
+	if producer != nil && string(producer) != string(s.Producer[:]) {
+		return fmt.Errorf("%w: the seal names producer %x, and the bytes were read from %x", errs.Seal, s.Producer[:], producer)
+	}
+	addrs, lens := make([]uint64, len(reads)), make([]uint64, len(reads))
+	for i, d := range reads {
+		if err := g.regions.Check(d.Src, d.Len); err != nil {
+			return fmt.Errorf("range %d local side: %w", i, err)
+		}
+		addrs[i], lens[i] = d.Src, d.Len
+	}
+	var bad []int
+	k := 0
+	err = g.regions.LoadRanges(addrs, lens, nil, func(b []byte) error {
+		e := s.Entries[k]
+		if (mode == verify.Tail && seal.TailOf(b) != e.Tail) || (mode == verify.Digest && desc.DigestOf(b) != e.Digest) {
+			bad = append(bad, k)
+		}
+		k++
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if len(bad) > 0 {
+		g.stats.sealMismatches.Add(int64(len(bad)))
+		return &verify.MismatchError{Descs: bad, Where: fmt.Sprintf("read differ from seal %d of producer %x (%s check)", s.Serial, s.Producer[:], mode)}
+	}
+	g.stats.sealsChecked.Add(1)
+	return nil
+}
+
+// matchSeal says whether reads are the seal's ranges: as many, each as
+// long, and at the sealed address where the reader names it.
+func matchSeal(s seal.Seal, reads []desc.Desc, mode verify.Mode) error {
+	if mode != verify.Digest && mode != verify.Tail {
+		return fmt.Errorf("%w: a seal is checked in %s or %s mode, not %q", errs.InvalidArg, verify.Digest, verify.Tail, mode)
+	}
+	if len(reads) != len(s.Entries) {
+		return fmt.Errorf("%w: the seal has %d ranges and the read %d", errs.Seal, len(s.Entries), len(reads))
+	}
+	for i, d := range reads {
+		e := s.Entries[i]
+		if d.Len != e.Len || (d.Dst != 0 && d.Dst != e.Addr) {
+			return fmt.Errorf("%w: range %d is [%#x, +%d) in the read and [%#x, +%d) in the seal", errs.Seal, i, d.Dst, d.Len, e.Addr, e.Len)
+		}
+	}
+	return nil
+}
