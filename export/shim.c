@@ -106,6 +106,33 @@ mc_status mc_guard_read(mc_guard_t g, const char *session, const uint64_t *local
     return mcgRead(g, (char *)session, (uint64_t *)local, (uint64_t *)remote, (uint64_t *)len, n);
 }
 
+mc_status mc_guard_seal(mc_guard_t g, const uint64_t *addr, const uint64_t *len, size_t n, uint8_t *seal,
+                        size_t cap, size_t *seal_len) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgSeal(g, (uint64_t *)addr, (uint64_t *)len, n, seal, cap, seal_len);
+}
+
+mc_status mc_guard_read_sealed(mc_guard_t g, const char *session, const uint64_t *local,
+                               const uint64_t *remote, const uint64_t *len, size_t n, const uint8_t *seal,
+                               size_t seal_len, int32_t mode) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgReadSealed(g, (char *)session, (uint64_t *)local, (uint64_t *)remote, (uint64_t *)len, n,
+                         (uint8_t *)seal, seal_len, mode);
+}
+
+mc_status mc_guard_check_seal(mc_guard_t g, const uint64_t *local, const uint64_t *remote, const uint64_t *len,
+                              size_t n, const uint8_t *seal, size_t seal_len, int32_t mode,
+                              const uint8_t *producer) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgCheckSeal(g, (uint64_t *)local, (uint64_t *)remote, (uint64_t *)len, n, (uint8_t *)seal, seal_len,
+                        mode, (uint8_t *)producer);
+}
+
+mc_status mc_guard_id(mc_guard_t g, uint8_t *id, size_t cap) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgGuardID(g, id, cap);
+}
+
 mc_status mc_guard_sync(mc_guard_t g, const uint64_t *addr, const uint64_t *len, size_t n,
                         const mc_sync_opts *opts) {
     if (mcg_forked()) return MC_ERR_FORKED;

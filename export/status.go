@@ -69,6 +69,7 @@ var statuses = []struct {
 	{errs.Session, C.MC_ERR_SESSION},
 	{errs.Peer, C.MC_ERR_PEER},
 	{errs.NoMemory, C.MC_ERR_NO_MEMORY},
+	{errs.Seal, C.MC_ERR_SEAL},
 }
 
 // statusOf maps an error to its status.

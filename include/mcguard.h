@@ -71,6 +71,7 @@ typedef int32_t mc_status;
 #define MC_ERR_QUIESCED        -14  /* the receiver quiesced a destination after the write was sent: refused */
 #define MC_ERR_CANCELLED       -15  /* mc_guard_cancel cancelled the transfer */
 #define MC_ERR_NO_MEMORY       -16  /* the system refused memory for mc_guard_alloc (since 0.3.1) */
+#define MC_ERR_SEAL            -17  /* a seal that is malformed, truncated, forged, from another producer, or not for the ranges read */
 
 /* Verification modes, for mc_transfer_opts.verify. */
 #define MC_VERIFY_DEFAULT -1 /* the guard's configured mode */
@@ -354,6 +355,66 @@ mc_status mc_guard_quiesce_engine(mc_guard_t g, const char *session, const uint6
 mc_status mc_guard_read(mc_guard_t g, const char *session,
                         const uint64_t *local, const uint64_t *remote,
                         const uint64_t *len, size_t n);
+
+/* Verified reads (NIXL's pull model: the decode side reads the prefill
+ * side's blocks). The producer seals ranges once their bytes are final;
+ * the application carries the seal to the reader with its own metadata
+ * (vLLM's kv_transfer_params, say); the reader's read succeeds only when
+ * the bytes it landed are the sealed ones. A producer that reuses sealed
+ * blocks before every reader has read them makes those reads fail with
+ * MC_ERR_VERIFY, never succeed with the new bytes.
+ *
+ * What each check proves of the bytes in [local[i], +len[i]) once the read
+ * returned: MC_VERIFY_DIGEST (and MC_VERIFY_DEFAULT) that every byte
+ * equals what the producer sealed (xxh3-64, per range: against accidental
+ * corruption, reuse and partial reads; the MAC, where the guards share a
+ * secret, against a forged seal). MC_VERIFY_TAIL that the last 16 bytes of
+ * each range landed and equal the sealed ones: a read that stopped short
+ * of a range's end or a block reused from its end fails; a middle that
+ * differs does not. Neither proves anything of bytes outside the ranges.
+ *
+ * A seal is at most MC_GUARD_SEAL_SIZE(n) bytes and names its producer
+ * (mc_guard_id). With a shared secret it carries an HMAC-SHA256 under it,
+ * and a guard with a secret accepts only seals that do; a guard without
+ * one accepts only seals without. */
+#define MC_GUARD_SEAL_SIZE(n) (40u + 40u * (size_t)(n) + 32u)
+#define MC_GUARD_ID_SIZE 16u
+
+/* Producer: seal the n ranges [addr[i], +len[i]) of registered memory
+ * (digests taken where the bytes are, GPU memory included) into seal
+ * (cap bytes); *seal_len (if not NULL) receives its length, also when
+ * MC_ERR_BUFFER_TOO_SMALL. The bytes must not change until every reader
+ * has read them. Errors: MC_ERR_INVALID_ARG (n of 0 or over
+ * MC_GUARD_MAX_DESCRIPTORS, an empty range, seal NULL),
+ * MC_ERR_NOT_REGISTERED, MC_ERR_BUFFER_TOO_SMALL, MC_ERR_DEVICE. */
+mc_status mc_guard_seal(mc_guard_t g, const uint64_t *addr, const uint64_t *len, size_t n,
+                        uint8_t *seal, size_t cap, size_t *seal_len);
+
+/* Reader: mc_guard_read, then the landed bytes checked against seal in
+ * mode (MC_VERIFY_DIGEST, MC_VERIFY_TAIL or MC_VERIFY_DEFAULT). Range i of
+ * the seal must be remote[i] with length len[i], and the seal must come
+ * from the guard the session's handshake reached (over an engine, the
+ * peer's guard where mc_guard_set_peer_guard named it). Errors: those of
+ * mc_guard_read, MC_ERR_SEAL (checked before any byte moves, and the
+ * producer after the handshake), MC_ERR_VERIFY (names the ranges that
+ * differ). */
+mc_status mc_guard_read_sealed(mc_guard_t g, const char *session, const uint64_t *local,
+                               const uint64_t *remote, const uint64_t *len, size_t n,
+                               const uint8_t *seal, size_t seal_len, int32_t mode);
+
+/* Reader, after a read another engine made (NIXL, say): check the bytes
+ * landed in [local[i], +len[i]) (registered here) against seal in mode.
+ * remote, where not NULL, must be the sealed addresses; producer, where
+ * not NULL, the MC_GUARD_ID_SIZE bytes of the producer's mc_guard_id.
+ * Errors: MC_ERR_INVALID_ARG, MC_ERR_NOT_REGISTERED, MC_ERR_SEAL,
+ * MC_ERR_VERIFY (names the ranges that differ), MC_ERR_DEVICE. */
+mc_status mc_guard_check_seal(mc_guard_t g, const uint64_t *local, const uint64_t *remote,
+                              const uint64_t *len, size_t n, const uint8_t *seal, size_t seal_len,
+                              int32_t mode, const uint8_t *producer);
+
+/* This guard's identity, the producer its seals name: MC_GUARD_ID_SIZE
+ * bytes into id (cap at least that, else MC_ERR_BUFFER_TOO_SMALL). */
+mc_status mc_guard_id(mc_guard_t g, uint8_t *id, size_t cap);
 
 /* Receiver side, for ranges the application was told about (its own "done"
  * message): wait until writes still in flight to the n ranges

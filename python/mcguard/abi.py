@@ -23,11 +23,22 @@ MC_ERR_DEVICE = -13
 MC_ERR_QUIESCED = -14
 MC_ERR_CANCELLED = -15
 MC_ERR_NO_MEMORY = -16
+MC_ERR_SEAL = -17
 
 STATUS_NAMES = {code: name for name, code in list(globals().items()) if name.startswith("MC_")}
 
 # mc_transfer_opts.verify (None: the guard's own mode)
 VERIFY_MODES = {None: -1, "off": 0, "tail": 1, "sample": 2, "full": 3, "digest": 4}
+
+# the modes a seal is checked in (None: digest), and the seal's size
+SEAL_MODES = {None: -1, "digest": 4, "tail": 1}
+ID_SIZE = 16  # MC_GUARD_ID_SIZE
+
+
+def seal_size(n):
+    """MC_GUARD_SEAL_SIZE(n): the most bytes a seal of n ranges takes."""
+    return 40 + 40 * n + 32
+
 
 ABORT_STATES = {0: None, 1: "confirmed", 2: "unconfirmed"}  # MC_ABORT_*
 

@@ -17,7 +17,7 @@ _fast_transfer = getattr(_fastcall, "transfer", None)
 _fast_sync_transfers = getattr(_fastcall, "sync_transfers", None)  # None in a module built before it
 
 from .abi import *  # noqa: F401,F403,E402 - the statuses and modes are mcguard.guard's names too
-from .abi import ABORT_STATES, LOG_LEVELS, STATUS_NAMES, TRANSFER_NO_NOTICE, VERIFY_MODES, SyncOpts, TransferOpts  # noqa: E402
+from .abi import ABORT_STATES, ID_SIZE, LOG_LEVELS, SEAL_MODES, STATUS_NAMES, seal_size, TRANSFER_NO_NOTICE, VERIFY_MODES, SyncOpts, TransferOpts  # noqa: E402
 
 # Callbacks of guards over an engine: live ones, and retired ones kept
 # (small: the engine itself is let go) because a late call may return
@@ -60,6 +60,15 @@ def _check_not_forked():
         raise MCGuardError(MC_ERR_FORKED,
                            "this process is a child of os.fork(); mcguard cannot be used "
                            "after fork. Use multiprocessing's 'spawn' start method.")
+
+
+def _seal_args(seal, mode):
+    """A seal as bytes and a mode as MC_VERIFY_*, or MCGuardError."""
+    if not isinstance(seal, (bytes, bytearray, memoryview)) or len(seal) == 0:
+        raise MCGuardError(MC_ERR_INVALID_ARG, "the seal must be non-empty bytes, got %s" % type(seal).__name__)
+    if mode not in SEAL_MODES:
+        raise MCGuardError(MC_ERR_INVALID_ARG, "a seal is checked in mode 'digest' or 'tail', not %r" % (mode,))
+    return bytes(seal), SEAL_MODES[mode]
 
 
 def _u64(x, what):
@@ -336,6 +345,72 @@ class Guard:
         st = self._lib.mc_guard_read(h, _session(session), lp, rp, ln, n1)
         del k1, k2, k3
         self._check(st)
+
+    def seal(self, addrs, lengths):
+        """Producer side of a verified read: seal the registered ranges
+        [addrs[i], +lengths[i]) whose bytes are final, and return the seal
+        (bytes) for the application to carry to the reader. The bytes must
+        not change until every reader has read them."""
+        h = self._h()
+        a, na, ka = u64_array(addrs)
+        ln, nl, kl = u64_array(lengths)
+        if na != nl:
+            raise MCGuardError(MC_ERR_INVALID_ARG, "addrs and lengths differ in length")
+        buf = ctypes.create_string_buffer(seal_size(na) if na else 1)
+        size = ctypes.c_size_t(0)
+        st = self._lib.mc_guard_seal(h, a, ln, na, buf, len(buf), ctypes.byref(size))
+        del ka, kl
+        self._check(st)
+        return buf.raw[:size.value]
+
+    def read_sealed(self, session, local, remote, lengths, seal, mode=None):
+        """Read as read() does, then check the landed bytes against the
+        producer's seal: mode "digest" (None: every byte) or "tail" (each
+        range's last 16 bytes). Raises MC_ERR_VERIFY naming the ranges that
+        differ, MC_ERR_SEAL for a seal that is not this producer's or not
+        for these ranges."""
+        h = self._h()
+        lp, n1, k1 = u64_array(local)
+        rp, n2, k2 = u64_array(remote)
+        ln, n3, k3 = u64_array(lengths)
+        if not (n1 == n2 == n3):
+            raise MCGuardError(MC_ERR_INVALID_ARG, "local, remote and lengths differ in length")
+        sb, m = _seal_args(seal, mode)
+        st = self._lib.mc_guard_read_sealed(h, _session(session), lp, rp, ln, n1, sb, len(sb), m)
+        del k1, k2, k3
+        self._check(st)
+
+    def check_seal(self, local, lengths, seal, remote=None, mode=None, producer=None):
+        """Check bytes another engine read into [local[i], +lengths[i])
+        (registered here) against the producer's seal, as read_sealed does;
+        remote, if given, must be the sealed addresses, and producer (the
+        producer guard's id, bytes) the producer the seal names."""
+        h = self._h()
+        lp, n1, k1 = u64_array(local)
+        ln, n3, k3 = u64_array(lengths)
+        rp, k2 = None, None
+        if remote is not None:
+            rp, n2, k2 = u64_array(remote)
+            if n2 != n1:
+                raise MCGuardError(MC_ERR_INVALID_ARG, "local, remote and lengths differ in length")
+        if n1 != n3:
+            raise MCGuardError(MC_ERR_INVALID_ARG, "local and lengths differ in length")
+        sb, m = _seal_args(seal, mode)
+        pb = None
+        if producer is not None:
+            if not isinstance(producer, (bytes, bytearray)) or len(producer) != ID_SIZE:
+                raise MCGuardError(MC_ERR_INVALID_ARG, "producer must be the %d bytes of a guard's id" % ID_SIZE)
+            pb = bytes(producer)
+        st = self._lib.mc_guard_check_seal(h, lp, rp, ln, n1, sb, len(sb), m, pb)
+        del k1, k2, k3
+        self._check(st)
+
+    @property
+    def id(self):
+        """This guard's identity (bytes): the producer its seals name."""
+        buf = ctypes.create_string_buffer(ID_SIZE)
+        self._check(self._lib.mc_guard_id(self._h(), buf, ID_SIZE))
+        return buf.raw
 
     def sync(self, addrs=(), lengths=(), digests=None, stream=0):
         """Receiver side, for ranges the application was told about: wait

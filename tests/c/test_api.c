@@ -132,6 +132,55 @@ int main(void) {
     CHECK_STATUS(mc_guard_set_log(-1, NULL, NULL), MC_OK, 0, "");
     CHECK_STATUS(mc_guard_set_log(7, NULL, NULL), MC_ERR_INVALID_ARG, 0, "log level 7");
 
+    /* A verified read: the receiver seals four of its blocks, the sender
+     * reads them into a buffer of its own; a block reused after the seal
+     * fails the read, naming it. */
+    {
+        enum { SEALED = 4 };
+        unsigned char *into = calloc(1, SEALED * BLOCK);
+        uint64_t local[SEALED], remote[SEALED], lens[SEALED];
+        for (size_t i = 0; i < SEALED; i++) {
+            local[i] = (uint64_t)(uintptr_t)(into + i * BLOCK);
+            remote[i] = d[i];
+            lens[i] = BLOCK;
+        }
+        CHECK_STATUS(mc_guard_register(sender, into, SEALED * BLOCK), MC_OK, sender, "");
+        uint8_t seal[MC_GUARD_SEAL_SIZE(SEALED)], tiny_seal[8];
+        size_t seal_len = 0;
+        CHECK_STATUS(mc_guard_seal(receiver, remote, lens, SEALED, tiny_seal, sizeof tiny_seal, &seal_len),
+                     MC_ERR_BUFFER_TOO_SMALL, receiver, "MC_GUARD_SEAL_SIZE");
+        CHECK(seal_len > 0 && seal_len <= sizeof seal);
+        CHECK_STATUS(mc_guard_seal(receiver, remote, lens, SEALED, seal, sizeof seal, &seal_len), MC_OK, receiver, "");
+        CHECK_STATUS(mc_guard_read_sealed(sender, endpoint, local, remote, lens, SEALED, seal, seal_len, MC_VERIFY_DIGEST),
+                     MC_OK, sender, "");
+        int equal = 1;
+        for (size_t i = 0; i < SEALED; i++) equal &= memcmp(into + i * BLOCK, (void *)(uintptr_t)d[i], BLOCK) == 0;
+        CHECK(equal);
+        uint8_t id[MC_GUARD_ID_SIZE];
+        CHECK_STATUS(mc_guard_id(receiver, id, sizeof id), MC_OK, receiver, "");
+        CHECK_STATUS(mc_guard_id(receiver, id, 4), MC_ERR_BUFFER_TOO_SMALL, receiver, "MC_GUARD_ID_SIZE");
+        CHECK_STATUS(mc_guard_check_seal(sender, local, NULL, lens, SEALED, seal, seal_len, MC_VERIFY_TAIL, id), MC_OK,
+                     sender, "");
+        ((unsigned char *)(uintptr_t)d[2])[BLOCK - 1] ^= 0xff; /* block 2 reused */
+        CHECK_STATUS(mc_guard_read_sealed(sender, endpoint, local, remote, lens, SEALED, seal, seal_len, MC_VERIFY_TAIL),
+                     MC_ERR_VERIFY, sender, "[2]");
+        ((unsigned char *)(uintptr_t)d[2])[BLOCK - 1] ^= 0xff;
+        CHECK_STATUS(mc_guard_read_sealed(sender, endpoint, local, remote, lens, SEALED, seal, seal_len - 1, MC_VERIFY_DIGEST),
+                     MC_ERR_SEAL, sender, "truncated");
+        CHECK_STATUS(mc_guard_read_sealed(sender, endpoint, local, remote, lens, SEALED - 1, seal, seal_len, MC_VERIFY_DIGEST),
+                     MC_ERR_SEAL, sender, "ranges");
+        CHECK_STATUS(mc_guard_read_sealed(sender, endpoint, local, remote, lens, SEALED, NULL, seal_len, MC_VERIFY_DIGEST),
+                     MC_ERR_INVALID_ARG, sender, "NULL");
+        CHECK_STATUS(mc_guard_read_sealed(sender, endpoint, local, remote, lens, SEALED, seal, seal_len, MC_VERIFY_SAMPLE),
+                     MC_ERR_INVALID_ARG, sender, "MC_VERIFY_DIGEST or MC_VERIFY_TAIL");
+        CHECK_STATUS(mc_guard_check_seal(sender, NULL, NULL, lens, SEALED, seal, seal_len, MC_VERIFY_DIGEST, NULL),
+                     MC_ERR_INVALID_ARG, sender, "NULL");
+        CHECK_STATUS(mc_guard_seal(receiver, remote, lens, 0, seal, sizeof seal, NULL), MC_ERR_INVALID_ARG, receiver,
+                     "at least one range");
+        CHECK_STATUS(mc_guard_unregister(sender, into), MC_OK, sender, "");
+        free(into);
+    }
+
     /* Error paths: each a named status and a message. */
     mc_guard_t bogus = 0;
     CHECK_STATUS(mc_guard_open("{\"max_batch\": -3}", &bogus), MC_ERR_CONFIG, 0, "max_batch");
