@@ -84,7 +84,7 @@ $(MOONCAKE_VENV)/.installed: | venv-support
 	$(MOONCAKE_VENV)/bin/pip install -q mooncake-transfer-engine-non-cuda==$(MOONCAKE_VERSION)
 	touch $@
 
-## nixl-venv: NIXL's UCX backend in build/venv-mooncake too, for bench-peer
+## nixl-venv: NIXL's UCX backend in build/venv-mooncake too, for bench-peer and the verified-pull tests
 nixl-venv: $(MOONCAKE_VENV)/.nixl-installed
 $(MOONCAKE_VENV)/.nixl-installed: $(MOONCAKE_VENV)/.installed
 	$(MOONCAKE_VENV)/bin/pip install -q --no-deps $(NIXL_WHEEL) numpy
@@ -169,7 +169,7 @@ test-c: $(LIB)
 	cmake --build $(CTEST_DIR)
 	cd $(CTEST_DIR) && ctest --output-on-failure
 
-test-python: $(LIB) $(CUDA_MODEL) $(NIC_MODEL) deps-python mooncake-venv
+test-python: $(LIB) $(CUDA_MODEL) $(NIC_MODEL) deps-python mooncake-venv nixl-venv
 	$(PY) -m pytest -q -rs python/tests
 
 ## demo: the PD stress on loopback with injected lag, verify=off beside verify=tail

@@ -22,6 +22,7 @@ NAMES = {
     "mcguard.engine": ["Engine", "MooncakeEngine", "EngineError"],
     "mcguard.mooncake": ["GuardedTransferEngine", "TransferOpcode", "TransferNotify"],
     "mcguard.metrics": ["Collector"],
+    "mcguard.nixl": ["GuardedNixlAgent", "ranges_of"],
     "mcguard.stress": ["main"],
     "mcguard.integrations.mooncake": ["GuardedTransferEngine"],
     "mcguard.integrations.metrics": ["Collector"],
@@ -34,7 +35,7 @@ NAMES = {
 # The names applications import from their old places are the very modules
 # that moved (a test's monkeypatch, an isinstance check, see one module).
 ALIASES = {"mcguard.mooncake": "mcguard.integrations.mooncake", "mcguard.metrics": "mcguard.integrations.metrics",
-           "mcguard.stress": "mcguard.tools.stress"}
+           "mcguard.stress": "mcguard.tools.stress", "mcguard.nixl": "mcguard.integrations.nixl"}
 
 
 @pytest.mark.parametrize("module", sorted(NAMES))
