@@ -39,6 +39,13 @@ func (g *Guard) read(name string, descs []desc.Desc, identify bool) (producer []
 			return nil, err
 		}
 	}
+	// Under the producer's quiesces as a transfer's writes are: a read sent
+	// before the producer quiesced its ranges is refused there.
+	if err := s.beginTransfer(g.ctx); err != nil {
+		s.disconnect()
+		return nil, fmt.Errorf("session %s: %w", name, err)
+	}
+	defer s.endTransfer()
 	var slices []transport.Slice
 	for sl := range transport.Slices(descs) {
 		slices = append(slices, sl)

@@ -7,11 +7,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/transport/tcp"
 	"github.com/mcguard/mcguard/verify"
 )
 
@@ -183,15 +185,15 @@ func TestBadSealsAreRefused(t *testing.T) {
 		seal  []byte
 		descs []desc.Desc
 	}{
-		"truncated":          {sealed[:len(sealed)-1], descs},
-		"garbage":            {[]byte("not a seal at all, just some bytes that are long enough"), descs},
-		"empty":              {nil, descs},
-		"fewer ranges read":  {sealed, descs[:n-1]},
-		"another length":     {sealed, shorter},
-		"another address":    {sealed, moved},
-		"forged":             {forged, descs},
-		"unsigned":           {unsignedSeal, descs[:1]},
-		"another producer":   {fromOther, descs},
+		"truncated":         {sealed[:len(sealed)-1], descs},
+		"garbage":           {[]byte("not a seal at all, just some bytes that are long enough"), descs},
+		"empty":             {nil, descs},
+		"fewer ranges read": {sealed, descs[:n-1]},
+		"another length":    {sealed, shorter},
+		"another address":   {sealed, moved},
+		"forged":            {forged, descs},
+		"unsigned":          {unsignedSeal, descs[:1]},
+		"another producer":  {fromOther, descs},
 	} {
 		clear(p.src.b)
 		err := p.send.ReadSealed(p.session, c.descs, c.seal, verify.Digest)
@@ -228,4 +230,60 @@ func TestCheckSealAfterAnotherEnginesRead(t *testing.T) {
 	err := p.send.CheckSeal(sealed, descs, verify.Digest, nil)
 	require.ErrorIs(t, err, errs.Verify)
 	require.Contains(t, err.Error(), "[3]")
+}
+
+// A producer that quiesces its sealed blocks before reusing them (its
+// request timed out, say) waits for a read of them the target is
+// answering, which then holds the sealed bytes, and refuses a read sent
+// before the quiesce that reaches the target after it (errs.Quiesced):
+// neither has to be caught by the reader's check.
+func TestProducerQuiesceWaitsForOrRefusesReadsInFlight(t *testing.T) {
+	const n, size = 16, 64 << 10
+	for _, phase := range []string{"reading", "arrived"} {
+		t.Run(phase, func(t *testing.T) {
+			p := readerPair(t, "socket", n*size)
+			descs := p.blocks(n, size)
+			ranges := make([]SyncRange, n)
+			for i, d := range descs {
+				ranges[i] = SyncRange{Addr: d.Dst, Len: d.Len}
+			}
+			rand.Read(p.dst.b)
+			sealed := sealBlocks(t, p, descs)
+			require.NoError(t, p.send.ReadSealed(p.session, descs, sealed, verify.Digest)) // connected
+			want := sha256.Sum256(p.dst.b)
+			held, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			p.recv.plane(tcp.Name).(*tcp.Transport).HoldReadsForTest(func(at string) {
+				if at == phase {
+					once.Do(func() { close(held); <-release })
+				}
+			})
+			clear(p.src.b)
+			read := make(chan error, 1)
+			go func() { read <- p.send.ReadSealed(p.session, descs, sealed, verify.Digest) }()
+			<-held
+			quiesced := make(chan error, 1)
+			go func() { quiesced <- p.recv.Quiesce(ranges) }()
+			if phase == "reading" {
+				select {
+				case <-quiesced:
+					t.Fatal("the quiesce returned while a read of its ranges was being answered")
+				case <-time.After(100 * time.Millisecond):
+				}
+				close(release)
+				require.NoError(t, <-quiesced)
+				rand.Read(p.dst.b) // reused the moment the quiesce returned
+				require.NoError(t, <-read)
+				require.Equal(t, want, sha256.Sum256(p.src.b))
+				return
+			}
+			require.NoError(t, <-quiesced)
+			rand.Read(p.dst.b)
+			close(release)
+			require.ErrorIs(t, <-read, errs.Quiesced)
+			// A read sent after the quiesce is taken, and its check fails:
+			// the producer's bytes are not the sealed ones any more.
+			require.ErrorIs(t, p.send.ReadSealed(p.session, descs, sealed, verify.Digest), errs.Verify)
+		})
+	}
 }

@@ -131,9 +131,10 @@ func TestListenPolicy(t *testing.T) {
 
 func TestProtocolMismatchIsAClearError(t *testing.T) {
 	g := openGuard(t, "")
-	body, _ := json.Marshal(control.Hello{Proto: 3, Op: "hello", Nonce: auth.RandomBytes(auth.NonceSize), Transport: "tcp"})
-	require.Contains(t, sendRaw(t, g.Endpoint(), body), "protocol version 3, this guard speaks 4",
-		"version 3 spelled out RDMA's fields where 4 carries each data plane's offer")
+	for _, old := range []int{3, 4} { // 3 spelled out RDMA's fields; 4 did not name the guard
+		body, _ := json.Marshal(control.Hello{Proto: old, Op: "hello", Nonce: auth.RandomBytes(auth.NonceSize), Transport: "tcp"})
+		require.Contains(t, sendRaw(t, g.Endpoint(), body), fmt.Sprintf("protocol version %d, this guard speaks %d", old, control.ProtocolVersion))
+	}
 }
 
 // canaryMem is registered memory with unregistered canary bytes on both

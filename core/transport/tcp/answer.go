@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/mcguard/mcguard/core/logs"
+	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/transport"
 	"github.com/mcguard/mcguard/core/wire"
 )
@@ -117,6 +118,24 @@ func (t *target) read(l *link, r io.Reader, n uint64, cut func()) (wire.Status, 
 		return wire.StatusNotRegistered, 0, nil, nil
 	}
 	l.rd.t, l.rd.cut = t, cut
+	if t.readHook != nil {
+		t.readHook("arrived")
+	}
+	// As a write: recorded before the quiesce check, so that a quiesce of
+	// the ranges (a producer handing its blocks back) either waits for
+	// this read or this read sees it and is refused.
+	for i, a := range l.rd.addrs {
+		l.rd.pending = append(l.rd.pending, t.reads.Add(memory.Region{Addr: a, Len: l.rd.lens[i]}))
+	}
+	for i, a := range l.rd.addrs {
+		if t.q.refuses(l.ack.Load(), memory.Region{Addr: a, Len: l.rd.lens[i]}) {
+			l.rd.done()
+			return wire.StatusQuiesced, 0, nil, nil
+		}
+	}
+	if t.readHook != nil {
+		t.readHook("reading")
+	}
 	if l.rd.send == nil {
 		l.rd.send = l.rd.write // bound once
 	}
@@ -130,6 +149,7 @@ type readReply struct {
 	raw          []byte
 	addrs, lens  []uint64
 	send         func(io.Writer) error // write, bound once
+	pending      []uint64              // its ranges' entries in the target's reads, until answered
 	w            io.Writer
 	writeToReply func(m []byte) error // to, bound once
 }
@@ -150,6 +170,14 @@ func (rd *readReply) write(w io.Writer) error {
 	// promised length unfillable: drop the connection so the reader fails
 	// rather than compares invented bytes.
 	return t.regions.LoadRanges(rd.addrs, rd.lens, rd.cut, rd.writeToReply)
+}
+
+// done takes the read's ranges out of the target's reads in progress.
+func (rd *readReply) done() {
+	for _, id := range rd.pending {
+		rd.t.reads.Done(id)
+	}
+	rd.pending = rd.pending[:0]
 }
 
 func (rd *readReply) to(m []byte) error {

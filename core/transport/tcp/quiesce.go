@@ -153,6 +153,9 @@ func (t *target) quiesce(ctx context.Context, ranges []memory.Region) error {
 		pushed.Go(func() { t.push(l, mark) })
 	}
 	pushed.Wait()
+	if err := t.reads.Wait(ctx, ranges); err != nil {
+		return err
+	}
 	return t.pending.Wait(ctx, ranges)
 }
 

@@ -92,7 +92,9 @@ func (t *target) serve(l *link) {
 		// may be the next chunk's writes (posted ahead), which would hold
 		// it back until they are all applied.
 		flush := s.r.Buffered() == 0 || h.Op == wire.OpHello || h.Op == wire.OpRead
-		if err := t.reply(l, s.w, s.hdr, wire.Header{Op: h.Op | wire.Reply, Status: a.st, ID: h.ID, Addr: a.addr, Len: a.n}, a.payload, flush); err != nil {
+		err = t.reply(l, s.w, s.hdr, wire.Header{Op: h.Op | wire.Reply, Status: a.st, ID: h.ID, Addr: a.addr, Len: a.n}, a.payload, flush)
+		l.rd.done() // a quiesce of its ranges waits no longer
+		if err != nil {
 			return
 		}
 		if h.Op == wire.OpHello && a.st == wire.StatusOK {

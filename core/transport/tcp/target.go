@@ -38,6 +38,8 @@ type target struct {
 	spins    spinSlots
 	spun     *SpinCounts
 	pending  *transport.Pending // writes being applied, or held by a fault: what Settle waits for
+	reads    *transport.Pending // ranges being read: what Quiesce waits for too
+	readHook func(phase string) // tests only: HoldReadsForTest
 
 	// Fault injection. Held writes (lag, reorder) are applied later under
 	// applyMu, which reads also take, so a read-back sees a held write
@@ -82,7 +84,7 @@ func newTarget(cfg Config) (*target, error) {
 // serveOn runs a target on ln.
 func serveOn(ln net.Listener, cfg Config) *target {
 	t := &target{regions: cfg.Regions, tokens: cfg.Tokens, timeout: cfg.Timeout, busyPoll: cfg.BusyPoll, spun: cfg.spins, ln: ln, conns: map[net.Conn]*link{}, senders: map[string]net.Conn{},
-		pending: transport.NewPending(), stop: make(chan struct{}), refused: cfg.Refused, macReplies: cfg.MACReplies, notice: cfg.Notice, faults: fault.New(cfg.Faults, cfg.TailBytes, ln.Addr().String())}
+		pending: transport.NewPending(), reads: transport.NewPending(), stop: make(chan struct{}), refused: cfg.Refused, macReplies: cfg.MACReplies, notice: cfg.Notice, faults: fault.New(cfg.Faults, cfg.TailBytes, ln.Addr().String())}
 	if cfg.DigestAtLanding && t.faults == nil { // under fault injection syncs re-read: faults change bytes after they land
 		t.landed = &landedIndex{}
 	}
