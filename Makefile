@@ -34,7 +34,7 @@ export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 export MCGUARD_CUDA_MODEL := $(CURDIR)/$(CUDA_MODEL)
 export MCGUARD_NIC_MODEL  := $(CURDIR)/$(NIC_MODEL)
 
-.PHONY: device-check test-vllm test-sglang all build deps deps-system deps-go deps-python venv-support test test-go test-python test-c demo bench fuzz soak endurance install clean mooncake-venv nixl-venv bench-peer perf-report
+.PHONY: device-check test-vllm test-sglang all build deps deps-system deps-go deps-python venv-support test test-go test-python test-c demo bench fuzz soak endurance install clean mooncake-venv nixl-venv bench-peer bench-read perf-report
 
 FUZZTIME ?= 30s
 FUZZ_WIRE := FuzzDecodeHeader FuzzDecodeRanges FuzzDecodeNotice
@@ -95,6 +95,13 @@ $(MOONCAKE_VENV)/.nixl-installed: $(MOONCAKE_VENV)/.installed
 ## processes each, rounds interleaved, SHA-1 checked
 bench-peer: build mooncake-venv nixl-venv
 	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.tools.peerbench $(BENCH_PEER_ARGS)
+
+## bench-read: verified reads beside unverified ones: NIXL's READ alone and
+## checked by GuardedNixlAgent (tail, digest), mcguard's read and sealed
+## read over sockets and on one host, two processes, one run, ratios
+BENCH_READ_ARGS ?= --rounds 10
+bench-read: build mooncake-venv nixl-venv
+	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.tools.readbench $(BENCH_READ_ARGS)
 
 ## perf-report: the performance page's figures: bench-peer beside Mooncake
 ## and NIXL (same host and sockets), then over Mooncake's engine, each run's

@@ -62,6 +62,17 @@ def _check_not_forked():
                            "after fork. Use multiprocessing's 'spawn' start method.")
 
 
+def _read_arrays(local, remote, lengths):
+    """A read's three arrays as ctypes, their count and what keeps them
+    alive, or MCGuardError when their lengths differ."""
+    lp, n1, k1 = u64_array(local)
+    rp, n2, k2 = u64_array(remote)
+    ln, n3, k3 = u64_array(lengths)
+    if not (n1 == n2 == n3):
+        raise MCGuardError(MC_ERR_INVALID_ARG, "local, remote and lengths differ in length")
+    return lp, rp, ln, n1, (k1, k2, k3)
+
+
 def _seal_args(seal, mode):
     """A seal as bytes and a mode as MC_VERIFY_*, or MCGuardError."""
     if not isinstance(seal, (bytes, bytearray, memoryview)) or len(seal) == 0:
@@ -337,13 +348,9 @@ class Guard:
     def read(self, session, local, remote, lengths):
         """Read len bytes from each remote address of session into local."""
         h = self._h()
-        lp, n1, k1 = u64_array(local)
-        rp, n2, k2 = u64_array(remote)
-        ln, n3, k3 = u64_array(lengths)
-        if not (n1 == n2 == n3):
-            raise MCGuardError(MC_ERR_INVALID_ARG, "local, remote and lengths differ in length")
-        st = self._lib.mc_guard_read(h, _session(session), lp, rp, ln, n1)
-        del k1, k2, k3
+        lp, rp, ln, n, keep = _read_arrays(local, remote, lengths)
+        st = self._lib.mc_guard_read(h, _session(session), lp, rp, ln, n)
+        del keep
         self._check(st)
 
     def seal(self, addrs, lengths):
@@ -370,14 +377,10 @@ class Guard:
         differ, MC_ERR_SEAL for a seal that is not this producer's or not
         for these ranges."""
         h = self._h()
-        lp, n1, k1 = u64_array(local)
-        rp, n2, k2 = u64_array(remote)
-        ln, n3, k3 = u64_array(lengths)
-        if not (n1 == n2 == n3):
-            raise MCGuardError(MC_ERR_INVALID_ARG, "local, remote and lengths differ in length")
+        lp, rp, ln, n, keep = _read_arrays(local, remote, lengths)
         sb, m = _seal_args(seal, mode)
-        st = self._lib.mc_guard_read_sealed(h, _session(session), lp, rp, ln, n1, sb, len(sb), m)
-        del k1, k2, k3
+        st = self._lib.mc_guard_read_sealed(h, _session(session), lp, rp, ln, n, sb, len(sb), m)
+        del keep
         self._check(st)
 
     def check_seal(self, local, lengths, seal, remote=None, mode=None, producer=None):
