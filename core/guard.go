@@ -62,6 +62,7 @@ type Guard struct {
 	ids       *transferIDs      // transfer ids, unpredictable to peers
 	id        [seal.IDSize]byte // this guard, as its seals and handshakes name it
 	seals     atomic.Uint64     // the serial of its last seal
+	published seal.Store        // seals readers fetch by name (Publish)
 	// afterChunk, set by tests only, runs after each chunk of a transfer
 	// is delivered (base: its first descriptor).
 	afterChunk func(base int)

@@ -51,6 +51,13 @@ func (g *Guard) answer(peer, body []byte) control.HelloReply {
 		}
 		return control.HelloReply{Proto: control.ProtocolVersion}
 	}
+	if req.Op == "seal" {
+		if sealed := g.published.Get(req.Name); sealed != nil {
+			return control.HelloReply{Proto: control.ProtocolVersion, Seal: sealed}
+		}
+		return control.HelloReply{Proto: control.ProtocolVersion, Code: control.CodeUnpublished,
+			Error: fmt.Sprintf("no seal published under %q", req.Name)}
+	}
 	if req.Op == "notify" {
 		if err := g.answerNotify(req); err != nil {
 			return refuse("notify: %v", err)

@@ -2,7 +2,9 @@ package core
 
 import (
 	"fmt"
+	"time"
 
+	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/seal"
@@ -56,6 +58,70 @@ func (g *Guard) Seal(ranges []desc.Range) ([]byte, error) {
 		return nil, err
 	}
 	return seal.Encode(s, g.cfg.Secret), nil
+}
+
+// Publish seals ranges as Seal does and keeps the seal under name (a
+// request id) for readers to fetch from this guard (FetchSeal), where it
+// cannot travel in the application's own metadata. A later Publish under
+// name replaces it; Withdraw forgets it; past seal.MaxPublished seals (or
+// their bytes past seal.MaxPublishedBytes) the oldest are forgotten.
+func (g *Guard) Publish(name string, ranges []desc.Range) error {
+	s, err := g.Seal(ranges)
+	if err != nil {
+		return err
+	}
+	return g.published.Put(name, s)
+}
+
+// Withdraw forgets the seal published under name (the blocks are handed
+// back): readers that come for it are told it is not there.
+func (g *Guard) Withdraw(name string) error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	defer g.leave()
+	if !g.published.Remove(name) {
+		return fmt.Errorf("%w: no seal published under %q", errs.InvalidArg, name)
+	}
+	return nil
+}
+
+// FetchSeal asks the guard at session for the seal it published under
+// name, asking again until it is there or timeout passes (errs.Timeout).
+// The seal is checked when it is used (ReadSealed, CheckSeal), not here.
+func (g *Guard) FetchSeal(session, name string, timeout time.Duration) ([]byte, error) {
+	if err := g.enterSession(session); err != nil {
+		return nil, err
+	}
+	defer g.leave()
+	if name == "" || len(name) > seal.MaxName {
+		return nil, fmt.Errorf("%w: a published seal's name is 1 to %d bytes", errs.InvalidArg, seal.MaxName)
+	}
+	ss := g.session(session)
+	ss.mu.Lock()
+	endpoint := ss.control
+	ss.mu.Unlock()
+	if endpoint == "" {
+		return nil, fmt.Errorf("%w: session %s is reached through an engine, and this guard does not know where its peer's guard listens (mc_guard_set_peer_guard)", errs.Config, session)
+	}
+	deadline := time.Now().Add(timeout)
+	pause := 200 * time.Microsecond
+	for {
+		left := time.Until(deadline)
+		s, pending, err := control.FetchSeal(g.ctx, g.zctx, endpoint, max(left, time.Millisecond), g.handshakeTransport(), name)
+		if err != nil || !pending {
+			return s, err
+		}
+		if left <= 0 {
+			return nil, fmt.Errorf("%w: session %s published no seal under %q within %v", errs.Timeout, session, name, timeout)
+		}
+		select {
+		case <-time.After(min(pause, left)):
+		case <-g.ctx.Done():
+			return nil, fmt.Errorf("%w", errs.Closed)
+		}
+		pause = min(2*pause, 20*time.Millisecond)
+	}
 }
 
 // ID is this guard's identity: the producer its seals name.

@@ -287,3 +287,44 @@ func TestProducerQuiesceWaitsForOrRefusesReadsInFlight(t *testing.T) {
 		})
 	}
 }
+
+// A reader fetches the seal a producer published under a request's name,
+// waiting for it where the producer has not published it yet; a withdrawn
+// or unknown name times out; over an engine the peer's guard is asked.
+func TestPublishedSealsAreFetchedByName(t *testing.T) {
+	const n, size = 8, 8192
+	for _, plane := range []string{"socket", "engine"} {
+		t.Run(plane, func(t *testing.T) {
+			p := readerPair(t, plane, n*size)
+			descs := p.blocks(n, size)
+			ranges := make([]desc.Range, n)
+			for i, d := range descs {
+				ranges[i] = desc.Range{Addr: d.Dst, Len: d.Len}
+			}
+			rand.Read(p.dst.b)
+			go func() {
+				time.Sleep(50 * time.Millisecond)
+				p.recv.Publish("req-1", ranges)
+			}()
+			sealed, err := p.send.FetchSeal(p.session, "req-1", 5*time.Second)
+			require.NoError(t, err)
+			require.NoError(t, p.send.ReadSealed(p.session, descs, sealed, verify.Digest))
+			require.Equal(t, sha256.Sum256(p.dst.b), sha256.Sum256(p.src.b))
+			require.Equal(t, 1.0, stats(t, p.recv)["seals_published"])
+
+			require.NoError(t, p.recv.Withdraw("req-1"))
+			_, err = p.send.FetchSeal(p.session, "req-1", 100*time.Millisecond)
+			require.ErrorIs(t, err, errs.Timeout)
+			require.ErrorIs(t, p.recv.Withdraw("req-1"), errs.InvalidArg)
+			_, err = p.send.FetchSeal(p.session, "", time.Second)
+			require.ErrorIs(t, err, errs.InvalidArg)
+			require.ErrorIs(t, p.recv.Publish("", ranges), errs.InvalidArg)
+		})
+	}
+	f := newFakeEngines()
+	g, err := OpenWithEngine(testConfig(t, ""), f.ops("prefill", "fake"))
+	require.NoError(t, err)
+	defer g.Close()
+	_, err = g.FetchSeal("decode:1", "req-1", time.Second)
+	require.ErrorIs(t, err, errs.Config, "over an engine without the peer's guard named")
+}

@@ -72,6 +72,7 @@ func (g *Guard) Stats() ([]byte, error) {
 		"digests_read":        g.stats.digestsRead.Load(),
 		"digest_at":           g.cfg.DigestAt,
 		"seals_made":          g.seals.Load(),
+		"seals_published":     g.published.Len(),
 		"seals_checked":       g.stats.sealsChecked.Load(),
 		"seal_mismatches":     g.stats.sealMismatches.Load(),
 	}

@@ -10,6 +10,7 @@ import "C"
 
 import (
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/mcguard/mcguard/core"
@@ -26,28 +27,20 @@ var sealModes = map[C.int32_t]verify.Mode{C.MC_VERIFY_DEFAULT: verify.Digest, C.
 //export mcgSeal
 func mcgSeal(h C.mc_guard_t, addr, length *C.uint64_t, n C.size_t, out *C.uint8_t, capacity C.size_t, outLen *C.size_t) C.mc_status {
 	return run(h, "mc_guard_seal", func(g *core.Guard) error {
-		ranges, err := syncRanges(addr, length, n)
+		rs, err := sealRanges(addr, length, n)
 		if err != nil {
 			return err
 		}
-		if n == 0 || out == nil {
-			return fmt.Errorf("%w: a seal needs at least one range and an output buffer", errs.InvalidArg)
-		}
-		rs := make([]desc.Range, len(ranges))
-		for i, r := range ranges {
-			rs[i] = desc.Range{Addr: r.Addr, Len: r.Len}
+		if out == nil {
+			return fmt.Errorf("%w: seal is NULL", errs.InvalidArg)
 		}
 		s, err := g.Seal(rs)
 		if err != nil {
 			return err
 		}
-		if outLen != nil {
-			*outLen = C.size_t(len(s))
+		if err := copySeal(s, out, capacity, outLen); err != nil {
+			return fmt.Errorf("%w (MC_GUARD_SEAL_SIZE(%d) is enough)", err, uint64(n))
 		}
-		if len(s) > int(capacity) {
-			return fmt.Errorf("%w: the seal takes %d bytes, the buffer holds %d (MC_GUARD_SEAL_SIZE(%d) is enough)", errBufferTooSmall, len(s), uint64(capacity), uint64(n))
-		}
-		copy(unsafe.Slice((*byte)(unsafe.Pointer(out)), len(s)), s)
 		return nil
 	})
 }
@@ -110,6 +103,81 @@ func mcgCheckSeal(h C.mc_guard_t, local, remote, length *C.uint64_t, n C.size_t,
 		}
 		return g.CheckSeal(s, descs, m, want)
 	})
+}
+
+//export mcgPublish
+func mcgPublish(h C.mc_guard_t, name *C.char, addr, length *C.uint64_t, n C.size_t) C.mc_status {
+	return run(h, "mc_guard_publish", func(g *core.Guard) error {
+		if name == nil {
+			return fmt.Errorf("%w: name is NULL", errs.InvalidArg)
+		}
+		rs, err := sealRanges(addr, length, n)
+		if err != nil {
+			return err
+		}
+		return g.Publish(C.GoString(name), rs)
+	})
+}
+
+//export mcgWithdraw
+func mcgWithdraw(h C.mc_guard_t, name *C.char) C.mc_status {
+	return run(h, "mc_guard_withdraw", func(g *core.Guard) error {
+		if name == nil {
+			return fmt.Errorf("%w: name is NULL", errs.InvalidArg)
+		}
+		return g.Withdraw(C.GoString(name))
+	})
+}
+
+//export mcgFetchSeal
+func mcgFetchSeal(h C.mc_guard_t, session, name *C.char, timeoutMs C.uint64_t, out *C.uint8_t, capacity C.size_t, outLen *C.size_t) C.mc_status {
+	return run(h, "mc_guard_fetch_seal", func(g *core.Guard) error {
+		switch {
+		case session == nil || name == nil:
+			return fmt.Errorf("%w: session or name is NULL", errs.InvalidArg)
+		case out == nil:
+			return fmt.Errorf("%w: seal is NULL", errs.InvalidArg)
+		case timeoutMs > C.uint64_t(maxFetchWait/time.Millisecond):
+			return fmt.Errorf("%w: timeout_ms %d is over a day", errs.InvalidArg, uint64(timeoutMs))
+		}
+		s, err := g.FetchSeal(C.GoString(session), C.GoString(name), time.Duration(timeoutMs)*time.Millisecond)
+		if err != nil {
+			return err
+		}
+		return copySeal(s, out, capacity, outLen)
+	})
+}
+
+// maxFetchWait bounds mc_guard_fetch_seal's timeout.
+const maxFetchWait = 24 * time.Hour
+
+// copySeal copies a seal into the caller's buffer, its length into *outLen
+// (also when it does not fit).
+func copySeal(s []byte, out *C.uint8_t, capacity C.size_t, outLen *C.size_t) error {
+	if outLen != nil {
+		*outLen = C.size_t(len(s))
+	}
+	if len(s) > int(capacity) {
+		return fmt.Errorf("%w: the seal takes %d bytes, the buffer holds %d", errBufferTooSmall, len(s), uint64(capacity))
+	}
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(out)), len(s)), s)
+	return nil
+}
+
+// sealRanges checks and decodes the ranges to seal.
+func sealRanges(addr, length *C.uint64_t, n C.size_t) ([]desc.Range, error) {
+	ranges, err := syncRanges(addr, length, n)
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("%w: a seal needs at least one range", errs.InvalidArg)
+	}
+	rs := make([]desc.Range, len(ranges))
+	for i, r := range ranges {
+		rs[i] = desc.Range{Addr: r.Addr, Len: r.Len}
+	}
+	return rs, nil
 }
 
 //export mcgGuardID

@@ -128,6 +128,22 @@ mc_status mc_guard_check_seal(mc_guard_t g, const uint64_t *local, const uint64_
                         mode, (uint8_t *)producer);
 }
 
+mc_status mc_guard_publish(mc_guard_t g, const char *name, const uint64_t *addr, const uint64_t *len, size_t n) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgPublish(g, (char *)name, (uint64_t *)addr, (uint64_t *)len, n);
+}
+
+mc_status mc_guard_withdraw(mc_guard_t g, const char *name) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgWithdraw(g, (char *)name);
+}
+
+mc_status mc_guard_fetch_seal(mc_guard_t g, const char *session, const char *name, uint64_t timeout_ms,
+                              uint8_t *seal, size_t cap, size_t *seal_len) {
+    if (mcg_forked()) return MC_ERR_FORKED;
+    return mcgFetchSeal(g, (char *)session, (char *)name, timeout_ms, seal, cap, seal_len);
+}
+
 mc_status mc_guard_id(mc_guard_t g, uint8_t *id, size_t cap) {
     if (mcg_forked()) return MC_ERR_FORKED;
     return mcgGuardID(g, id, cap);

@@ -412,6 +412,31 @@ mc_status mc_guard_check_seal(mc_guard_t g, const uint64_t *local, const uint64_
                               const uint64_t *len, size_t n, const uint8_t *seal, size_t seal_len,
                               int32_t mode, const uint8_t *producer);
 
+/* Producer: seal the n ranges as mc_guard_seal does and keep the seal
+ * under name (NUL-terminated, at most 256 bytes: a request id) for readers
+ * to fetch from this guard with mc_guard_fetch_seal, where it cannot travel
+ * in the application's own metadata. Publishing under a name again
+ * replaces its seal. The guard keeps at most 4096 seals and 64 MiB of
+ * them, the oldest forgotten first; one seal at most 1 MiB (about 26,000
+ * ranges). Errors: those of mc_guard_seal, MC_ERR_INVALID_ARG (name NULL,
+ * empty or too long, a seal too large to fetch). */
+mc_status mc_guard_publish(mc_guard_t g, const char *name, const uint64_t *addr, const uint64_t *len, size_t n);
+
+/* Producer: forget the seal published under name (its blocks handed back);
+ * readers that come for it are told there is none. MC_ERR_INVALID_ARG if
+ * there was none. */
+mc_status mc_guard_withdraw(mc_guard_t g, const char *name);
+
+/* Reader: fetch the seal session's guard published under name (over an
+ * engine, the peer guard mc_guard_set_peer_guard named), asking again until
+ * it is published or timeout_ms passes (MC_ERR_TIMEOUT), into seal (cap
+ * bytes; *seal_len its length, also when MC_ERR_BUFFER_TOO_SMALL). The
+ * seal is checked when it is used. Errors: MC_ERR_INVALID_ARG, MC_ERR_CONFIG
+ * (an engine's session without its peer's guard), MC_ERR_SESSION,
+ * MC_ERR_TIMEOUT, MC_ERR_BUFFER_TOO_SMALL. */
+mc_status mc_guard_fetch_seal(mc_guard_t g, const char *session, const char *name, uint64_t timeout_ms,
+                              uint8_t *seal, size_t cap, size_t *seal_len);
+
 /* This guard's identity, the producer its seals name: MC_GUARD_ID_SIZE
  * bytes into id (cap at least that, else MC_ERR_BUFFER_TOO_SMALL). */
 mc_status mc_guard_id(mc_guard_t g, uint8_t *id, size_t cap);

@@ -48,7 +48,8 @@ type Hello struct {
 	Token []byte `json:"token,omitempty"`
 	Seq   uint64 `json:"seq,omitempty"`
 	// A "notify" (authenticated as an abort is) carries an application
-	// message for the receiver's Notifies.
+	// message for the receiver's Notifies; a "seal" asks for the seal
+	// published under Name.
 	Name string `json:"name,omitempty"`
 	Msg  string `json:"msg,omitempty"`
 }
@@ -65,6 +66,10 @@ type HelloReply struct {
 	Regions   []memory.Region `json:"regions,omitempty"`
 	// Guard is the answering guard's identity, as its seals name it.
 	Guard []byte `json:"guard,omitempty"`
+	// Seal answers a "seal" request: what the guard published under its
+	// name; Code is CodeUnpublished where it has none.
+	Seal []byte `json:"seal,omitempty"`
+	Code string `json:"code,omitempty"`
 	// Answer is the data plane's part of the reply (the target's address,
 	// its queue pairs and rkeys, ...).
 	Answer json.RawMessage `json:"answer,omitempty"`
@@ -143,4 +148,36 @@ func HandshakeStep(ctx context.Context, sock *zmq.Socket, session string, timeou
 		return HelloReply{}, fmt.Errorf("%w: session %q speaks protocol version %d, this guard %d", errs.Session, session, rep.Proto, ProtocolVersion)
 	}
 	return rep, nil
+}
+
+// CodeUnpublished: the guard keeps no seal under the name asked for (not
+// published yet, withdrawn, or crowded out).
+const CodeUnpublished = "unpublished"
+
+// FetchSeal asks the guard at session once for the seal it published
+// under name: the seal, or pending when it has none (yet).
+func FetchSeal(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration, transport, name string) (seal []byte, pending bool, err error) {
+	sock, _, err := NewReqSocket(ctx, zctx, session, timeout)
+	if err != nil {
+		return nil, false, err
+	}
+	defer sock.Close()
+	body, _ := json.Marshal(Hello{Proto: ProtocolVersion, Op: "seal", Nonce: auth.RandomBytes(auth.NonceSize), Transport: transport, Name: name})
+	raw, err := Request(ctx, sock, session, "seal", body, timeout)
+	if err != nil {
+		return nil, false, err
+	}
+	var rep HelloReply
+	if err := DecodeStrict(raw, &rep); err != nil {
+		return nil, false, fmt.Errorf("%w: session %q sent a malformed seal reply: %v", errs.Session, session, err)
+	}
+	switch {
+	case rep.Code == CodeUnpublished:
+		return nil, true, nil
+	case rep.Error != "":
+		return nil, false, fmt.Errorf("%w: session %q refused the seal request: %s", errs.Session, session, rep.Error)
+	case len(rep.Seal) == 0:
+		return nil, false, fmt.Errorf("%w: session %q sent an empty seal", errs.Session, session)
+	}
+	return rep.Seal, false, nil
 }

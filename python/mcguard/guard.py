@@ -62,6 +62,13 @@ def _check_not_forked():
                            "after fork. Use multiprocessing's 'spawn' start method.")
 
 
+def _name(name):
+    """A published seal's name as C bytes, or MCGuardError."""
+    if not isinstance(name, str) or "\0" in name:
+        raise MCGuardError(MC_ERR_INVALID_ARG, "a seal's name must be a str without NUL, got %r" % (name,))
+    return name.encode()
+
+
 def _read_arrays(local, remote, lengths):
     """A read's three arrays as ctypes, their count and what keeps them
     alive, or MCGuardError when their lengths differ."""
@@ -407,6 +414,33 @@ class Guard:
         st = self._lib.mc_guard_check_seal(h, lp, rp, ln, n1, sb, len(sb), m, pb)
         del k1, k2, k3
         self._check(st)
+
+    def publish(self, name, addrs, lengths):
+        """Seal the ranges as seal() does and keep the seal under name (a
+        request id, str) for readers to fetch_seal() from this guard."""
+        h = self._h()
+        a, na, ka = u64_array(addrs)
+        ln, nl, kl = u64_array(lengths)
+        if na != nl:
+            raise MCGuardError(MC_ERR_INVALID_ARG, "addrs and lengths differ in length")
+        st = self._lib.mc_guard_publish(h, _name(name), a, ln, na)
+        del ka, kl
+        self._check(st)
+
+    def withdraw(self, name):
+        """Forget the seal published under name (its blocks handed back)."""
+        self._check(self._lib.mc_guard_withdraw(self._h(), _name(name)))
+
+    def fetch_seal(self, session, name, timeout_ms=10000):
+        """The seal session's guard published under name, waiting up to
+        timeout_ms for it (MC_ERR_TIMEOUT)."""
+        h = self._h()
+        timeout = _u64(timeout_ms, "timeout_ms")
+        buf = ctypes.create_string_buffer(1 << 20)  # a published seal's bound
+        size = ctypes.c_size_t(0)
+        self._check(self._lib.mc_guard_fetch_seal(h, _session(session), _name(name), timeout, buf, len(buf),
+                                                  ctypes.byref(size)))
+        return buf.raw[:size.value]
 
     @property
     def id(self):

@@ -104,3 +104,25 @@ def test_bad_input_gets_a_clear_status(producer_reader, call, status):
     with pytest.raises(MCGuardError) as e:
         call(producer, reader, seal, remote, local)
     assert e.value.name == status, e.value.message
+
+
+def test_a_published_seal_is_fetched_by_name(producer_reader):
+    producer, reader, kv, into, remote, local = producer_reader()
+    producer.publish("req-7", remote, [SIZE] * N)
+    seal = reader.fetch_seal(producer.endpoint, "req-7", timeout_ms=2000)
+    reader.read_sealed(producer.endpoint, local, remote, [SIZE] * N, seal)
+    assert h(into.bytes()) == h(kv.bytes())
+    producer.withdraw("req-7")
+    with pytest.raises(MCGuardError) as e:
+        reader.fetch_seal(producer.endpoint, "req-7", timeout_ms=50)
+    assert e.value.name == "MC_ERR_TIMEOUT"
+    for bad in (None, 7, "a\0b", ""):
+        with pytest.raises(MCGuardError) as e:
+            producer.publish(bad, remote, [SIZE] * N)
+        assert e.value.name == "MC_ERR_INVALID_ARG"
+    with pytest.raises(MCGuardError) as e:
+        reader.fetch_seal(producer.endpoint, "req-7", timeout_ms=-1)
+    assert e.value.name == "MC_ERR_INVALID_ARG"
+    with pytest.raises(MCGuardError) as e:
+        producer.withdraw("req-7")
+    assert e.value.name == "MC_ERR_INVALID_ARG"

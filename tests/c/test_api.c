@@ -177,6 +177,21 @@ int main(void) {
                      MC_ERR_INVALID_ARG, sender, "NULL");
         CHECK_STATUS(mc_guard_seal(receiver, remote, lens, 0, seal, sizeof seal, NULL), MC_ERR_INVALID_ARG, receiver,
                      "at least one range");
+        /* Published under a request's name and fetched by the reader. */
+        CHECK_STATUS(mc_guard_publish(receiver, "req-9", remote, lens, SEALED), MC_OK, receiver, "");
+        uint8_t fetched[MC_GUARD_SEAL_SIZE(SEALED)];
+        size_t fetched_len = 0;
+        CHECK_STATUS(mc_guard_fetch_seal(sender, endpoint, "req-9", 2000, fetched, sizeof fetched, &fetched_len), MC_OK,
+                     sender, "");
+        CHECK_STATUS(mc_guard_read_sealed(sender, endpoint, local, remote, lens, SEALED, fetched, fetched_len,
+                                          MC_VERIFY_DEFAULT), MC_OK, sender, "");
+        CHECK_STATUS(mc_guard_fetch_seal(sender, endpoint, "req-9", 2000, fetched, 4, &fetched_len),
+                     MC_ERR_BUFFER_TOO_SMALL, sender, "buffer holds 4");
+        CHECK_STATUS(mc_guard_withdraw(receiver, "req-9"), MC_OK, receiver, "");
+        CHECK_STATUS(mc_guard_withdraw(receiver, "req-9"), MC_ERR_INVALID_ARG, receiver, "no seal published");
+        CHECK_STATUS(mc_guard_fetch_seal(sender, endpoint, "req-9", 50, fetched, sizeof fetched, NULL), MC_ERR_TIMEOUT,
+                     sender, "published no seal");
+        CHECK_STATUS(mc_guard_publish(receiver, NULL, remote, lens, SEALED), MC_ERR_INVALID_ARG, receiver, "NULL");
         CHECK_STATUS(mc_guard_unregister(sender, into), MC_OK, sender, "");
         free(into);
     }
