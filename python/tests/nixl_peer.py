@@ -53,6 +53,13 @@ def main(role):
                 mem[:] = os.urandom(SIZE)
                 seal = agent.seal(blocks)
                 reply(out, seal=base64.b64encode(seal).decode(), sha=hashlib.sha256(mem[:]).hexdigest())
+            elif cmd[0] == "publish":  # new bytes, sealed and published under a name
+                mem[:] = os.urandom(SIZE)
+                agent.publish(cmd[1], blocks)
+                reply(out, sha=hashlib.sha256(mem[:]).hexdigest())
+            elif cmd[0] == "fetch":  # the producer's seal published under a name
+                seal = agent.fetch_seal(state["peer"], cmd[1], timeout_ms=int(cmd[2]))
+                reply(out, seal=base64.b64encode(seal).decode())
             elif cmd[0] == "seal-by-another":  # the same bytes sealed by another producer
                 other = Guard(listen="127.0.0.1:0")
                 other.register(addr, SIZE)

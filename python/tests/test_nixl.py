@@ -77,6 +77,15 @@ def test_an_honest_read_is_done_with_the_sealed_bytes(pull, mode, how):
     assert got["sha"] == sealed["sha"]
 
 
+def test_a_seal_published_by_the_producer_is_fetched_by_the_reader(pull):
+    producer, reader = pull
+    assert "error" in reader("fetch", "req-1", 100), "nothing published yet: the fetch times out"
+    published = producer("publish", "req-1")
+    fetched = reader("fetch", "req-1", 5000)
+    got = reader("read", fetched["seal"], "digest", "prepped")
+    assert got["state"] == "DONE" and got["sha"] == published["sha"], got
+
+
 @pytest.mark.parametrize("mode", ["digest", "tail"])
 def test_a_block_reused_before_the_read_fails_it(pull, mode):
     producer, reader = pull

@@ -9,6 +9,8 @@ every call to a real agent: NIXL moves the bytes. What it adds:
 - a producer seals the blocks it serves once their bytes are final
   (``seal(descs)``: digests and tails taken by its mcguard guard, a MAC
   under the shared secret) and forwards the seal with its own metadata;
+- or it publishes the seal under the request's id in its guard
+  (``publish``) and the reader fetches it from there (``fetch_seal``);
 - a reader's READ carries that seal (``seal=`` on make_prepped_xfer or
   initialize_xfer, or ``set_seal``), and its state is "DONE" only once NIXL
   said DONE and the bytes landed in the reader's memory equal the sealed
@@ -27,9 +29,11 @@ import os
 from ..guard import Guard, MCGuardError
 from ..abi import ID_SIZE, MC_ERR_INVALID_ARG, MC_ERR_SEAL
 
-# get_agent_metadata's prefix: the producer guard's id travels with the
-# agent's metadata, so a reader knows whose seals to accept from whom.
-_META_MAGIC = b"MCGN\x01"
+# get_agent_metadata's prefix: the producer guard's id and endpoint travel
+# with the agent's metadata, so a reader knows whose seals to accept from
+# whom, and where to fetch the seals it publishes. Layout: magic, id,
+# the endpoint's length (2 bytes, little endian), the endpoint.
+_META_MAGIC = b"MCGN\x02"
 
 # How many descriptor lists and transfer handles are remembered before the
 # oldest are forgotten (an application that never releases its handles
@@ -128,18 +132,24 @@ class GuardedNixlAgent:
     # -- identity -----------------------------------------------------
 
     def get_agent_metadata(self):
-        return _META_MAGIC + self.guard.id + self._agent.get_agent_metadata()
+        endpoint = self.guard.endpoint.encode()
+        return (_META_MAGIC + self.guard.id + len(endpoint).to_bytes(2, "little") + endpoint +
+                self._agent.get_agent_metadata())
 
     def add_remote_agent(self, metadata):
         producer = None
-        if bytes(metadata[:len(_META_MAGIC)]) == _META_MAGIC:
-            producer = bytes(metadata[len(_META_MAGIC):len(_META_MAGIC) + ID_SIZE])
-            metadata = bytes(metadata[len(_META_MAGIC) + ID_SIZE:])
+        metadata = bytes(metadata)
+        if metadata[:len(_META_MAGIC)] == _META_MAGIC:
+            at = len(_META_MAGIC)
+            producer = metadata[at:at + ID_SIZE]
+            n = int.from_bytes(metadata[at + ID_SIZE:at + ID_SIZE + 2], "little")
+            endpoint = metadata[at + ID_SIZE + 2:at + ID_SIZE + 2 + n].decode()
+            metadata = metadata[at + ID_SIZE + 2 + n:]
         name = self._agent.add_remote_agent(metadata)
         if isinstance(name, bytes):
             name = name.decode()
         if producer is not None:
-            self._producers[name] = producer
+            self._producers[name] = (producer, endpoint)
         return name
 
     # -- memory -------------------------------------------------------
@@ -189,7 +199,29 @@ class GuardedNixlAgent:
             raise MCGuardError(MC_ERR_INVALID_ARG, "seal: cannot read the descriptors (pass tuples, an Nx3 array or tensors)")
         return self.guard.seal([a for a, _ in ranges], [n for _, n in ranges])
 
+    def publish(self, name, descs):
+        """Seal descs as seal() does and keep the seal under name (a request
+        id) in this agent's guard, for readers to fetch_seal()."""
+        ranges = ranges_of(descs)
+        if ranges is None:
+            raise MCGuardError(MC_ERR_INVALID_ARG, "publish: cannot read the descriptors (pass tuples, an Nx3 "
+                                                   "array or tensors)")
+        self.guard.publish(name, [a for a, _ in ranges], [n for _, n in ranges])
+
+    def withdraw(self, name):
+        """Forget the seal published under name (its blocks handed back)."""
+        self.guard.withdraw(name)
+
     # -- reader -------------------------------------------------------
+
+    def fetch_seal(self, agent_name, name, timeout_ms=10000):
+        """The seal remote agent agent_name's guard published under name,
+        waiting up to timeout_ms for it; pass it as seal= to the READ."""
+        known = self._producers.get(agent_name)
+        if known is None:
+            raise MCGuardError(MC_ERR_INVALID_ARG, "fetch_seal: %r is not a guarded remote agent of this one "
+                                                   "(its metadata named no guard)" % (agent_name,))
+        return self.guard.fetch_seal(known[1], name, timeout_ms)
 
     def get_xfer_descs(self, descs, mem_type=None):
         out = self._agent.get_xfer_descs(descs, mem_type)
@@ -290,7 +322,7 @@ class GuardedNixlAgent:
             raise MCGuardError(MC_ERR_INVALID_ARG, "the READ's local descriptors were made outside this agent: cannot check them")
         self.guard.check_seal([a for a, _ in read.local], [n for _, n in read.local], read.seal,
                               remote=None if read.remote is None else [a for a, _ in read.remote],
-                              mode=self.mode, producer=self._producers.get(read.agent))
+                              mode=self.mode, producer=self._producers.get(read.agent, (None,))[0])
 
     def close(self):
         """Close the guard this agent opened (NIXL's agent goes with the
