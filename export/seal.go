@@ -137,7 +137,7 @@ func mcgFetchSeal(h C.mc_guard_t, session, name *C.char, timeoutMs C.uint64_t, o
 			return fmt.Errorf("%w: session or name is NULL", errs.InvalidArg)
 		case out == nil:
 			return fmt.Errorf("%w: seal is NULL", errs.InvalidArg)
-		case timeoutMs > C.uint64_t(maxFetchWait/time.Millisecond):
+		case timeoutMs > C.uint64_t(maxWait/time.Millisecond):
 			return fmt.Errorf("%w: timeout_ms %d is over a day", errs.InvalidArg, uint64(timeoutMs))
 		}
 		s, err := g.FetchSeal(C.GoString(session), C.GoString(name), time.Duration(timeoutMs)*time.Millisecond)
@@ -148,8 +148,8 @@ func mcgFetchSeal(h C.mc_guard_t, session, name *C.char, timeoutMs C.uint64_t, o
 	})
 }
 
-// maxFetchWait bounds mc_guard_fetch_seal's timeout.
-const maxFetchWait = 24 * time.Hour
+// maxWait bounds the timeouts the exports take: a day.
+const maxWait = 24 * time.Hour
 
 // copySeal copies a seal into the caller's buffer, its length into *outLen
 // (also when it does not fit).

@@ -128,7 +128,7 @@ func mcgCancel(h C.mc_guard_t, session *C.char) C.mc_status {
 //export mcgWaitEngineCalls
 func mcgWaitEngineCalls(h C.mc_guard_t, transferID, timeoutMS C.uint64_t) C.mc_status {
 	return run(h, "mc_guard_wait_engine_calls", func(g *core.Guard) error {
-		if timeoutMS > C.uint64_t(24*time.Hour/time.Millisecond) {
+		if timeoutMS > C.uint64_t(maxWait/time.Millisecond) {
 			return fmt.Errorf("%w: timeout_ms = %d is over a day", errs.InvalidArg, uint64(timeoutMS))
 		}
 		return g.WaitEngineCalls(uint64(transferID), time.Duration(timeoutMS)*time.Millisecond)
