@@ -155,7 +155,7 @@ func (g *Guard) ReadSealed(name string, descs []desc.Desc, sealed []byte, mode v
 	if err != nil {
 		return err
 	}
-	if err := matchSeal(s, descs, mode); err != nil {
+	if _, err := matchSeal(s, descs, mode); err != nil {
 		return err
 	}
 	producer, err := g.read(name, descs, true)
@@ -170,7 +170,8 @@ func (g *Guard) checkSeal(sealed []byte, reads []desc.Desc, mode verify.Mode, pr
 	if err != nil {
 		return err
 	}
-	if err := matchSeal(s, reads, mode); err != nil {
+	entries, err := matchSeal(s, reads, mode)
+	if err != nil {
 		return err
 	}
 	if producer != nil && string(producer) != string(s.Producer[:]) {
@@ -186,7 +187,7 @@ func (g *Guard) checkSeal(sealed []byte, reads []desc.Desc, mode verify.Mode, pr
 	var bad []int
 	k := 0
 	err = g.regions.LoadRanges(addrs, lens, nil, func(b []byte) error {
-		e := s.Entries[k]
+		e := entries[k]
 		if (mode == verify.Tail && seal.TailOf(b) != e.Tail) || (mode == verify.Digest && desc.DigestOf(b) != e.Digest) {
 			bad = append(bad, k)
 		}
@@ -204,20 +205,43 @@ func (g *Guard) checkSeal(sealed []byte, reads []desc.Desc, mode verify.Mode, pr
 	return nil
 }
 
-// matchSeal says whether reads are the seal's ranges: as many, each as
-// long, and at the sealed address where the reader names it.
-func matchSeal(s seal.Seal, reads []desc.Desc, mode verify.Mode) error {
+// matchSeal pairs each range read with its sealed range: the seal's
+// ranges in order (a range whose remote address the reader does not name
+// is taken at its place), or, where the reader names every remote
+// address, the sealed range at that address for each (a read of some of
+// a request's blocks, or of them over several reads). A range read that
+// is not a sealed range, with its length, is refused.
+func matchSeal(s seal.Seal, reads []desc.Desc, mode verify.Mode) ([]seal.Entry, error) {
 	if mode != verify.Digest && mode != verify.Tail {
-		return fmt.Errorf("%w: a seal is checked in %s or %s mode, not %q", errs.InvalidArg, verify.Digest, verify.Tail, mode)
+		return nil, fmt.Errorf("%w: a seal is checked in %s or %s mode, not %q", errs.InvalidArg, verify.Digest, verify.Tail, mode)
 	}
-	if len(reads) != len(s.Entries) {
-		return fmt.Errorf("%w: the seal has %d ranges and the read %d", errs.Seal, len(s.Entries), len(reads))
-	}
+	inOrder := len(reads) == len(s.Entries)
+	named := true
 	for i, d := range reads {
-		e := s.Entries[i]
-		if d.Len != e.Len || (d.Dst != 0 && d.Dst != e.Addr) {
-			return fmt.Errorf("%w: range %d is [%#x, +%d) in the read and [%#x, +%d) in the seal", errs.Seal, i, d.Dst, d.Len, e.Addr, e.Len)
+		named = named && d.Dst != 0
+		if inOrder && (d.Len != s.Entries[i].Len || (d.Dst != 0 && d.Dst != s.Entries[i].Addr)) {
+			inOrder = false
 		}
 	}
-	return nil
+	switch {
+	case inOrder:
+		return s.Entries, nil
+	case !named:
+		return nil, fmt.Errorf("%w: the seal has %d ranges and the read %d, not all of them at a named address", errs.Seal, len(s.Entries), len(reads))
+	}
+	at := make(map[desc.Range]int, len(s.Entries))
+	for i, e := range s.Entries {
+		if _, ok := at[desc.Range{Addr: e.Addr, Len: e.Len}]; !ok {
+			at[desc.Range{Addr: e.Addr, Len: e.Len}] = i
+		}
+	}
+	entries := make([]seal.Entry, len(reads))
+	for i, d := range reads {
+		k, ok := at[desc.Range{Addr: d.Dst, Len: d.Len}]
+		if !ok {
+			return nil, fmt.Errorf("%w: range %d, [%#x, +%d), is not a range of the seal", errs.Seal, i, d.Dst, d.Len)
+		}
+		entries[i] = s.Entries[k]
+	}
+	return entries, nil
 }

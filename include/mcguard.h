@@ -391,8 +391,10 @@ mc_status mc_guard_seal(mc_guard_t g, const uint64_t *addr, const uint64_t *len,
                         uint8_t *seal, size_t cap, size_t *seal_len);
 
 /* Reader: mc_guard_read, then the landed bytes checked against seal in
- * mode (MC_VERIFY_DIGEST, MC_VERIFY_TAIL or MC_VERIFY_DEFAULT). Range i of
- * the seal must be remote[i] with length len[i], and the seal must come
+ * mode (MC_VERIFY_DIGEST, MC_VERIFY_TAIL or MC_VERIFY_DEFAULT). Each range
+ * read must be a sealed range: [remote[i], +len[i]) range i of the seal,
+ * or, for a read of some of the sealed ranges or in another order, the
+ * sealed range at that address with that length. The seal must come
  * from the guard the session's handshake reached (over an engine, the
  * peer's guard where mc_guard_set_peer_guard named it). Errors: those of
  * mc_guard_read, MC_ERR_SEAL (checked before any byte moves, and the
@@ -404,7 +406,8 @@ mc_status mc_guard_read_sealed(mc_guard_t g, const char *session, const uint64_t
 
 /* Reader, after a read another engine made (NIXL, say): check the bytes
  * landed in [local[i], +len[i]) (registered here) against seal in mode.
- * remote, where not NULL, must be the sealed addresses; producer, where
+ * remote, where not NULL, names the sealed ranges read (as for
+ * mc_guard_read_sealed; NULL: the seal's ranges in order); producer, where
  * not NULL, the MC_GUARD_ID_SIZE bytes of the producer's mc_guard_id.
  * Errors: MC_ERR_INVALID_ARG, MC_ERR_NOT_REGISTERED, MC_ERR_SEAL,
  * MC_ERR_VERIFY (names the ranges that differ), MC_ERR_DEVICE. */
