@@ -189,15 +189,15 @@ func TestBadSealsAreRefused(t *testing.T) {
 		seal  []byte
 		descs []desc.Desc
 	}{
-		"truncated":         {sealed[:len(sealed)-1], descs},
-		"garbage":           {[]byte("not a seal at all, just some bytes that are long enough"), descs},
-		"empty":             {nil, descs},
-		"fewer, unnamed":     {sealed, otherDescs[:n-1]},
-		"another length":    {sealed, shorter},
-		"another address":   {sealed, moved},
-		"forged":            {forged, descs},
-		"unsigned":          {unsignedSeal, descs[:1]},
-		"another producer":  {fromOther, descs},
+		"truncated":        {sealed[:len(sealed)-1], descs},
+		"garbage":          {[]byte("not a seal at all, just some bytes that are long enough"), descs},
+		"empty":            {nil, descs},
+		"fewer, unnamed":   {sealed, otherDescs[:n-1]},
+		"another length":   {sealed, shorter},
+		"another address":  {sealed, moved},
+		"forged":           {forged, descs},
+		"unsigned":         {unsignedSeal, descs[:1]},
+		"another producer": {fromOther, descs},
 	} {
 		clear(p.src.b)
 		err := p.send.ReadSealed(p.session, c.descs, c.seal, verify.Digest)
