@@ -107,11 +107,13 @@ func (g *Guard) FetchSeal(session, name string, timeout time.Duration) ([]byte, 
 	deadline := time.Now().Add(timeout)
 	pause := 200 * time.Microsecond
 	for {
-		left := time.Until(deadline)
-		s, pending, err := control.FetchSeal(g.ctx, g.zctx, endpoint, max(left, time.Millisecond), g.handshakeTransport(), name)
+		// Each request has the connect timeout to be answered: the wait
+		// for publication is the loop's, not the request's.
+		s, pending, err := control.FetchSeal(g.ctx, g.zctx, endpoint, g.cfg.ConnectTimeout, g.handshakeTransport(), name)
 		if err != nil || !pending {
 			return s, err
 		}
+		left := time.Until(deadline)
 		if left <= 0 {
 			return nil, fmt.Errorf("%w: session %s published no seal under %q within %v", errs.Timeout, session, name, timeout)
 		}

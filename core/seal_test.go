@@ -319,8 +319,11 @@ func TestPublishedSealsAreFetchedByName(t *testing.T) {
 			require.Equal(t, 1.0, stats(t, p.recv)["seals_published"])
 
 			require.NoError(t, p.recv.Withdraw("req-1"))
-			_, err = p.send.FetchSeal(p.session, "req-1", 100*time.Millisecond)
-			require.ErrorIs(t, err, errs.Timeout)
+			for _, wait := range []time.Duration{100 * time.Millisecond, time.Millisecond, 0} {
+				_, err = p.send.FetchSeal(p.session, "req-1", wait)
+				require.ErrorIs(t, err, errs.Timeout)
+				require.Contains(t, err.Error(), "published no seal", "the peer answered: it is the wait that ended, however short")
+			}
 			require.ErrorIs(t, p.recv.Withdraw("req-1"), errs.InvalidArg)
 			_, err = p.send.FetchSeal(p.session, "", time.Second)
 			require.ErrorIs(t, err, errs.InvalidArg)
