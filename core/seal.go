@@ -141,7 +141,11 @@ func (g *Guard) CheckSeal(sealed []byte, reads []desc.Desc, mode verify.Mode, pr
 		return err
 	}
 	defer g.leave()
-	return g.checkSeal(sealed, reads, mode, producer)
+	s, entries, err := g.openSeal(sealed, reads, mode)
+	if err != nil {
+		return err
+	}
+	return g.checkLanded(s, entries, reads, mode, producer)
 }
 
 // ReadSealed reads as Read does and then checks the landed bytes against
@@ -153,29 +157,31 @@ func (g *Guard) ReadSealed(name string, descs []desc.Desc, sealed []byte, mode v
 		return err
 	}
 	defer g.leave()
-	s, err := seal.Decode(sealed, g.cfg.Secret) // refused before any byte moves
+	s, entries, err := g.openSeal(sealed, descs, mode) // refused before any byte moves
 	if err != nil {
-		return err
-	}
-	if _, err := matchSeal(s, descs, mode); err != nil {
 		return err
 	}
 	producer, err := g.read(name, descs, true)
 	if err != nil {
 		return err
 	}
-	return g.checkSeal(sealed, descs, mode, producer)
+	return g.checkLanded(s, entries, descs, mode, producer)
 }
 
-func (g *Guard) checkSeal(sealed []byte, reads []desc.Desc, mode verify.Mode, producer []byte) error {
+// openSeal decodes sealed under this guard's secret and pairs each range
+// read with its sealed range (matchSeal).
+func (g *Guard) openSeal(sealed []byte, reads []desc.Desc, mode verify.Mode) (seal.Seal, []seal.Entry, error) {
 	s, err := seal.Decode(sealed, g.cfg.Secret)
 	if err != nil {
-		return err
+		return s, nil, err
 	}
 	entries, err := matchSeal(s, reads, mode)
-	if err != nil {
-		return err
-	}
+	return s, entries, err
+}
+
+// checkLanded compares the bytes reads landed with their sealed ranges,
+// after checking that the seal is producer's (where producer is known).
+func (g *Guard) checkLanded(s seal.Seal, entries []seal.Entry, reads []desc.Desc, mode verify.Mode, producer []byte) error {
 	if producer != nil && string(producer) != string(s.Producer[:]) {
 		return fmt.Errorf("%w: the seal names producer %x, and the bytes were read from %x", errs.Seal, s.Producer[:], producer)
 	}
@@ -188,7 +194,7 @@ func (g *Guard) checkSeal(sealed []byte, reads []desc.Desc, mode verify.Mode, pr
 	}
 	var bad []int
 	k := 0
-	err = g.regions.LoadRanges(addrs, lens, nil, func(b []byte) error {
+	err := g.regions.LoadRanges(addrs, lens, nil, func(b []byte) error {
 		e := entries[k]
 		if (mode == verify.Tail && seal.TailOf(b) != e.Tail) || (mode == verify.Digest && desc.DigestOf(b) != e.Digest) {
 			bad = append(bad, k)
