@@ -14,6 +14,8 @@ import sys
 import threading
 import time
 
+import numpy as np
+
 from mcguard import Guard, MCGuardError
 from mcguard.nixl import GuardedNixlAgent, nixl_api
 
@@ -36,6 +38,8 @@ def main(role):
     agent.register_memory([(addr, SIZE, 0, "")], "DRAM")
     reply(out, meta=base64.b64encode(agent.get_agent_metadata()).decode(), addr=addr)
     blocks = [(addr + i * BLOCK, BLOCK, 0) for i in range(BLOCKS)]
+    # The same blocks as one strided row, the form vLLM prepares its lists in.
+    strided = agent.prep_xfer_dlist("NIXL_INIT_AGENT", strided_row(addr), "DRAM")
     churn = threading.Event()
     state = {"peer": None, "remote": None, "prepped": None}
 
@@ -57,6 +61,13 @@ def main(role):
                 mem[:] = os.urandom(SIZE)
                 agent.publish(cmd[1], blocks)
                 reply(out, sha=hashlib.sha256(mem[:]).hexdigest())
+            elif cmd[0] == "publish-prepped":  # publish NAME DELAY_MS: blocks of the strided list, later
+                mem[:] = os.urandom(SIZE)
+                sha = hashlib.sha256(mem[:]).hexdigest()
+                later = threading.Timer(int(cmd[2]) / 1000, agent.publish_prepped,
+                                        (cmd[1], strided, np.arange(BLOCKS)))
+                later.start()
+                reply(out, sha=sha)
             elif cmd[0] == "fetch":  # the producer's seal published under a name
                 seal = agent.fetch_seal(state["peer"], cmd[1], timeout_ms=int(cmd[2]))
                 reply(out, seal=base64.b64encode(seal).decode())
@@ -83,11 +94,15 @@ def main(role):
                 local = agent.prep_xfer_dlist("", agent.get_xfer_descs(blocks, "DRAM"))
                 remote = agent.prep_xfer_dlist(state["peer"], agent.get_xfer_descs(state["remote"], "DRAM"))
                 state["prepped"] = (local, remote)
+                state["strided"] = (strided, agent.prep_xfer_dlist(state["peer"], strided_row(int(cmd[2])), "DRAM"))
+                reply(out, ok=True)
+            elif cmd[0] == "seal-wait":  # how long a READ named by its seal waits for it
+                agent.seal_wait_ms = int(cmd[1])
                 reply(out, ok=True)
             elif cmd[0] == "inject":
                 agent._inject_partial = cmd[1] == "partial"
                 reply(out, ok=True)
-            elif cmd[0] == "read":  # read SEAL|- MODE prepped|init
+            elif cmd[0] == "read":  # read SEAL|-|name:NAME MODE prepped|strided|init
                 reply(out, **read(agent, state, blocks, mem, cmd[1], cmd[2], cmd[3]))
             elif cmd[0] == "quit":
                 break
@@ -99,17 +114,24 @@ def main(role):
     os._exit(0)  # NIXL's UCX backend can crash in static destructors at exit
 
 
-def read(agent, state, blocks, mem, seal_b64, mode, how):
+def strided_row(addr):
+    """The blocks at addr as NIXL's strided form: one Nx5 row."""
+    return np.array([[addr, BLOCK, 0, BLOCK, BLOCKS]], dtype=np.uint64)
+
+
+def read(agent, state, blocks, mem, seal_arg, mode, how):
     mem[:] = bytes(SIZE)
-    seal = None if seal_b64 == "-" else base64.b64decode(seal_b64)
+    seal = None if seal_arg == "-" or seal_arg.startswith("name:") else base64.b64decode(seal_arg)
+    name = seal_arg[5:] if seal_arg.startswith("name:") else None
     agent.mode = mode
-    if how == "prepped":
-        local, remote = state["prepped"]
-        idx = list(range(BLOCKS))
-        h = agent.make_prepped_xfer("READ", local, idx, remote, idx, seal=seal)
+    if how in ("prepped", "strided"):
+        local, remote = state[how]
+        idx = np.arange(BLOCKS)[::-1] if how == "strided" else list(range(BLOCKS))  # any order
+        h = agent.make_prepped_xfer("READ", local, idx, remote, idx, seal=seal, seal_name=name)
     else:
         h = agent.initialize_xfer("READ", agent.get_xfer_descs(blocks, "DRAM"),
-                                  agent.get_xfer_descs(state["remote"], "DRAM"), state["peer"], seal=seal)
+                                  agent.get_xfer_descs(state["remote"], "DRAM"), state["peer"], seal=seal,
+                                  seal_name=name)
     st = agent.transfer(h)
     deadline = time.monotonic() + 15
     while st == "PROC" and time.monotonic() < deadline:

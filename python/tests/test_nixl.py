@@ -87,6 +87,28 @@ def test_a_seal_published_by_the_producer_is_fetched_by_the_reader(pull):
 
 
 @pytest.mark.parametrize("mode", ["digest", "tail"])
+def test_a_read_named_by_its_seal_waits_for_the_publication_then_checks(pull, mode):
+    """vLLM's way: the reader posts the READ naming the seal, and the
+    producer publishes it (sealing its strided list by descriptor index)
+    after the READ began; the READ is DONE only once the seal came."""
+    producer, reader = pull
+    published = producer("publish-prepped", "req-7", 300)
+    got = reader("read", "name:req-7", mode, "strided")
+    assert got["state"] == "DONE" and got["sha"] == published["sha"], got
+    producer("reuse", 5)
+    got = reader("read", "name:req-7", mode, "strided")
+    assert got["state"] == "ERR" and "MC_ERR_VERIFY" in got["why"], got
+
+
+def test_a_read_named_by_a_seal_never_published_fails(pull):
+    producer, reader = pull
+    producer("fill")
+    reader("seal-wait", 300)
+    got = reader("read", "name:never", "digest", "strided")
+    assert got["state"] == "ERR" and "the READ's seal" in got["why"], got
+
+
+@pytest.mark.parametrize("mode", ["digest", "tail"])
 def test_a_block_reused_before_the_read_fails_it(pull, mode):
     producer, reader = pull
     sealed = producer("fill")

@@ -12,7 +12,9 @@ every call to a real agent: NIXL moves the bytes. What it adds:
 - or it publishes the seal under the request's id in its guard
   (``publish``) and the reader fetches it from there (``fetch_seal``);
 - a reader's READ carries that seal (``seal=`` on make_prepped_xfer or
-  initialize_xfer, or ``set_seal``), and its state is "DONE" only once NIXL
+  initialize_xfer, or ``set_seal``), or names the seal the producer
+  published (``seal_name=``, or inside ``sealed_by(name)``: fetched in the
+  background while NIXL reads), and its state is "DONE" only once NIXL
   said DONE and the bytes landed in the reader's memory equal the sealed
   ones; "ERR" when they differ (the producer reused its blocks, the read
   landed only part of them), when the seal is forged, truncated, from
@@ -23,8 +25,12 @@ NIXL itself checks no bytes and cannot cancel a read; a "DONE" from it
 means its backend finished, nothing more. WRITEs pass through unchanged.
 """
 
+import bisect
 import collections
+import concurrent.futures
+import contextlib
 import os
+import threading
 
 from ..guard import Guard, MCGuardError
 from ..abi import ID_SIZE, MC_ERR_INVALID_ARG, MC_ERR_SEAL
@@ -39,6 +45,12 @@ _META_MAGIC = b"MCGN\x02"
 # oldest are forgotten (an application that never releases its handles
 # must not grow this without bound).
 _MAX_REMEMBERED = 65536
+
+# How long a READ named by its seal's name waits for the producer to
+# publish that seal (after which it ends "ERR"), and how many fetches run
+# at once.
+SEAL_WAIT_MS = 10000
+_FETCHERS = 4
 
 
 def nixl_api():
@@ -64,34 +76,84 @@ class _Bounded(collections.OrderedDict):
             self.popitem(last=False)
 
 
-def ranges_of(descs):
-    """[(addr, len)] of descriptors in any form NIXL takes: tuples
-    (addr, len, dev[, meta]), an Nx3 numpy array, a tensor or a list of
-    tensors. None for a form it cannot read (a NIXL list made elsewhere)."""
+def _rows_of(descs):
+    """Rows (addr, len, stride, count) of descriptors in any form NIXL
+    takes: tuples (addr, len, dev[, meta]), an Nx3 numpy array, NIXL's
+    strided Nx5 array (addr, len, dev, stride, count: count blocks of len
+    bytes, stride apart), a tensor or a list of tensors. None for a form it
+    cannot read (a NIXL list made elsewhere)."""
     if hasattr(descs, "data_ptr") and hasattr(descs, "numel"):
-        return [(int(descs.data_ptr()), int(descs.numel() * descs.element_size()))]
+        return [(int(descs.data_ptr()), int(descs.numel() * descs.element_size()), 0, 1)]
     shape = getattr(descs, "shape", None)
     if shape is not None and len(shape) == 2:
-        return [(int(r[0]), int(r[1])) for r in descs]
+        if shape[1] == 5:
+            return [(int(r[0]), int(r[1]), int(r[3]), int(r[4])) for r in descs]
+        return [(int(r[0]), int(r[1]), 0, 1) for r in descs]
     try:
         first = descs[0]
     except (TypeError, IndexError, KeyError):
         return None
     if hasattr(first, "data_ptr"):
-        return [(int(t.data_ptr()), int(t.numel() * t.element_size())) for t in descs]
+        return [(int(t.data_ptr()), int(t.numel() * t.element_size()), 0, 1) for t in descs]
     if isinstance(first, (tuple, list)):
-        return [(int(d[0]), int(d[1])) for d in descs]
+        return [(int(d[0]), int(d[1]), 0, 1) for d in descs]
     return None
+
+
+class _Descs:
+    """A descriptor list's ranges, kept as its rows (a strided row of a
+    whole KV region stays one row): descriptor i is block i of the rows
+    laid end to end, as NIXL indexes them."""
+
+    __slots__ = ("rows", "starts", "total")
+
+    def __init__(self, rows):
+        self.rows, self.starts, n = rows, [], 0
+        for row in rows:
+            self.starts.append(n)
+            n += row[3]
+        self.total = n
+
+    @classmethod
+    def of(cls, descs):
+        rows = _rows_of(descs)
+        return None if rows is None else cls(rows)
+
+    def __len__(self):
+        return self.total
+
+    def pick(self, indices):
+        """[(addr, len)] of descriptors indices (ints, any iterable)."""
+        out = []
+        for i in indices:
+            i = int(i)
+            if not 0 <= i < self.total:
+                raise MCGuardError(MC_ERR_INVALID_ARG, "descriptor %d of a list of %d" % (i, self.total))
+            r = bisect.bisect_right(self.starts, i) - 1
+            addr, n, stride, _ = self.rows[r]
+            out.append((addr + (i - self.starts[r]) * stride, n))
+        return out
+
+    def all(self):
+        return self.pick(range(self.total))
+
+
+def ranges_of(descs):
+    """[(addr, len)] of descriptors in any form NIXL takes (see _rows_of),
+    strided rows expanded; None for a form it cannot read."""
+    table = _Descs.of(descs)
+    return None if table is None else table.all()
 
 
 class _Read:
     """What the guard knows of one READ: the local and remote ranges, the
     producer, the seal, and once checked its verdict."""
 
-    __slots__ = ("local", "remote", "agent", "seal", "state", "error")
+    __slots__ = ("local", "remote", "agent", "seal", "fetch", "state", "error")
 
-    def __init__(self, local, remote, agent, seal):
+    def __init__(self, local, remote, agent, seal, fetch=None):
         self.local, self.remote, self.agent, self.seal = local, remote, agent, seal
+        self.fetch = fetch  # a Future of the seal, where the READ named it
         self.state, self.error = None, None
 
 
@@ -102,10 +164,11 @@ class GuardedNixlAgent:
     applying); mode is how a read is checked against its seal ("digest":
     every byte; "tail": the last 16 bytes of each range); require_seal
     makes a READ without a seal end "ERR" (the default: a "DONE" here
-    always means checked)."""
+    always means checked); seal_wait_ms is how long a READ named by its
+    seal's name waits for the producer to publish it."""
 
     def __init__(self, name, config=None, *, guard=None, guard_config=None, mode="digest",
-                 require_seal=True, inject_partial=False, agent_class=None):
+                 require_seal=True, inject_partial=False, agent_class=None, seal_wait_ms=SEAL_WAIT_MS):
         if mode not in ("digest", "tail"):
             raise MCGuardError(MC_ERR_INVALID_ARG, "mode must be 'digest' or 'tail', not %r" % (mode,))
         cls = agent_class or nixl_api()[0]
@@ -113,15 +176,19 @@ class GuardedNixlAgent:
         self._own_guard = guard is None
         self.guard = guard if guard is not None else Guard(**(guard_config or {"listen": "127.0.0.1:0"}))
         self.name = name
-        self.mode, self.require_seal = mode, require_seal
+        self.mode, self.require_seal, self.seal_wait_ms = mode, require_seal, seal_wait_ms
         # Fault injection for tests: each READ posted by initialize_xfer
         # moves only the first half of its last descriptor.
         self._inject_partial = inject_partial or os.environ.get("MCGUARD_NIXL_INJECT") == "partial"
-        self._lists = _Bounded()      # id(NIXL descriptor list) -> (list, ranges)
-        self._prepped = _Bounded()    # prepped dlist handle -> (agent name, ranges)
+        self._lists = _Bounded()      # id(NIXL descriptor list) -> (list, _Descs)
+        self._prepped = _Bounded()    # prepped dlist handle -> (agent name, _Descs)
         self._reads = _Bounded()      # xfer handle -> _Read
         self._regs = _Bounded()       # id(NIXL registration list) -> (list, [addr])
         self._producers = _Bounded()  # remote agent name -> its guard's id
+        self._fetches = _Bounded(4096)  # (agent name, seal name) -> Future of the seal
+        self._fetcher = None
+        self._mu = threading.Lock()
+        self._seal_name = threading.local()
         self.stats = collections.Counter()
 
     def __getattr__(self, attr):  # everything not guarded is NIXL's
@@ -208,6 +275,17 @@ class GuardedNixlAgent:
                                                    "array or tensors)")
         self.guard.publish(name, [a for a, _ in ranges], [n for _, n in ranges])
 
+    def publish_prepped(self, name, dlist_handle, indices):
+        """Seal the descriptors indices of a local list prepped here
+        (prep_xfer_dlist("NIXL_INIT_AGENT", ...)), as a reader's READ of
+        them names them, and publish the seal under name."""
+        _, table = self._prepped.get(dlist_handle, (None, None))
+        if table is None:
+            raise MCGuardError(MC_ERR_INVALID_ARG, "publish_prepped: not a descriptor list prepped by this agent "
+                                                   "in a form it can read")
+        ranges = table.pick(indices)
+        self.guard.publish(name, [a for a, _ in ranges], [n for _, n in ranges])
+
     def withdraw(self, name):
         """Forget the seal published under name (its blocks handed back)."""
         self.guard.withdraw(name)
@@ -223,37 +301,79 @@ class GuardedNixlAgent:
                                                    "(its metadata named no guard)" % (agent_name,))
         return self.guard.fetch_seal(known[1], name, timeout_ms)
 
+    @contextlib.contextmanager
+    def sealed_by(self, name):
+        """Within it, each READ this thread makes without seal= is checked
+        against the seal its producer published under name."""
+        before = getattr(self._seal_name, "name", None)
+        self._seal_name.name = name
+        try:
+            yield
+        finally:
+            self._seal_name.name = before
+
+    def _fetch_later(self, agent_name, name):
+        """A Future of the seal agent_name's guard published under name,
+        one per pair however many READs name it."""
+        key = (agent_name, name)
+        with self._mu:
+            future = self._fetches.get(key)
+            if future is None or (future.done() and future.exception() is not None):
+                if self._fetcher is None:
+                    self._fetcher = concurrent.futures.ThreadPoolExecutor(_FETCHERS, "mcguard-seal-fetch")
+                future = self._fetcher.submit(self.fetch_seal, agent_name, name, self.seal_wait_ms)
+                future.mcguard_key = key
+                self._fetches[key] = future
+        return future
+
     def get_xfer_descs(self, descs, mem_type=None):
         out = self._agent.get_xfer_descs(descs, mem_type)
-        ranges = ranges_of(descs)
-        if ranges is None and id(descs) in self._lists:
-            ranges = self._lists[id(descs)][1]
+        table = _Descs.of(descs)
+        if table is None and id(descs) in self._lists:
+            table = self._lists[id(descs)][1]
         if out is not None:
-            self._lists[id(out)] = (out, ranges)
+            self._lists[id(out)] = (out, table)
         return out
 
-    def _ranges(self, xfer_list):
+    def _table(self, xfer_list):
         known = self._lists.get(id(xfer_list))
-        return known[1] if known else ranges_of(xfer_list)
+        return known[1] if known else _Descs.of(xfer_list)
+
+    def _ranges(self, xfer_list):
+        table = self._table(xfer_list)
+        return None if table is None else table.all()
 
     def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None, backends=()):
         handle = self._agent.prep_xfer_dlist(agent_name, xfer_list, mem_type, list(backends))
-        self._prepped[handle] = (agent_name, self._ranges(xfer_list))
+        self._prepped[handle] = (agent_name, self._table(xfer_list))
         return handle
 
+    def _read(self, local, remote, agent, seal, seal_name):
+        """What the guard keeps of a READ: its seal, or the fetch of the
+        one published under seal_name (or the name of sealed_by)."""
+        if seal is None and seal_name is None:
+            seal_name = getattr(self._seal_name, "name", None)
+        fetch = None if seal is not None or seal_name is None else self._fetch_later(agent, seal_name)
+        return _Read(local, remote, agent, seal, fetch)
+
     def make_prepped_xfer(self, operation, local_xfer_side, local_indices, remote_xfer_side, remote_indices,
-                          notif_msg=b"", backends=(), skip_desc_merge=False, *, seal=None):
+                          notif_msg=b"", backends=(), skip_desc_merge=False, *, seal=None, seal_name=None):
         handle = self._agent.make_prepped_xfer(operation, local_xfer_side, local_indices, remote_xfer_side,
                                                remote_indices, notif_msg, list(backends), skip_desc_merge)
         if operation == "READ":
             _, local = self._prepped.get(local_xfer_side, (None, None))
             agent, remote = self._prepped.get(remote_xfer_side, (None, None))
-            pick = lambda ranges, idx: None if ranges is None else [ranges[int(i)] for i in idx]  # noqa: E731
-            self._reads[handle] = _Read(pick(local, local_indices), pick(remote, remote_indices), agent, seal)
+            try:
+                self._reads[handle] = self._read(None if local is None else local.pick(local_indices),
+                                                 None if remote is None else remote.pick(remote_indices),
+                                                 agent, seal, seal_name)
+            except MCGuardError:
+                self._agent.release_xfer_handle(handle)
+                raise
         return handle
 
     def initialize_xfer(self, operation, local_descs, remote_descs, remote_agent, notif_msg=b"", backends=(),
-                        *, seal=None):
+                        *, seal=None, seal_name=None):
         local, remote = self._ranges(local_descs), self._ranges(remote_descs)
         posted = local_descs
         if operation == "READ" and self._inject_partial and local:
@@ -264,7 +384,7 @@ class GuardedNixlAgent:
         handle = self._agent.initialize_xfer(operation, posted, remote_descs, remote_agent, notif_msg,
                                              list(backends))
         if operation == "READ":
-            self._reads[handle] = _Read(local, remote, remote_agent, seal)
+            self._reads[handle] = self._read(local, remote, remote_agent, seal, seal_name)
         return handle
 
     def set_seal(self, handle, seal):
@@ -298,10 +418,25 @@ class GuardedNixlAgent:
         return self._agent.release_dlist_handle(handle)
 
     def _verdict(self, handle, state):
-        """NIXL's state, unless it is a READ's DONE: then the check's."""
+        """NIXL's state, unless it is a READ's DONE: then the check's
+        ("PROC" while the READ's seal is still being fetched)."""
         read = self._reads.get(handle)
         if read is None or state != "DONE":
             return state
+        if read.seal is None and read.fetch is not None:
+            if not read.fetch.done():
+                return "PROC"
+            with self._mu:  # a later READ of the name fetches anew (it may be published again)
+                if self._fetches.get(read.fetch.mcguard_key) is read.fetch:
+                    del self._fetches[read.fetch.mcguard_key]
+            try:
+                read.seal = read.fetch.result()
+            except Exception as e:  # noqa: BLE001 - any failure to get the seal fails the READ
+                read.state = "ERR"
+                read.error = MCGuardError(getattr(e, "status", MC_ERR_SEAL),
+                                          "the READ's seal: %s" % getattr(e, "message", e))
+                self.stats["reads_failed"] += 1
+                return read.state
         try:
             self._check(read)
             read.state = "DONE"
@@ -327,5 +462,7 @@ class GuardedNixlAgent:
     def close(self):
         """Close the guard this agent opened (NIXL's agent goes with the
         object)."""
+        if self._fetcher is not None:
+            self._fetcher.shutdown(wait=False, cancel_futures=True)
         if self._own_guard:
             self.guard.close()
