@@ -195,14 +195,18 @@ bench: build deps-python
 	$(PY) -m mcguard.tools.bench --rounds 5 --seconds 4
 
 ## test-vllm: prefill and decode through vLLM's own MooncakeConnector worker
-## (python/tests/test_vllm_pd.py), in a virtual environment with the pinned
-## vLLM and Mooncake wheel kept in $(MCGUARD_CACHE) (made once: about 5
-## minutes and 10 GB; reused after)
+## (python/tests/test_vllm_pd.py) and its NixlConnector's reads
+## (test_vllm_nixl.py), in a virtual environment with the pinned vLLM,
+## Mooncake wheel and NIXL (the meta package and its CUDA 13 build, as
+## vLLM's torch is) kept in $(MCGUARD_CACHE) (made once: about 5 minutes
+## and 10 GB; reused after)
 VLLM_VERSION  ?= 0.33.0
+VLLM_NIXL     := nixl==1.5.1 nixl-cu13==1.5.1
 MCGUARD_CACHE ?= $(HOME)/.cache/mcguard
 test-vllm: $(LIB)
-	@py=$$(MCGUARD_CACHE=$(MCGUARD_CACHE) scripts/framework-venv.sh vllm $(VLLM_VERSION) $(MOONCAKE_VERSION)) && \
-	  MCGUARD_REQUIRE_VLLM=1 $$py -m pytest -s -v -p no:cacheprovider python/tests/test_vllm_pd.py python/tests/test_vllm_plugin.py
+	@py=$$(MCGUARD_CACHE=$(MCGUARD_CACHE) scripts/framework-venv.sh vllm $(VLLM_VERSION) $(MOONCAKE_VERSION) $(VLLM_NIXL)) && \
+	  MCGUARD_REQUIRE_VLLM=1 $$py -m pytest -s -v -p no:cacheprovider python/tests/test_vllm_pd.py python/tests/test_vllm_nixl.py \
+	    python/tests/test_vllm_plugin.py
 
 ## test-sglang: prefill and decode through SGLang's own Mooncake KV manager
 ## (python/tests/test_sglang_pd.py), in a virtual environment with the

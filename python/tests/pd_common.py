@@ -64,8 +64,9 @@ def expect(conn, proc, what, timeout):
 
 def run_pair(case, prefill_main, decode_main, prefill_env, decode_env, plan):
     """Run prefill_main and decode_main, each in a spawned process with its
-    settings and plan: both say "ready" (the prefill with its data plane),
-    the decode side is told "go" and answers "result" (its result and
+    settings and plan: both say "ready" (the prefill with its data plane,
+    or what the decode side needs of it), the decode side is told ("go",
+    that) and answers "result" (its result and
     guard stats), then the prefill side is told "stop" and answers "sent"
     (its result and guard stats). Returns (data plane, decode result,
     decode stats, prefill result, prefill stats); both processes are gone
@@ -84,7 +85,7 @@ def run_pair(case, prefill_main, decode_main, prefill_env, decode_env, plan):
         expect(d_here, decode, "ready", 180)
         print("  [%s] both sides up in %.1f s; prefill's data plane: %s" % (case, time.monotonic() - t0, transport),
               flush=True)
-        d_here.send("go")
+        d_here.send(("go", transport))
         _, result, decode_stats = expect(d_here, decode, "result", 120)
         p_here.send("stop")
         _, sent, prefill_stats = expect(p_here, prefill, "sent", 60)

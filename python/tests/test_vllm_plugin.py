@@ -140,3 +140,51 @@ def test_a_connector_of_another_shape_fails_at_start_naming_the_version():
 def test_quiesced_block_ranges_are_joined():
     from mcguard.integrations.vllm_lifecycle import merged
     assert merged([(300, 100), (0, 100), (100, 50), (120, 10), (500, 1)]) == [(0, 150), (300, 100), (500, 1)]
+
+
+def test_on_vllms_own_nixl_connector_modules():
+    """With MC_GUARD_VLLM=1 the NixlConnector's agent is GuardedNixlAgent
+    and its pull worker and scheduler are wired; with MC_GUARD_VERIFY=off
+    they are left as they are."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        pytest.skip("vllm is not installed in this interpreter: make test-vllm runs this in its environment")
+    code = textwrap.dedent("""
+        import os, sys; os.environ["MC_GUARD_VLLM"] = "1"; os.environ["MC_GUARD_VERIFY"] = sys.argv[1]
+        from mcguard.integrations import vllm_plugin
+        vllm_plugin.register()
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker, pull_worker, pull_scheduler
+        print(getattr(base_worker.NixlWrapper, "_mcguard", False),
+              getattr(pull_worker.NixlPullConnectorWorker, "_mcguard_wired", False),
+              getattr(pull_scheduler.NixlPullConnectorScheduler, "_mcguard_wired", False))
+    """)
+    for verify, want in (("digest", "True True True"), ("off", "False False False")):
+        p = subprocess.run([sys.executable, "-c", code, verify], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.splitlines()[-1] == want, (verify, p.stdout)
+
+
+def test_a_nixl_connector_of_another_shape_fails_at_start_naming_the_version():
+    import types
+    from mcguard.integrations import vllm_nixl
+    module = types.ModuleType(vllm_nixl.PULL_WORKER)
+
+    class NixlPullConnectorWorker:  # an older shape: its READs made elsewhere
+        def start_load_kv(self, metadata):
+            pass
+
+    module.NixlPullConnectorWorker = NixlPullConnectorWorker
+    with pytest.raises(RuntimeError) as e:
+        vllm_nixl.wire(module)
+    msg = str(e.value)
+    assert "vLLM" in msg and "lacks" in msg and "_read_blocks" in msg and "get_transfer_results" in msg, msg
+    assert not hasattr(NixlPullConnectorWorker, "_mcguard_wired")
+
+
+@pytest.mark.parametrize("verify,mode", [("tail", "tail"), ("sample", "tail"), ("digest", "digest"),
+                                         ("full", "digest"), ("", "tail"), ("off", None)])
+def test_a_reads_check_follows_mc_guard_verify(monkeypatch, verify, mode):
+    from mcguard.integrations import vllm_nixl
+    monkeypatch.setenv("MC_GUARD_VERIFY", verify)
+    assert vllm_nixl.read_mode() == mode

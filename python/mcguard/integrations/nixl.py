@@ -29,6 +29,7 @@ import bisect
 import collections
 import concurrent.futures
 import contextlib
+import logging
 import os
 import threading
 
@@ -40,6 +41,8 @@ from ..abi import ID_SIZE, MC_ERR_INVALID_ARG, MC_ERR_SEAL
 # whom, and where to fetch the seals it publishes. Layout: magic, id,
 # the endpoint's length (2 bytes, little endian), the endpoint.
 _META_MAGIC = b"MCGN\x02"
+
+log = logging.getLogger("mcguard.nixl")
 
 # How many descriptor lists and transfer handles are remembered before the
 # oldest are forgotten (an application that never releases its handles
@@ -298,7 +301,8 @@ class GuardedNixlAgent:
         known = self._producers.get(agent_name)
         if known is None:
             raise MCGuardError(MC_ERR_INVALID_ARG, "fetch_seal: %r is not a guarded remote agent of this one "
-                                                   "(its metadata named no guard)" % (agent_name,))
+                                                   "(its metadata named no guard: does the producer run mcguard?)"
+                                   % (agent_name,))
         return self.guard.fetch_seal(known[1], name, timeout_ms)
 
     @contextlib.contextmanager
@@ -436,6 +440,7 @@ class GuardedNixlAgent:
                 read.error = MCGuardError(getattr(e, "status", MC_ERR_SEAL),
                                           "the READ's seal: %s" % getattr(e, "message", e))
                 self.stats["reads_failed"] += 1
+                log.warning("mcguard: a READ from %s failed: %s", read.agent, read.error)
                 return read.state
         try:
             self._check(read)
@@ -444,6 +449,8 @@ class GuardedNixlAgent:
         except MCGuardError as e:
             read.state, read.error = "ERR", e
             self.stats["reads_failed"] += 1
+        if read.state == "ERR":
+            log.warning("mcguard: a READ from %s failed its check: %s", read.agent, read.error)
         return read.state
 
     def _check(self, read):

@@ -16,7 +16,11 @@ Mooncake TransferEngine (Mooncake installed, or the plugin fails loudly);
 unset or "mcguard", mcguard's own data plane moves the bytes.
 
 On the KV connector's worker it also wires in the receiver's sync, quiesce
-and the wait for a failed write's engine calls (vllm_lifecycle).
+and the wait for a failed write's engine calls (vllm_lifecycle). vLLM's
+NixlConnector, which pulls, gets verified reads: its NIXL agent is
+GuardedNixlAgent, the prefill side seals what the decode side reads, and
+a read whose bytes differ is a load error (vllm_nixl; not with
+MC_GUARD_VERIFY=off).
 
 Without the plugin, the engine switch alone is one line in the connector:
     from mcguard.mooncake import GuardedTransferEngine as TransferEngine
@@ -73,4 +77,7 @@ def register():
     replacement, data_plane = engine_class("MC_GUARD_VLLM_ENGINE", "vLLM")
     if data_plane == "mcguard":
         provide_mooncake_engine(replacement)
+    from . import vllm_nixl
+    if vllm_nixl.read_mode() is not None:
+        on_import(vllm_nixl.MODULES, vllm_nixl.wire)
     return patch_on_import(CONNECTOR_MODULES, "TransferEngine", replacement, _wire_lifecycle)
