@@ -38,9 +38,12 @@ type Guard struct {
 	// planes are the data planes this guard serves; data is the one it
 	// sends over. planeState says, for each data plane a guard can have,
 	// what it runs on or why it is not open (for stats).
-	planes     []transport.Transport
-	data       transport.Transport
-	planeState map[string]string
+	planes []transport.Transport
+	// takeRingNotices takes the notices same-host senders left in TCP's
+	// notice rings; false: there are none (nil before TCP opens).
+	takeRingNotices func() bool
+	data            transport.Transport
+	planeState      map[string]string
 	// engine is data when the application's engine moves the bytes
 	// (OpenWithEngine); openEngine opens it, where one was handed over.
 	engine     enginePlane

@@ -17,8 +17,8 @@ import (
 )
 
 // On one host a digest transfer returns without waiting for its notice's
-// answer; a refusal surfaces at a later call of the session once it has
-// arrived, which fails naming the earlier transfer, counts it, and sends
+// answer; a refusal surfaces at a later call of the session once the
+// receiver made it, which fails naming the earlier transfer, counts it, and sends
 // nothing. The calls after it go on.
 func TestRefusedNoticeSurfacesAtALaterCall(t *testing.T) {
 	for _, plane := range []string{"required", "off"} {
@@ -39,10 +39,13 @@ func TestRefusedNoticeSurfacesAtALaterCall(t *testing.T) {
 			}
 			require.NoError(t, err, "the same-host call returns before the answer")
 			require.Equal(t, first.ID, second.ID)
-			// A later call reads the answer once it has arrived.
+			// A later call reads the refusal once the receiver took the
+			// notice: from the connection's ring when something else makes
+			// it look (here: the ring fills, and the next notice goes on
+			// the socket behind its notices).
 			synced := []uint64{first.ID}
 			for i := 0; ; i++ {
-				require.Less(t, i, 200, "the refusal never surfaced")
+				require.Less(t, i, 2000, "the refusal never surfaced")
 				res, err := p.send.Transfer(p.session, p.blocks(1, 4096), TransferOptions{})
 				if err != nil {
 					require.Contains(t, err.Error(), "earlier transfer's completion notice")

@@ -145,7 +145,7 @@ func (g *Guard) SyncTransfers(ids []uint64, stream uint64) (err error) {
 	c := g.beginSync()
 	defer endSync(c)
 	for _, id := range ids {
-		n, err := g.notices.Take(id, &c.waiter, c.ctx.deadline, g.ctx.Done())
+		n, err := g.notices.Take(id, &c.waiter, c.ctx.deadline, g.ctx.Done(), g.takeRingNotices)
 		if err != nil {
 			g.stats.syncFailures.Add(1)
 			return err

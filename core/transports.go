@@ -44,11 +44,16 @@ var dataPlanes = []struct {
 		if g.engine != nil {
 			faults = fault.Config{} // injected at the engine's callbacks instead
 		}
-		return tcp.New(tcp.Config{Host: host, Timeout: g.cfg.Timeout, Regions: g.regions, Tokens: g.auth.Tokens.Sender,
+		t, err := tcp.New(tcp.Config{Host: host, Timeout: g.cfg.Timeout, Regions: g.regions, Tokens: g.auth.Tokens.Sender,
 			Faults: faults, TailBytes: g.cfg.Verify.TailBytes, Notice: g.takeNotice, SameHost: g.cfg.SameHost, MACReplies: len(g.cfg.Secret) > 0,
 			SameHostWriter: g.cfg.SameHostWriter, Pushed: &g.stats.pushed, Mapped: &g.stats.mapped, Joined: &g.stats.joined,
 			DigestAtLanding: g.cfg.DigestAt == "landing", Settings: g.cfg.Planes.TCP,
 			Refused: func(reason string) { g.metrics.refusedWrites.Add(1, reason) }})
+		if err != nil {
+			return nil, err
+		}
+		g.takeRingNotices = t.TakeRingNotices // same-host senders' notices, taken when a sync looks for one
+		return t, nil
 	}},
 }
 

@@ -258,8 +258,13 @@ func NewWaiter() Waiter {
 
 // Take waits until the notice for id is complete and removes it; the
 // caller gives it back with Release. It gives up at deadline, or when
-// closing is closed (the guard closes).
-func (s *Store) Take(id uint64, w *Waiter, deadline time.Time, closing <-chan struct{}) (*Notice, error) {
+// closing is closed (the guard closes). poll (nil: none) takes notices
+// that come without waking anyone (a same-host sender's notice ring):
+// Take calls it when the notice is not here, then, while poll says such
+// notices can come, again at intervals growing from pollFirst to
+// pollLast while it waits.
+func (s *Store) Take(id uint64, w *Waiter, deadline time.Time, closing <-chan struct{}, poll func() bool) (*Notice, error) {
+	var pause time.Duration // 0: not polled yet
 	for {
 		s.mu.Lock()
 		if e, ok := s.entries[id]; ok && e.Complete() {
@@ -281,14 +286,27 @@ func (s *Store) Take(id uint64, w *Waiter, deadline time.Time, closing <-chan st
 			s.mu.Unlock()
 			return nil, fmt.Errorf("%w: the notice of transfer %#x was dropped: too many unsynced notices, from its sender or in all", errs.Session, id)
 		}
+		if poll != nil && pause == 0 { // the common same-host case: it is in a ring
+			s.mu.Unlock()
+			if !poll() {
+				poll = nil
+			}
+			pause = pollFirst
+			continue
+		}
 		s.waiters = append(s.waiters, w.wake)
 		s.mu.Unlock()
-		w.timer.Reset(time.Until(deadline))
+		wait := time.Until(deadline)
+		polling := poll != nil && wait > pause
+		if polling {
+			wait = pause
+		}
+		w.timer.Reset(wait)
 		var gaveUp bool
 		select {
 		case <-w.wake:
 		case <-w.timer.C:
-			gaveUp = true
+			gaveUp = !polling
 		case <-closing:
 			gaveUp = true
 		}
@@ -305,8 +323,20 @@ func (s *Store) Take(id uint64, w *Waiter, deadline time.Time, closing <-chan st
 		if gaveUp {
 			return nil, fmt.Errorf("%w: no complete notice for transfer %#x arrived", errs.Timeout, id)
 		}
+		if polling {
+			poll()
+			pause = min(2*pause, pollLast)
+		}
 	}
 }
+
+// pollFirst and pollLast bound the intervals at which a waiting Take
+// polls: a notice put in a ring while a sync waits is taken within about
+// twice its age, and an idle wait costs a poll a millisecond.
+const (
+	pollFirst = 20 * time.Microsecond
+	pollLast  = time.Millisecond
+)
 
 // Loads is what each sender's unsynced notices hold now (a copy).
 func (s *Store) Loads() map[string]Load {

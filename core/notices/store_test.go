@@ -37,10 +37,10 @@ func TestNoticesPastTheBoundAreDroppedOldestFirst(t *testing.T) {
 	require.Len(t, s.entries, maxNoticeEntries)
 	require.Equal(t, extra, released, "each dropped notice released its landed digests")
 	w := NewWaiter()
-	_, err := s.Take(1, &w, time.Now().Add(time.Second), nil)
+	_, err := s.Take(1, &w, time.Now().Add(time.Second), nil, nil)
 	require.ErrorIs(t, err, errs.Session)
 	require.Contains(t, err.Error(), "dropped")
-	e, err := s.Take(extra+1, &w, time.Now().Add(time.Second), nil)
+	e, err := s.Take(extra+1, &w, time.Now().Add(time.Second), nil, nil)
 	require.NoError(t, err, "the oldest kept")
 	s.Release(e)
 
@@ -77,13 +77,13 @@ func TestNoticesAreBoundedPerSender(t *testing.T) {
 	require.Equal(t, 100, released, "the flooder's oldest went, their landed digests released")
 
 	w := NewWaiter()
-	e, err := s.Take(1, &w, time.Now().Add(time.Second), nil)
+	e, err := s.Take(1, &w, time.Now().Add(time.Second), nil, nil)
 	require.NoError(t, err, "the other sender's notice was kept")
 	s.Release(e)
-	_, err = s.Take(2, &w, time.Now().Add(time.Second), nil)
+	_, err = s.Take(2, &w, time.Now().Add(time.Second), nil, nil)
 	require.ErrorIs(t, err, errs.Session)
 	require.Contains(t, err.Error(), "dropped")
-	e, err = s.Take(2+flood-1, &w, time.Now().Add(time.Second), nil)
+	e, err = s.Take(2+flood-1, &w, time.Now().Add(time.Second), nil, nil)
 	require.NoError(t, err, "the flooder's newest kept")
 	s.Release(e)
 	require.NotContains(t, s.perSender, "patient", "a sender with no notices left is forgotten")
@@ -102,7 +102,7 @@ func TestNoticesAreBoundedPerSender(t *testing.T) {
 	require.Equal(t, Load{Entries: 1, Descs: total}, s.perSender["flooder"])
 	require.Len(t, s.entries, 1)
 	require.Equal(t, total, s.descs)
-	e, err = s.Take(id, &w, time.Now().Add(time.Second), nil)
+	e, err = s.Take(id, &w, time.Now().Add(time.Second), nil, nil)
 	require.NoError(t, err)
 	s.Release(e)
 	require.Empty(t, s.perSender)
@@ -121,7 +121,7 @@ func TestAnIDTwoSendersClaimIsBelievedOfNeither(t *testing.T) {
 		require.ErrorIs(t, s.Add(wire.Notice{ID: 7, Total: 2, Base: base, Descs: one}, nil, "b"), ErrNotice)
 		require.ErrorIs(t, s.Add(wire.Notice{ID: 7, Total: 2, Base: 1, Descs: one}, nil, "a"), ErrNotice)
 		w := NewWaiter()
-		_, err := s.Take(7, &w, time.Now().Add(time.Second), nil)
+		_, err := s.Take(7, &w, time.Now().Add(time.Second), nil, nil)
 		require.ErrorIs(t, err, errs.Session)
 		require.Contains(t, err.Error(), "two senders")
 		require.Empty(t, s.entries)
@@ -147,10 +147,43 @@ func TestAContinuedNoticeIsKeptAtTheBound(t *testing.T) {
 	require.NoError(t, s.Add(wire.Notice{ID: 1, Total: 1 + wire.MaxNoticeDescs, Base: 1, Descs: chunk}, nil, "a"))
 	require.LessOrEqual(t, s.descs, maxNoticeDescs)
 	w := NewWaiter()
-	e, err := s.Take(1, &w, time.Now().Add(time.Second), nil)
+	e, err := s.Take(1, &w, time.Now().Add(time.Second), nil, nil)
 	require.NoError(t, err)
 	require.Len(t, e.Descs, 1+wire.MaxNoticeDescs)
 	s.Release(e)
-	_, err = s.Take(101, &w, time.Now().Add(time.Second), nil)
+	_, err = s.Take(101, &w, time.Now().Add(time.Second), nil, nil)
 	require.ErrorContains(t, err, "dropped", "the others' oldest went instead")
+}
+
+// A notice that comes without waking anyone (a same-host sender's ring)
+// is found by the poll: at once when it is there, and while the sync
+// waits when it comes later.
+func TestTakePollsForNoticesThatWakeNobody(t *testing.T) {
+	s := NewStore()
+	w := NewWaiter()
+	n := wire.Notice{ID: 9, Total: 1, Descs: []wire.NoticeDesc{{Dst: 4096, Len: 64}}}
+	polls := 0
+	poll := func() bool {
+		polls++
+		if polls == 5 {
+			require.NoError(t, s.Add(n, nil, "sender"))
+		}
+		return true
+	}
+	start := time.Now()
+	e, err := s.Take(9, &w, time.Now().Add(10*time.Second), nil, poll)
+	require.NoError(t, err)
+	s.Release(e)
+	require.Equal(t, 5, polls)
+	require.Less(t, time.Since(start), time.Second, "polled, not waited out")
+
+	polls = 0
+	_, err = s.Take(10, &w, time.Now().Add(30*time.Millisecond), nil, func() bool { polls++; return true })
+	require.ErrorIs(t, err, errs.Timeout)
+	require.Greater(t, polls, 5, "polled while it waited")
+
+	polls = 0
+	_, err = s.Take(11, &w, time.Now().Add(30*time.Millisecond), nil, func() bool { polls++; return false })
+	require.ErrorIs(t, err, errs.Timeout)
+	require.Equal(t, 1, polls, "no rings: polled once")
 }

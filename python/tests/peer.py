@@ -6,8 +6,9 @@
 same-host sender maps, instead of memory registered.)
 
 Prints one JSON line {"endpoint": ..., "addr": ...}, then answers commands
-on stdin: "hash" prints the SHA-1 of the region (after a sync), "quit"
-exits.
+on stdin: "hash" prints the SHA-1 of the region (after a sync), "synced
+ID..." syncs those transfers (sync_transfers) and prints "ok" or the
+error, "quit" exits.
 """
 
 import ctypes
@@ -36,6 +37,12 @@ def main():
         if cmd == "hash":
             g.sync([addr], [size])
             print(hashlib.sha1(ctypes.string_at(addr, size)).hexdigest(), flush=True)
+        elif cmd.startswith("synced "):
+            try:
+                g.sync_transfers([int(x) for x in cmd.split()[1:]])
+                print("ok", flush=True)
+            except mcguard.MCGuardError as e:
+                print("error %s" % str(e).replace("\n", " "), flush=True)
         elif cmd == "quit":
             break
     g.close()

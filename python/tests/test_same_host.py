@@ -57,6 +57,35 @@ def test_two_processes_same_host_in_every_read_back_mode(mode, writer):
         assert recv.close() == 0
 
 
+@pytest.mark.parametrize("alloc", [False, True])
+def test_two_processes_digest_notices_through_the_ring(alloc):
+    """Digest mode on one host: the sender writes the bytes and leaves each
+    notice in its connection's ring, more of them than a ring holds; the
+    receiver's sync_transfers takes them (the rest came on the socket) and
+    compares every landed block, and fails a block written again since."""
+    recv = Receiver({"same_host": "required"}, alloc=alloc)
+    try:
+        src = ctypes.create_string_buffer(os.urandom(SIZE), SIZE)
+        block, ids = 4096, []
+        with Guard({"verify": "digest", "same_host": "required"}) as g:
+            g.register(ctypes.addressof(src), SIZE)
+            for i in range(SIZE // block):
+                r = g.transfer(recv.endpoint, [ctypes.addressof(src) + i * block], [recv.addr + i * block], [block])
+                ids.append(r.id)
+            ringed = g.stats()["same_host_ringed_notices"]
+            assert 0 < ringed < len(ids)
+            assert recv.ask("synced " + " ".join(map(str, ids))) == "ok"
+            assert recv.hash() == hashlib.sha1(src.raw).hexdigest()
+            first = g.transfer(recv.endpoint, [ctypes.addressof(src)], [recv.addr], [block])
+            ctypes.memset(src, src.raw[0] ^ 0xFF, 1)  # the block written again with another byte, before the sync
+            second = g.transfer(recv.endpoint, [ctypes.addressof(src)], [recv.addr], [block])
+            assert recv.ask("synced %d" % second.id) == "ok"
+            answer = recv.ask("synced %d" % first.id)
+            assert answer.startswith("error"), answer
+    finally:
+        assert recv.close() == 0
+
+
 @pytest.mark.parametrize("mode", ["off", "tail", "sample", "full"])
 def test_two_processes_same_host_into_allocated_memory_by_memcpy(mode):
     recv = Receiver({"same_host": "required"}, alloc=True)

@@ -38,6 +38,9 @@ import (
 //     out under (0 once it took it back: the connection ended or was
 //     aborted). A sender whose epoch is not the slot's owner writes
 //     nothing, so a slot given to a new connection is never the old one's.
+//     Then the head and tail of the slot's notice ring, and a refusal of
+//     one of its notices (notice_ring.go).
+//   - a notice ring per slot, after the slots.
 //
 // A sender stores busy = g+1, then loads gen (and owner): if gen is still
 // g (even) and owner is its epoch, it checks its destinations against the
@@ -65,7 +68,8 @@ const (
 	leaseSlotSize   = 64 // a cache line each: senders do not share lines
 	// MaxLeaseSlots bounds the connections that may write here at once.
 	MaxLeaseSlots = 1024
-	leaseSize     = (leaseSlotsOff + leaseSlotSize*MaxLeaseSlots + 4095) &^ 4095
+	leaseRingsOff = (leaseSlotsOff + leaseSlotSize*MaxLeaseSlots + 4095) &^ 4095
+	leaseSize     = leaseRingsOff + ringSize*MaxLeaseSlots // pages of a ring never used are never allocated
 )
 
 // leaseWords addresses a mapped lease file's words (both ends).
@@ -87,6 +91,28 @@ func (m leaseWords) entry(i int) (a, n *uint64) {
 func (m leaseWords) field(i, k int) *uint64 { return m.word(leaseTableOff + leaseEntrySize*i + 8*k) }
 func (m leaseWords) busy(slot int) *uint64  { return m.word(leaseSlotsOff + leaseSlotSize*slot) }
 func (m leaseWords) owner(slot int) *uint64 { return m.word(leaseSlotsOff + leaseSlotSize*slot + 8) }
+
+// ringHead is how many bytes the slot's sender has put in its notice ring
+// (it writes it); ringTail how many the target has taken (it writes it).
+func (m leaseWords) ringHead(slot int) *uint64 {
+	return m.word(leaseSlotsOff + leaseSlotSize*slot + 16)
+}
+func (m leaseWords) ringTail(slot int) *uint64 {
+	return m.word(leaseSlotsOff + leaseSlotSize*slot + 24)
+}
+
+// ringRefused is the id of a notice from the ring that the target refused
+// and the sender has not yet been told of (0: none; the target writes it,
+// the sender clears it).
+func (m leaseWords) ringRefused(slot int) *uint64 {
+	return m.word(leaseSlotsOff + leaseSlotSize*slot + 32)
+}
+
+// ring is the slot's notice ring.
+func (m leaseWords) ring(slot int) []byte {
+	off := leaseRingsOff + ringSize*slot
+	return m[off : off+ringSize : off+ringSize]
+}
 
 // leaseSlot is the target's record of a slot it handed out.
 type leaseSlot struct {
@@ -292,6 +318,9 @@ func (l *Lease) Assign(sender string, pid int) (slot int, epoch uint64) {
 	for i := range l.slots {
 		if !l.slots[i].used && atomic.LoadUint64(l.mem.busy(i)) == 0 {
 			l.epoch++
+			atomic.StoreUint64(l.mem.ringHead(i), 0) // no sender writes it: the slot has no owner
+			atomic.StoreUint64(l.mem.ringTail(i), 0)
+			atomic.StoreUint64(l.mem.ringRefused(i), 0)
 			atomic.StoreUint64(l.mem.owner(i), l.epoch)
 			l.slots[i] = leaseSlot{used: true, sender: sender, pidfd: pidfd}
 			l.inUse.Add(1)
@@ -303,9 +332,11 @@ func (l *Lease) Assign(sender string, pid int) (slot int, epoch uint64) {
 }
 
 // Release takes a slot back when its connection ends: no owner, and free
-// again once no write under it is in progress. A writer that does not
-// finish in time keeps its slot, logged (bounded by MaxLeaseSlots).
-func (l *Lease) Release(slot int) {
+// again once no write under it is in progress, after drain (the caller's:
+// it takes the notices left in the slot's ring, which nobody writes any
+// more). A writer that does not finish in time keeps its slot, logged
+// (bounded by MaxLeaseSlots).
+func (l *Lease) Release(slot int, drain func()) {
 	l.mu.Lock()
 	atomic.StoreUint64(l.mem.owner(slot), 0)
 	l.mu.Unlock()
@@ -323,6 +354,9 @@ func (l *Lease) Release(slot int) {
 			return
 		}
 		time.Sleep(100 * time.Microsecond)
+	}
+	if drain != nil {
+		drain()
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

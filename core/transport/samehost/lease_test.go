@@ -137,7 +137,7 @@ func TestLeaseADeadWriterHoldsNothing(t *testing.T) {
 	start := time.Now()
 	require.NoError(t, l.Remove(0x10000))
 	require.Less(t, time.Since(start), time.Second)
-	l.Release(slot)
+	l.Release(slot, nil)
 	again, _ := l.Assign("next", os.Getpid())
 	require.Equal(t, slot, again, "the slot is free again")
 }
@@ -152,7 +152,7 @@ func TestLeaseSlotsAreBounded(t *testing.T) {
 	}
 	slot, _ := l.Assign("s", os.Getpid())
 	require.Equal(t, -1, slot, "past the bound a connection gets no slot")
-	l.Release(7)
+	l.Release(7, nil)
 	slot, _ = l.Assign("s", os.Getpid())
 	require.Equal(t, 7, slot)
 }
@@ -162,7 +162,7 @@ func TestLeaseSlotsAreBounded(t *testing.T) {
 func TestLeaseAReassignedSlotRefusesItsFormerConnection(t *testing.T) {
 	l, p := newLeasePair(t, time.Second)
 	l.Add(0x10000, 0x1000, SharedFile{})
-	l.Release(p.slot)
+	l.Release(p.slot, nil)
 	slot, epoch := l.Assign("sender", os.Getpid())
 	require.Equal(t, p.slot, slot)
 	require.NotEqual(t, p.epoch, epoch)

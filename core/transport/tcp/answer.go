@@ -64,7 +64,11 @@ func (t *target) takeNotice(l *link, r io.Reader, n uint64) (wire.Status, error)
 	if t.landed != nil {
 		landed = l.land.take(t.landed)
 	}
-	if err := t.notice(body, landed, &l.auth); err != nil {
+	l.ring.mu.Lock()
+	t.ringNotices(l) // the ring's come first: they were sent before this one
+	err := t.notice(body, landed, &l.auth)
+	l.ring.mu.Unlock()
+	if err != nil {
 		if errors.Is(err, transport.ErrStaleToken) {
 			return wire.StatusStaleToken, nil
 		}

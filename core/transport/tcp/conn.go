@@ -89,6 +89,7 @@ type conn struct {
 	copies    []samehost.CopyPair // a push's memcpys into the target's mapped allocations
 	pins      []memory.Held
 	unfenced  bool
+	ringed    *atomic.Int64   // notices put in the lease's notice ring (postRinged)
 	faults    *fault.Injector // the target's drop, tear or stale, injected here for pushed writes
 	// rc is the socket, for unread's peek (nil: not a socket); peekNow
 	// is that peek, made once, and peeked its result.

@@ -45,7 +45,8 @@ type link struct {
 	rd      readReply          // the read frame being answered (serve loop only)
 	land    landing            // digests taken as its marked writes land (serve loop only)
 	notice  []byte             // its notices' bodies, one at a time (noticeBody; serve loop only)
-	auth    transport.ConnAuth // the handshake its hello proved (serve loop only)
+	auth    transport.ConnAuth // the handshake its hello proved (written by the serve loop under ring.mu)
+	ring    noticeRing         // its lease slot's notice ring
 	mac     *replyMAC          // tags its replies where the guards share a secret (serve loop only)
 	tee     teeWriter          // a reply's payload into the connection and its tag (serve loop only)
 }

@@ -181,6 +181,7 @@ func (t *target) prove(l *link, addr, n uint64, r io.Reader) (st wire.Status, wh
 		return wire.StatusOK, 0, 0, nil
 	}
 	l.slot, epoch = t.lease.Assign(l.sender, g.Pid)
+	t.setRingSlot(l, l.slot)
 	return wire.StatusOK, uint64(l.slot + 1), epoch, nil
 }
 

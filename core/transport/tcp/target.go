@@ -68,6 +68,8 @@ type target struct {
 	ln        net.Listener
 	mu        sync.Mutex
 	conns     map[net.Conn]*link
+	ringTake  sync.Mutex          // takeRingNotices, one at a time
+	ringed    []*link             // its scratch
 	strangers []*link             // links in the order they came, until they said a valid hello (some since did, or went)
 	senders   map[string]net.Conn // each sender's current data connection
 	wg        sync.WaitGroup
@@ -126,6 +128,7 @@ func (t *target) accept() {
 			return true
 		}
 		l := &link{c: c, slot: -1}
+		l.ring.slot.Store(-1)
 		t.conns[c] = l
 		t.keepStrangerLocked(l)
 		t.wg.Add(1)
@@ -219,7 +222,10 @@ func (t *target) hello(l *link, r io.Reader, n uint64, challenge []byte) (wire.S
 		l.mac = newReplyMAC(key, challenge)
 	}
 	if tok := got[:wire.TokenSize:wire.TokenSize]; !bytes.Equal(tok, l.auth.Token) {
+		l.ring.mu.Lock()                                                  // a sync may be checking the ring's notices under it
+		t.ringNotices(l)                                                  // under the handshake they were sent under
 		l.auth = transport.ConnAuth{Token: tok, Key: key, Sender: sender} // a hello again under the same handshake keeps its sequence
+		l.ring.mu.Unlock()
 	}
 	return wire.StatusOK, sender
 }

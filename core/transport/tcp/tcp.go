@@ -75,6 +75,7 @@ type Transport struct {
 	cfg       Config
 	target    *target
 	fallbacks samehost.Fallbacks // same-host connections that sent their bytes through the socket (auto)
+	ringed    atomic.Int64       // notices its connections put in a receiver's notice ring
 }
 
 // SameHostFallbacks is how many of this guard's connections to a receiver
@@ -256,9 +257,15 @@ func (t *Transport) Stats(out map[string]any) {
 	out["same_host_ipc_bytes"] = t.IPCBytes()
 	out["same_host_writers"] = t.SameHostWriters()
 	out["same_host_fallbacks"], out["same_host_fallback_why"] = t.SameHostFallbacks()
+	out["same_host_ringed_notices"] = t.ringed.Load()
 	spins, paid, spent := t.BusyPolls()
 	out["busy_poll_spins"], out["busy_poll_paid"], out["busy_poll_spent_us"] = spins, paid, spent.Microseconds()
 }
+
+// TakeRingNotices takes the completion notices same-host senders put in
+// their connections' notice rings (a sync looks for its notice); false
+// where this target offers no rings.
+func (t *Transport) TakeRingNotices() bool { return t.target.takeRingNotices() }
 
 // Connections counts the data connections the target serves.
 func (t *Transport) Connections() int {
@@ -300,7 +307,7 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, re
 			return nil, err
 		}
 		c.finalFence, c.landing, c.hostOnly = a.FinalFence, a.Landing, a.HostOnly
-		c.pushed, c.mapped, c.joined, c.fallbacks = d.t.cfg.Pushed, d.t.cfg.Mapped, d.t.cfg.Joined, &d.t.fallbacks
+		c.pushed, c.mapped, c.joined, c.fallbacks, c.ringed = d.t.cfg.Pushed, d.t.cfg.Mapped, d.t.cfg.Joined, &d.t.fallbacks, &d.t.ringed
 		if err = c.sameHost(ctx, d.t.cfg.SameHost, a); err != nil {
 			c.Close()
 			return nil, err

@@ -180,10 +180,15 @@ func (t *conn) post(ctx context.Context, descs []desc.Desc, base int, marked boo
 
 // PostNotice sends a completion notice on the data connection, after the
 // writes it announces, and leaves its reply owed: the chunk's fence (or the
-// next call) reads it, so it costs no round trip of its own. With
+// next call) reads it, so it costs no round trip of its own; or, where
+// the writes were all the sender's own on one host, puts it in the
+// connection's notice ring, unanswered (postRinged). With
 // fenceFollows it stays buffered for that fence to send: writes, notice
 // and fence then go in one segment and are answered once.
 func (t *conn) PostNotice(ctx context.Context, body []byte, fenceFollows bool) error {
+	if t.postRinged(body) {
+		return nil
+	}
 	defer t.abortOn(ctx)()
 	t.deadline(ctx)
 	if len(t.owed) >= maxOwed {
@@ -213,6 +218,9 @@ const maxUnansweredNotices = 64
 // far as they arrived (all of them past maxUnansweredNotices), and
 // returns the first refusal among those read since it was last called.
 func (t *conn) SettleNotices(ctx context.Context) error {
+	if err := t.ringRefusal(); err != nil {
+		return err
+	}
 	if len(t.owed) == 0 { // the common case over the socket: the fence read them
 		err := t.refused
 		t.refused = nil
