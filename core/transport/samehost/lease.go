@@ -133,6 +133,7 @@ type Lease struct {
 	table []regionEntry
 	slots [MaxLeaseSlots]leaseSlot
 	inUse atomic.Int32 // slots handed out
+	upTo  atomic.Int32 // slots past it were never handed out: waits look no further
 }
 
 // regionEntry is a table entry; shared the allocation it lies in, if any.
@@ -282,7 +283,7 @@ func (l *Lease) Revoke(ctx context.Context, sender string) error {
 // older than g, or its process has exited.
 func (l *Lease) waitOlder(ctx context.Context, g uint64, sender string) error {
 	pause := 20 * time.Microsecond
-	for i := 0; i < MaxLeaseSlots; i++ {
+	for i := 0; i < int(l.upTo.Load()); i++ {
 		for {
 			b := atomic.LoadUint64(l.mem.busy(i))
 			if b == 0 || b-1 >= g {
@@ -324,6 +325,7 @@ func (l *Lease) Assign(sender string, pid int) (slot int, epoch uint64) {
 			atomic.StoreUint64(l.mem.owner(i), l.epoch)
 			l.slots[i] = leaseSlot{used: true, sender: sender, pidfd: pidfd}
 			l.inUse.Add(1)
+			l.upTo.Store(max(l.upTo.Load(), int32(i+1)))
 			return i, l.epoch
 		}
 	}
