@@ -49,6 +49,7 @@ func OpenWithEngine(cfg Config, ops engine.Ops) (*Guard, error) {
 type enginePlane interface {
 	transport.Transport
 	Conn(session string) transport.Conn
+	ConnChecked(session string, peer transport.Conn) transport.Conn
 	Engine() string
 	InFlight() int64
 	WaitTransfer(ctx context.Context, transfer uint64) error

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +30,7 @@ type fakeEngines struct {
 	loseRead  func(off uint64) bool
 	sliceSize uint64
 	calls     int
+	reads     atomic.Int64 // read calls
 }
 
 func newFakeEngines() *fakeEngines {
@@ -61,6 +63,9 @@ func (f *fakeEngines) ops(node, name string) engine.Ops {
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			f.calls++
+			if !write {
+				f.reads.Add(1)
+			}
 			if _, ok := f.nodes[session]; !ok {
 				return fmt.Errorf("no segment named %q", session)
 			}
@@ -129,7 +134,7 @@ func TestEngineMovesAndVerifiesInEveryMode(t *testing.T) {
 
 func TestEngineReadBacksLandInRegisteredScratch(t *testing.T) {
 	f := newFakeEngines()
-	p := newEnginePair(t, `{"verify": "full"}`, "", 1<<20, f)
+	p := newEnginePair(t, `{"verify": "full", "engine_peer_checks": false}`, "", 1<<20, f)
 	fill(p.src.b)
 	_, err := p.send.Transfer(p.session, p.blocks(1, 1<<20), TransferOptions{})
 	require.NoError(t, err, "the fake engine refuses reads into memory not registered with it")
@@ -141,6 +146,43 @@ func TestEngineReadBacksLandInRegisteredScratch(t *testing.T) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	require.Len(t, f.nodes["prefill"], 1, "closing the session let the scratch go")
+}
+
+// Where the peer's guard is known, the read-backs are its answers over
+// mcguard's own connection, and digest notices go there too: nothing is
+// read through the engine, and no scratch is registered with it, in any
+// mode. An application's own read still goes through the engine.
+func TestEngineChecksGoThroughThePeersGuard(t *testing.T) {
+	f := newFakeEngines()
+	p := newEnginePair(t, `{"verify": "tail"}`, "", 64*4096, f)
+	for _, mode := range verify.Modes {
+		fill(p.src.b)
+		res, err := p.send.Transfer(p.session, p.blocks(64, 4096), TransferOptions{Verify: ptr(mode)})
+		require.NoError(t, err, mode)
+		if mode == verify.Digest {
+			require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0))
+		}
+		require.True(t, bytes.Equal(p.src.b, p.dst.b), mode)
+	}
+	require.Zero(t, f.reads.Load(), "no read-back went through the engine")
+	f.mu.Lock()
+	require.Len(t, f.nodes["prefill"], 1, "no read-back scratch registered with the engine")
+	f.mu.Unlock()
+	st := stats(t, p.send)
+	require.EqualValues(t, 1, st["peer_checked"])
+	require.EqualValues(t, 0, st["peer_check_fallbacks"])
+	require.EqualValues(t, 1, stats(t, p.recv)["notices_received"], "the digest notice")
+
+	require.NoError(t, p.send.Read(p.session, p.blocks(1, 4096)))
+	require.EqualValues(t, 1, f.reads.Load(), "an application's read is the engine's")
+
+	// A peer guard that cannot be reached: the engine reads back, said once.
+	q := newEnginePair(t, `{"verify": "tail", "connect_timeout_ms": 200}`, "", 4096, f)
+	require.NoError(t, q.send.SetPeerGuard(q.session, "127.0.0.1:1"))
+	fill(q.src.b)
+	_, err := q.send.Transfer(q.session, q.blocks(1, 4096), TransferOptions{})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, stats(t, q.send)["peer_check_fallbacks"])
 }
 
 func TestEngineSliceAwareTailCatchesALostSlice(t *testing.T) {
@@ -466,12 +508,20 @@ func TestEngineInlineCallPastItsDeadlineFails(t *testing.T) {
 // the receiver's memory, does not.
 func TestALyingEngineFoolsReadBacksAndNotTheReceiversDigest(t *testing.T) {
 	f := newFakeEngines()
-	p := newEnginePair(t, `{"inject": "lie", "inject_rate": 1}`, "", 8*4096, f)
+	p := newEnginePair(t, `{"inject": "lie", "inject_rate": 1, "engine_peer_checks": false}`, "", 8*4096, f)
 	for _, mode := range []verify.Mode{verify.Tail, verify.Sample, verify.Full} {
 		fill(p.src.b)
 		_, err := p.send.Transfer(p.session, p.blocks(8, 4096), TransferOptions{Verify: ptr(mode)})
 		require.NoError(t, err, "%s trusts what the engine reads back", mode)
 		require.False(t, bytes.Equal(p.src.b, p.dst.b), "%s: and the receiver never got the bytes", mode)
+	}
+	// Read back through the peer's guard (the default where it is known),
+	// the lie is seen in every read-back mode.
+	q := newEnginePair(t, `{"inject": "lie", "inject_rate": 1, "max_retries": 1, "retry_sleep_s": 0.001}`, "", 8*4096, f)
+	for _, mode := range []verify.Mode{verify.Tail, verify.Sample, verify.Full} {
+		fill(q.src.b)
+		_, err := q.send.Transfer(q.session, q.blocks(8, 4096), TransferOptions{Verify: ptr(mode)})
+		require.ErrorIs(t, err, errs.Verify, "%s: the peer's guard read what landed", mode)
 	}
 	fill(p.src.b)
 	res, err := p.send.Transfer(p.session, p.blocks(8, 4096), TransferOptions{Verify: ptr(verify.Digest)})

@@ -293,7 +293,7 @@ func (r *chunks) count(d verify.Delivery) {
 // receiver, not the bytes, was out of date (writing the chunk again, and
 // posting nothing behind it).
 func (g *Guard) deliver(ctx context.Context, s *session, vcfg verify.Config, seed uint64, chunk []desc.Desc, base int, announce func(fenceFollows bool) error, pipe *verify.Pipeline) (verify.Delivery, error) {
-	d, err := verify.Deliver(ctx, vcfg, seed, s.conn, chunk, base, g.view, &s.scratch, announce, pipe)
+	d, err := verify.Deliver(ctx, vcfg, seed, s.checked(), chunk, base, g.view, &s.scratch, announce, pipe)
 	switch {
 	case err == nil:
 	case errors.Is(err, errUnknownToken) && vcfg.Mode == verify.Digest && announce != nil:
@@ -318,7 +318,7 @@ func (g *Guard) deliver(ctx context.Context, s *session, vcfg verify.Config, see
 		}
 		if err == nil {
 			var again verify.Delivery
-			again, err = verify.Deliver(ctx, vcfg, seed, s.conn, chunk, base, g.view, &s.scratch, announce, nil)
+			again, err = verify.Deliver(ctx, vcfg, seed, s.checked(), chunk, base, g.view, &s.scratch, announce, nil)
 			d.Add(again)
 		}
 	}

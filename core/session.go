@@ -11,9 +11,11 @@ import (
 	"github.com/mcguard/mcguard/core/control"
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/reuse"
 	"github.com/mcguard/mcguard/core/transport"
+	"github.com/mcguard/mcguard/core/transport/tcp"
 	"github.com/mcguard/mcguard/core/wire"
 	"github.com/mcguard/mcguard/verify"
 )
@@ -60,26 +62,65 @@ func (s *session) connect(ctx context.Context, g *Guard) error {
 		return nil
 	}
 	if g.engine != nil {
-		// The engine knows its peers: the handshake with the peer's guard
-		// waits until a notice needs it (greet).
-		s.conn = g.engine.Conn(s.name)
+		s.conn = s.engineConn(ctx, g)
 		return nil
 	}
-	d, err := g.data.Dial()
-	if err != nil {
-		return err
-	}
-	rep, err := control.Handshake(ctx, g.zctx, s.name, g.cfg.ConnectTimeout, g.cfg.Secret, control.Hello{Sender: s.sender, Transport: g.data.Name(), Offer: d.Offer()})
-	if err != nil {
-		d.Abandon()
-		return err
-	}
-	conn, err := d.Connect(ctx, transport.Peer{Sender: string(s.sender), Token: rep.Token, Key: rep.Key, Host: rep.Host}, rep.Answer, rep.Regions)
+	rep, conn, err := s.dial(ctx, g, g.data, s.name)
 	if err != nil {
 		return err
 	}
 	s.hello, s.conn, s.seq = rep, conn, 0
 	return nil
+}
+
+// engineConn is the session's connection over the engine. The engine
+// knows its peers: the handshake with the peer's guard waits until a
+// notice needs it (greet); except where that guard is known and
+// engine_peer_checks is on (the default), where the session connects to
+// it over TCP (or the same-host path) at once, for the read-backs and
+// notices (engine.Plane.ConnChecked). A guard that cannot be reached so
+// leaves them to the engine, said once.
+func (s *session) engineConn(ctx context.Context, g *Guard) transport.Conn {
+	if s.control == "" || !g.cfg.Planes.Engine.PeerChecks {
+		return g.engine.Conn(s.name)
+	}
+	rep, peer, err := s.dial(ctx, g, g.plane(tcp.Name), s.control)
+	if err != nil {
+		peerChecksFallback.Printf(logs.Info, "session %s: read-backs go through the %s engine, as its peer's guard at %s could not be reached over mcguard's own connection: %v",
+			s.name, g.engine.Engine(), s.control, err)
+		g.stats.peerCheckFallbacks.Add(1)
+		return g.engine.Conn(s.name)
+	}
+	s.hello, s.seq = rep, 0
+	g.stats.peerChecked.Add(1)
+	return g.engine.ConnChecked(s.name, peer)
+}
+
+var peerChecksFallback logs.Once
+
+// checked is the session's connection as verification uses it: its own,
+// or the view whose read-backs go to the peer's guard (Caps.Checks).
+func (s *session) checked() transport.Conn {
+	if c := s.conn.Caps().Checks; c != nil {
+		return c
+	}
+	return s.conn
+}
+
+// dial shakes hands with the guard at endpoint and connects to it over
+// plane.
+func (s *session) dial(ctx context.Context, g *Guard, plane transport.Transport, endpoint string) (control.HelloReply, transport.Conn, error) {
+	d, err := plane.Dial()
+	if err != nil {
+		return control.HelloReply{}, nil, err
+	}
+	rep, err := control.Handshake(ctx, g.zctx, endpoint, g.cfg.ConnectTimeout, g.cfg.Secret, control.Hello{Sender: s.sender, Transport: plane.Name(), Offer: d.Offer()})
+	if err != nil {
+		d.Abandon()
+		return control.HelloReply{}, nil, err
+	}
+	conn, err := d.Connect(ctx, transport.Peer{Sender: string(s.sender), Token: rep.Token, Key: rep.Key, Host: rep.Host}, rep.Answer, rep.Regions)
+	return rep, conn, err
 }
 
 // refresh fetches the region table again, for a destination that the last

@@ -66,7 +66,7 @@ type PlaneSettings struct {
 }
 
 func defaultPlaneSettings() PlaneSettings {
-	return PlaneSettings{TCP: tcp.DefaultSettings(), RDMA: rdma.DefaultSettings()}
+	return PlaneSettings{TCP: tcp.DefaultSettings(), RDMA: rdma.DefaultSettings(), Engine: engine.DefaultSettings()}
 }
 
 func (p *PlaneSettings) load(l *config.Loader) {

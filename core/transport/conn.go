@@ -47,6 +47,10 @@ type Caps struct {
 	Notices      NoticePoster
 	Transfers    TransferBound
 	Tagged       TransferTagger
+	// Checks is the connection verification reads back through, where
+	// that is not this one (an engine's session checked through the
+	// peer's guard); its writes and fences are this one's.
+	Checks Conn
 }
 
 // Poster sends writes without waiting for their completions: the next

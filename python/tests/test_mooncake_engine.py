@@ -16,12 +16,12 @@ MOONCAKE_PYTHON = os.environ.get("MCGUARD_MOONCAKE_PYTHON",
                                  os.path.join(ROOT, "build", "venv-mooncake", "bin", "python"))
 
 
-def run_with_mooncake(*args, timeout=300, check=True):
+def run_with_mooncake(*args, timeout=300, check=True, env=None):
     """Run python args with the Mooncake wheel's interpreter and mcguard on
-    its path; with check, its exit status must be 0."""
+    its path (env: more environment); with check, its exit status must be 0."""
     if not os.path.exists(MOONCAKE_PYTHON):
         pytest.skip("Mooncake's wheel is not installed here (make mooncake-venv installs it; make test does)")
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), **(env or {}))
     out = subprocess.run([MOONCAKE_PYTHON, *args], env=env, capture_output=True, text=True, timeout=timeout)
     if check:
         assert out.returncode == 0, "stdout:\n%s\nstderr:\n%s" % (out.stdout[-4000:], out.stderr[-3000:])
@@ -99,8 +99,19 @@ def test_detection_matrix_over_mooncake():
     rows = last_json(out)["matrix"]
     assert len(rows) == 25, "lag, drop, tear, reorder, lie x five modes (stale needs the destination's bytes)"
     lie = {r["verify"]: r for r in rows if r["inject"] == "lie"}
-    assert all(lie[m]["mismatches"] > 0 for m in ("tail", "sample", "full")), \
-        "a lying engine passes every read-back: they trust its read path"
-    assert lie["digest"]["mismatches"] == 0, "the receiver's digests do not"
+    assert all(lie[m]["mismatches"] == 0 for m in ("tail", "sample", "full", "digest")), \
+        "a lying engine fools no check the peer's guard answers from its own memory"
     assert all(r["as_expected"] for r in rows), rows
     assert all(r["ok"] > 0 for r in rows if r["verify"] != "digest"), rows
+
+
+def test_a_lying_engine_fools_read_backs_through_it():
+    """Read back through the engine itself (engine_peer_checks off), every
+    read-back mode trusts its read path, and the receiver's digests do not."""
+    for mode, fooled in (("tail", True), ("digest", False)):
+        out = run_with_mooncake("-m", "mcguard.stress", "--transport", "mooncake", "--inject", "lie",
+                                "--inject-rate", "1", "--verify", mode, "--seconds", "1", *SMALL_STRESS,
+                                env={"MC_GUARD_ENGINE_PEER_CHECKS": "false"}, check=False)
+        r = last_json(out)
+        assert r["peer_checked"] == 0
+        assert (r["mismatches"] > 0) == fooled, r

@@ -10,9 +10,19 @@ type Settings struct {
 	// and the transfer returns at its deadline (timeout_ms per call without
 	// one) even if the callback never does.
 	InlineCalls bool
+	// PeerChecks: where the peer's guard is known (SetPeerGuard), read-backs
+	// are answered by that guard from its own memory over mcguard's own
+	// connection, and completion notices go on it, instead of each read
+	// being another trip through the engine. Off: through the engine.
+	PeerChecks bool
 }
 
-// Load reads engine_inline_calls (MC_GUARD_ENGINE_INLINE_CALLS) over s.
+// DefaultSettings are the engine data plane's defaults.
+func DefaultSettings() Settings { return Settings{PeerChecks: true} }
+
+// Load reads engine_inline_calls (MC_GUARD_ENGINE_INLINE_CALLS) and
+// engine_peer_checks (MC_GUARD_ENGINE_PEER_CHECKS) over s.
 func (s *Settings) Load(l *config.Loader) {
 	l.Bool("engine_inline_calls", []string{"MC_GUARD_ENGINE_INLINE_CALLS"}, &s.InlineCalls)
+	l.Bool("engine_peer_checks", []string{"MC_GUARD_ENGINE_PEER_CHECKS"}, &s.PeerChecks)
 }
