@@ -90,9 +90,12 @@ $(MOONCAKE_VENV)/.nixl-installed: $(MOONCAKE_VENV)/.installed
 	$(MOONCAKE_VENV)/bin/pip install -q --no-deps $(NIXL_WHEEL) numpy
 	touch $@
 
-## bench-peer: mcguard (off, tail, sample, digest) beside Mooncake's TCP
-## transport, NIXL over UCX (UCX_TLS=tcp) and a raw socket pair, two
-## processes each, rounds interleaved, SHA-1 checked
+## bench-peer: the performance goals, mcguard beside Mooncake's TCP
+## transport and NIXL over UCX (UCX_TLS=tcp), on one host and over
+## sockets, and over Mooncake's engine beside Mooncake alone: two processes
+## each, rounds interleaved, SHA-1 checked; a table of every goal, met or
+## not, and its JSON in build/perf/goals.json (BENCH_PEER_ARGS for others)
+BENCH_PEER_ARGS ?= --goals --json build/perf/goals.json
 bench-peer: build mooncake-venv nixl-venv
 	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.tools.peerbench $(BENCH_PEER_ARGS)
 

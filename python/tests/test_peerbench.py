@@ -75,3 +75,22 @@ def test_serial_kind_turns_post_ahead_off():
     assert "post_ahead" not in new_engine("mcguard-socket-tail")._config, "the guard's default (true)"
     with pytest.raises(SystemExit, match="for mcguard kinds"):
         new_engine("socket~serial")
+
+
+def test_goals_table_says_met_not_met_and_not_run():
+    from mcguard.tools import peergoals
+    figs = {k: {"1x4KiB": 10.0, "64x256KiB": 4.0, "512x16KiB": 1.0, "4096x4KiB": 0.3} for k in peergoals.ENGINES}
+    results = {(k, s): [v, v] for k, by in figs.items() for s, v in by.items()}
+    rows = peergoals.rows(results, "tcp")
+    assert len(rows) == 10 and all(set(r) == set(peergoals.COLUMNS) for r in rows)
+    assert all(r["met"] == "yes" for r in rows), "equal figures meet every goal"
+    results[("mcguard-socket-digest", "1x4KiB")] = [20.0]  # twice off
+    results[("guarded-mooncake-digest", "4096x4KiB")] = [0.1]
+    del results[("nixl", "64x256KiB")]
+    rows = {(r["path"], r["figure"]): r for r in peergoals.rows(results, "tcp")}
+    assert rows[("sockets", "1 x 4 KiB µs: off / tail / digest")]["met"] == "NO"
+    assert rows[("sockets", "64 x 256 KiB GB/s: off / tail")]["met"] == "not run"
+    digest = [r for (p, f), r in rows.items() if f.startswith("digest: fraction")][0]
+    assert digest["met"] == "NO" and "0.33" in digest["mcguard"]
+    assert "4 of 10" not in peergoals.table(list(rows.values()))
+    assert "goals met (medians of this run)" in peergoals.table(list(rows.values()))

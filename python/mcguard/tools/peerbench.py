@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 
+from . import peergoals
 from .cli import prog
 
 SIZES = {"1x4KiB": (1, 4 << 10), "64x256KiB": (64, 256 << 10), "512x16KiB": (512, 16 << 10),
@@ -98,8 +99,8 @@ def new_engine(kind):
     in "@N": its sessions over N TCP connections (tcp_stripes); or in
     "~serial": post_ahead false."""
     if kind.endswith(PING):
-        if not kind.startswith("mcguard-"):
-            raise SystemExit("%s is for mcguard kinds, not %r" % (PING, kind))
+        if not kind.startswith("mcguard-") and kind != "mooncake" + PING:
+            raise SystemExit("%s is for mcguard kinds and mooncake, not %r" % (PING, kind))
         return new_engine(kind[:-len(PING)])
     if kind.endswith(SERIAL):
         if not kind.startswith("mcguard-"):
@@ -531,10 +532,15 @@ def run_bench(argv=None):
     p.add_argument("--over-mooncake", action="store_true",
                    help="engines: Mooncake alone, the vLLM fix's tail polling, mcguard over Mooncake with the "
                         "same check (desctail), tail and sample (slice-aware) and digest")
+    p.add_argument("--goals", action="store_true",
+                   help="the engines and shapes of the performance goals, and after the summary a table of "
+                        "each goal beside its peer and whether this run's medians meet it")
     a = p.parse_args(argv)
     if a.serve:
         return serve(a.serve)
     engines = list(a.engines)
+    if a.goals:
+        engines, a.sizes = list(peergoals.ENGINES), list(peergoals.SIZES)
     if a.over_mooncake:
         engines = ["mooncake", "vllm-fix", "guarded-mooncake-desctail", "guarded-mooncake-tail",
                    "guarded-mooncake-sample", "guarded-mooncake-digest"]
@@ -594,8 +600,12 @@ def run_bench(argv=None):
             recv.close()
     print(summary(results, engines, a.sizes))
     print("layout: %s destination blocks" % a.layout)
+    goals = peergoals.rows(results, a.nixl_tls) if a.goals else None
+    if goals:
+        print()
+        print(peergoals.table(goals))
     if a.json:
-        write_json(a.json, results, engines, a, bad)
+        write_json(a.json, results, engines, a, bad, goals)
         print("figures written to %s" % a.json)
     if bad:
         print("DESTINATION MISMATCH (round, size, engine): %s" % bad)
@@ -617,14 +627,17 @@ def machine():
             "python": platform.python_version(), "mcguard": version()}
 
 
-def write_json(path, results, engines, a, bad):
-    """Every round's figure per engine and shape (µs for 1x4KiB, else GB/s)."""
+def write_json(path, results, engines, a, bad, goals=None):
+    """Every round's figure per engine and shape (µs for 1x4KiB, else GB/s),
+    and the goals table's rows where it was asked for."""
     doc = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "rounds": a.rounds,
            "seconds": a.seconds, "latency_iters": a.latency_iters, "layout": a.layout,
            "nixl_tls": a.nixl_tls, "engines": engines, "sizes": a.sizes,
            "units": {s: "us" if s == "1x4KiB" else "GB/s" for s in a.sizes},
            "figures": {k: {s: results[(k, s)] for s in a.sizes} for k in engines},
            "mismatches": [list(b) for b in bad]}
+    if goals is not None:
+        doc["goals"] = goals
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
