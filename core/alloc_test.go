@@ -39,15 +39,7 @@ func newMappedPair(t *testing.T, sendJS, recvJS string, size int) *pair {
 // every mode, and the bytes are there.
 func TestAllocatedMemoryIsWrittenByMemcpy(t *testing.T) {
 	p := newMappedPair(t, `{"verify": "tail"}`, "", 64*4096)
-	for _, mode := range verify.Modes {
-		fill(p.src.b)
-		res, err := p.send.Transfer(p.session, p.blocks(64, 4096), TransferOptions{Verify: ptr(mode)})
-		require.NoError(t, err, mode)
-		if mode == verify.Digest {
-			require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0))
-		}
-		require.True(t, bytes.Equal(p.src.b, p.dst.b), mode)
-	}
+	p.moveInEveryMode(t, 64, 4096)
 	all := int64(len(verify.Modes) * 64 * 4096)
 	require.Equal(t, all, pushed(t, p.send))
 	require.Equal(t, all, mapped(t, p.send), "every byte went by memcpy")

@@ -118,15 +118,7 @@ func TestEngineMovesAndVerifiesInEveryMode(t *testing.T) {
 	f := newFakeEngines()
 	p := newEnginePair(t, `{"verify": "tail"}`, "", 64*4096, f)
 	require.True(t, f.registered("prefill", p.src.addr(0), 64*4096), "the guard registered its source with the engine")
-	for _, mode := range verify.Modes {
-		fill(p.src.b)
-		res, err := p.send.Transfer(p.session, p.blocks(64, 4096), TransferOptions{Verify: ptr(mode)})
-		require.NoError(t, err, mode)
-		if mode == verify.Digest {
-			require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0), "the peer's guard compares the digests")
-		}
-		require.True(t, bytes.Equal(p.src.b, p.dst.b), mode)
-	}
+	p.moveInEveryMode(t, 64, 4096)
 	st := stats(t, p.send)
 	require.Equal(t, "engine", st["transport"])
 	require.EqualValues(t, 1, st["notices_sent"])
@@ -155,15 +147,7 @@ func TestEngineReadBacksLandInRegisteredScratch(t *testing.T) {
 func TestEngineChecksGoThroughThePeersGuard(t *testing.T) {
 	f := newFakeEngines()
 	p := newEnginePair(t, `{"verify": "tail"}`, "", 64*4096, f)
-	for _, mode := range verify.Modes {
-		fill(p.src.b)
-		res, err := p.send.Transfer(p.session, p.blocks(64, 4096), TransferOptions{Verify: ptr(mode)})
-		require.NoError(t, err, mode)
-		if mode == verify.Digest {
-			require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0))
-		}
-		require.True(t, bytes.Equal(p.src.b, p.dst.b), mode)
-	}
+	p.moveInEveryMode(t, 64, 4096)
 	require.Zero(t, f.reads.Load(), "no read-back went through the engine")
 	f.mu.Lock()
 	require.Len(t, f.nodes["prefill"], 1, "no read-back scratch registered with the engine")

@@ -79,6 +79,22 @@ func (p *pair) blocks(n, size int) []desc.Desc {
 	return d
 }
 
+// moveInEveryMode transfers n blocks of size bytes of fresh source bytes
+// in each verification mode (digest: synced by the receiver), and checks
+// that every destination byte arrived.
+func (p *pair) moveInEveryMode(t *testing.T, n, size int) {
+	t.Helper()
+	for _, mode := range verify.Modes {
+		fill(p.src.b)
+		res, err := p.send.Transfer(p.session, p.blocks(n, size), TransferOptions{Verify: ptr(mode)})
+		require.NoError(t, err, mode)
+		if mode == verify.Digest {
+			require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0), "the receiver compares the digests")
+		}
+		require.True(t, bytes.Equal(p.src.b[:n*size], p.dst.b[:n*size]), mode)
+	}
+}
+
 // transferer returns a transfer of descs to p's receiver, followed where
 // sync is set by the receiver's sync of it, that allocates nothing of its
 // own: for the allocation tests.

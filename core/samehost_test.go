@@ -14,7 +14,6 @@ import (
 	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/transport/tcp"
-	"github.com/mcguard/mcguard/verify"
 )
 
 func pulled(t *testing.T, g *Guard) int64 {
@@ -33,15 +32,7 @@ func TestSameHostEitherEndCopiesTheBytes(t *testing.T) {
 	for _, writer := range []string{"sender", "receiver"} {
 		t.Run(writer, func(t *testing.T) {
 			p := newPair(t, `{"verify": "tail"}`, `{"same_host_writer": "`+writer+`"}`, 64*4096)
-			for _, mode := range verify.Modes {
-				fill(p.src.b)
-				res, err := p.send.Transfer(p.session, p.blocks(64, 4096), TransferOptions{Verify: ptr(mode)})
-				require.NoError(t, err, mode)
-				if mode == verify.Digest {
-					require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0))
-				}
-				require.True(t, bytes.Equal(p.src.b, p.dst.b), mode)
-			}
+			p.moveInEveryMode(t, 64, 4096)
 			all := int64(5 * 64 * 4096)
 			if writer == "sender" {
 				require.Equal(t, all, pushed(t, p.send), "every byte of every mode was written by the sender")
