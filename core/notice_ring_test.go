@@ -2,6 +2,7 @@ package core
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -38,13 +39,20 @@ func TestSameHostNoticesThroughTheRingStayInOrder(t *testing.T) {
 	require.ErrorIs(t, p.recv.SyncTransfers([]uint64{res.ID}, 0), errs.Verify)
 }
 
-// The ring's notices are taken when the connection ends, not lost with it.
+// The ring's notices are taken when the connection ends, not lost with
+// it: the sync comes after the receiver let the connection go, when no
+// ring is left to look in.
 func TestSameHostRingNoticesOutliveTheConnection(t *testing.T) {
 	p := newPair(t, `{"verify": "digest"}`, "", 4*4096)
 	fill(p.src.b)
 	res, err := p.send.Transfer(p.session, p.blocks(4, 4096), TransferOptions{})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), ringed(t, p.send))
+	require.EqualValues(t, 1, stats(t, p.recv)["same_host_writers"])
+	require.EqualValues(t, 0, stats(t, p.recv)["notices_received"], "the notice is still in the ring")
 	p.send.Close()
+	require.Eventually(t, func() bool { return stats(t, p.recv)["same_host_writers"].(float64) == 0 },
+		5*time.Second, time.Millisecond, "the receiver let the connection and its slot go")
+	require.EqualValues(t, 1, stats(t, p.recv)["notices_received"], "taken as the connection ended")
 	require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0))
 }

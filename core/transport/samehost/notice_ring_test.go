@@ -66,7 +66,7 @@ func TestNoticeRingFullRefusesUntilTaken(t *testing.T) {
 	require.True(t, p.PostNotice(notice(n, 1000)), "taken notices make room")
 }
 
-func TestNoticeRingRevokedSlotTakesNothing(t *testing.T) {
+func TestNoticeRingOfAReleasedSlotIsTakenThenClosed(t *testing.T) {
 	l, p := newLeasePair(t, time.Second)
 	require.True(t, p.PostNotice(notice(1, 64)))
 	var got [][]byte

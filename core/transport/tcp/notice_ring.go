@@ -16,13 +16,13 @@ import (
 // target's side takes them when its application syncs, before a notice
 // that comes on the connection itself, and when the connection ends.
 
-// noticeRing is a link's view of its lease slot's ring, and the lock
-// that keeps its notices in order: the ring's, the socket's, and the
-// handshake they are checked under (link.auth), which the syncs' takes
-// read from other goroutines than the serve loop's.
+// noticeRing is a link's lease slot and its view of the slot's ring, and
+// the lock that keeps its notices in order: the ring's, the socket's, and
+// the handshake they are checked under (link.auth), which the syncs'
+// takes read from other goroutines than the serve loop's.
 type noticeRing struct {
 	mu   sync.Mutex
-	slot atomic.Int64 // -1: none; set under mu
+	slot atomic.Int64 // -1: none; set under mu (setRingSlot)
 	tail uint64       // what the target took of the ring
 	buf  []byte
 }

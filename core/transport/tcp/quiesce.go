@@ -40,13 +40,12 @@ type link struct {
 	bound   atomic.Bool        // its hello was taken: it may be sent marks
 	applyMu sync.Mutex         // held while one of its writes is applied
 	pid     int                // a same-host sender that proved it is this pid (serve loop only)
-	slot    int                // its lease slot (samehost.Lease), -1: none (serve loop only)
 	stream  streamSource       // the write frame being applied (serve loop only)
 	rd      readReply          // the read frame being answered (serve loop only)
 	land    landing            // digests taken as its marked writes land (serve loop only)
 	notice  []byte             // its notices' bodies, one at a time (noticeBody; serve loop only)
 	auth    transport.ConnAuth // the handshake its hello proved (written by the serve loop under ring.mu)
-	ring    noticeRing         // its lease slot's notice ring
+	ring    noticeRing         // its lease slot (samehost.Lease) and that slot's notice ring
 	mac     *replyMAC          // tags its replies where the guards share a secret (serve loop only)
 	tee     teeWriter          // a reply's payload into the connection and its tag (serve loop only)
 }

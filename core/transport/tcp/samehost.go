@@ -177,12 +177,12 @@ func (t *target) prove(l *link, addr, n uint64, r io.Reader) (st wire.Status, wh
 	t.mu.Lock() // read by other connections' ends (samehost.IPCMaps.Drop)
 	l.pid = g.Pid
 	t.mu.Unlock()
-	if t.lease == nil || l.slot >= 0 {
+	if t.lease == nil || l.ring.slot.Load() >= 0 {
 		return wire.StatusOK, 0, 0, nil
 	}
-	l.slot, epoch = t.lease.Assign(l.sender, g.Pid)
-	t.setRingSlot(l, l.slot)
-	return wire.StatusOK, uint64(l.slot + 1), epoch, nil
+	slot, epoch := t.lease.Assign(l.sender, g.Pid)
+	t.setRingSlot(l, slot)
+	return wire.StatusOK, uint64(slot + 1), epoch, nil
 }
 
 // peerSource is [src, src+n) in process pid.

@@ -167,8 +167,8 @@ func (t *target) release(l *link) {
 	}
 	t.mu.Unlock()
 	l.c.Close()
-	if l.slot >= 0 {
-		t.lease.Release(l.slot, func() { t.setRingSlot(l, -1) })
+	if slot := int(l.ring.slot.Load()); slot >= 0 {
+		t.lease.Release(slot, func() { t.setRingSlot(l, -1) })
 	}
 	if gpu := t.regions.GPU(); last && gpu != nil {
 		t.ipcs.Drop(gpu, l.pid)

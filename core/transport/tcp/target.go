@@ -127,7 +127,7 @@ func (t *target) accept() {
 			c.Close() // every one is a sender's: refuse the newcomer, keep serving them
 			return true
 		}
-		l := &link{c: c, slot: -1}
+		l := &link{c: c}
 		l.ring.slot.Store(-1)
 		t.conns[c] = l
 		t.keepStrangerLocked(l)
