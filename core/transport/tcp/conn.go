@@ -36,6 +36,9 @@ type conn struct {
 	finalFence bool
 	// landing: the target digests marked writes as they land (PostMarked).
 	landing bool
+	// acksFinal: the target answers each write once it is in place, and
+	// holds none back (Fence).
+	acksFinal bool
 	// hostOnly: the target has no CUDA driver, so all it registers is
 	// host memory (joinReach).
 	hostOnly bool

@@ -128,3 +128,32 @@ func TestPosterEndsWithItsConnection(t *testing.T) {
 	require.Eventually(t, func() bool { return runtime.NumGoroutine() <= before+2 }, 5*time.Second, 10*time.Millisecond,
 		"goroutines: %d before, %d after 20 connections closed", before, runtime.NumGoroutine())
 }
+
+// Where the target's answers to writes are final, a fence is those
+// answers: Fence and a fenced read-back send no fence frame, and the
+// bytes are in place all the same. Elsewhere each sends one.
+func TestFenceIsTheWritesAnswersWhereFinal(t *testing.T) {
+	for _, final := range []bool{true, false} {
+		src, dst := testmem.Pages(t, 2), testmem.Pages(t, 2)
+		c := joinPair(t, src, dst, nil, nil, nil)
+		c.acksFinal = final
+		ctx := context.Background()
+		chunk := []desc.Desc{{Src: memory.AddrOf(src), Dst: memory.AddrOf(dst), Len: 8192}}
+		frames := func(do func() error) uint64 {
+			rand.Read(src)
+			require.NoError(t, c.Post(ctx, chunk, 0))
+			before := c.nextID
+			require.NoError(t, do())
+			require.Empty(t, c.owed)
+			require.False(t, c.unfenced)
+			return c.nextID - before
+		}
+		fences := map[bool]uint64{true: 0, false: 1}[final]
+		require.Equal(t, fences, frames(func() error { return c.Fence(ctx) }), "final %v", final)
+		require.Equal(t, src, dst)
+		out := make([]byte, 8192)
+		whole := []desc.Range{{Addr: memory.AddrOf(dst), Len: 8192}}
+		require.Equal(t, fences+1, frames(func() error { return c.ReadArriving(ctx, whole, out, true, nil) }), "final %v", final)
+		require.Equal(t, src, out)
+	}
+}

@@ -85,8 +85,9 @@ func answerErr(h wire.Header, total uint64) error {
 	return nil
 }
 
-// Fence asks the target to reply once every earlier write on this
-// connection is applied.
+// Fence returns once every earlier write on this connection is applied:
+// the target's answer to a fence frame, or where the target's answers
+// to writes are final, those answers.
 func (t *conn) Fence(ctx context.Context) error {
 	if !t.unfenced && !slices.ContainsFunc(t.owed, notNotice) {
 		// No write went through the socket: pushed writes are in place.
@@ -99,6 +100,15 @@ func (t *conn) Fence(ctx context.Context) error {
 		return nil
 	}
 	defer t.abortOn(ctx)()
+	if t.acksFence() {
+		// A notice posted behind the writes is answered after them, so
+		// it is taken when this returns, as behind a fence.
+		if err := t.readOwed(ctx); err != nil {
+			return err
+		}
+		t.unfenced = false
+		return nil
+	}
 	h, err := t.request(ctx, wire.OpFence, nil)
 	if err != nil {
 		return err
@@ -109,6 +119,12 @@ func (t *conn) Fence(ctx context.Context) error {
 	t.unfenced = false
 	return nil
 }
+
+// acksFence: the target's answers to the writes say all its fence would
+// (it answers each write once it is in place, and holds none back), so
+// a fence is those answers, without a frame of its own. Not where
+// replies are tagged: a fence's answer is, a write's is not.
+func (t *conn) acksFence() bool { return t.acksFinal && t.mac == nil }
 
 // Read fetches ranges into out, one request per wire.MaxRanges ranges or
 // wire.MaxPayload bytes. With fenced, a Fence frame precedes the first
@@ -128,7 +144,7 @@ func (t *conn) ReadArriving(ctx context.Context, ranges []desc.Range, out []byte
 	}
 	defer t.abortOn(ctx)()
 	var fenceID uint64
-	if fenced {
+	if fenced && !t.acksFence() { // else the read's request reads the writes' answers first
 		t.deadline(ctx)
 		if err := t.send(wire.Header{Op: wire.OpFence}, nil); err != nil {
 			return err

@@ -116,6 +116,10 @@ type handshakeAnswer struct {
 	// registers is host memory, where a joined write may span separate
 	// allocations (one device copy could not: joinReach).
 	HostOnly bool `json:"host_only,omitempty"`
+	// AcksFinal: the target answers each write once it is in place and
+	// holds none back (no fault injection), so the answers to a
+	// connection's writes say all its fence would.
+	AcksFinal bool `json:"acks_final,omitempty"`
 	// Gen is the target's quiesce generation: the sender's writes are
 	// taken where nothing was quiesced since.
 	Gen uint64 `json:"gen,omitempty"`
@@ -180,7 +184,7 @@ func (t *Transport) Unregister(addr uint64) error {
 // sender's same-host offer, a nonce to prove or why not.
 func (t *Transport) Accept(peer transport.Peer, offer []byte, _ []memory.Region) ([]byte, error) {
 	a := handshakeAnswer{Data: t.target.addr(), FinalFence: t.target.faults.Mode() != fault.Reorder, Gen: t.target.q.gen.Load(),
-		Landing: t.target.landed != nil, HostOnly: t.cfg.Regions.GPU() == nil}
+		Landing: t.target.landed != nil, HostOnly: t.cfg.Regions.GPU() == nil, AcksFinal: t.target.faults == nil}
 	if len(offer) != 0 {
 		var nonce []byte
 		nonce, a.SameHostWhy = t.target.grants.Answer(t.cfg.SameHost, t.target.identity != nil, peer.Sender, offer)
@@ -306,7 +310,7 @@ func (d dialer) Connect(ctx context.Context, peer transport.Peer, raw []byte, re
 		if err != nil {
 			return nil, err
 		}
-		c.finalFence, c.landing, c.hostOnly = a.FinalFence, a.Landing, a.HostOnly
+		c.finalFence, c.landing, c.hostOnly, c.acksFinal = a.FinalFence, a.Landing, a.HostOnly, a.AcksFinal
 		c.pushed, c.mapped, c.joined, c.fallbacks, c.ringed = d.t.cfg.Pushed, d.t.cfg.Mapped, d.t.cfg.Joined, &d.t.fallbacks, &d.t.ringed
 		if err = c.sameHost(ctx, d.t.cfg.SameHost, a); err != nil {
 			c.Close()
