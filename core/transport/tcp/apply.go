@@ -5,6 +5,7 @@ package tcp
 // allocation by CUDA IPC) and how they are put in place.
 
 import (
+	"bufio"
 	"errors"
 	"io"
 
@@ -27,14 +28,32 @@ type storer interface {
 	store(r *memory.Regions, addr, n uint64, cut func()) error
 }
 
+// streamSource is a write frame's payload, read through the connection's
+// buffer r; what r does not hold yet is read from the connection itself
+// (raw) straight into place, not through the buffer: a copy less of every
+// byte of a large write.
 type streamSource struct {
-	r io.Reader
-	n uint64
+	r   *bufio.Reader
+	raw io.Reader // r's own reader
+	n   uint64
 }
 
+// directMin: a rest of a payload this large is read past the buffer.
+const directMin = 16 << 10
+
 func (s streamSource) fill(m []byte) error {
-	_, err := io.ReadFull(s.r, m)
-	return err
+	k := 0
+	if b := s.r.Buffered(); b > 0 {
+		k, _ = s.r.Read(m[:min(len(m), b)]) // buffered: copied, no error
+	}
+	if rest := m[k:]; len(rest) >= directMin {
+		_, err := io.ReadFull(s.raw, rest)
+		return err
+	} else if len(rest) > 0 {
+		_, err := io.ReadFull(s.r, rest)
+		return err
+	}
+	return nil
 }
 
 func (s streamSource) discard() error {

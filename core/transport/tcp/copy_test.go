@@ -1,8 +1,11 @@
 package tcp
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
+	"io"
 	"os/exec"
 	"testing"
 	"time"
@@ -56,4 +59,52 @@ func TestMappedCopiesFailOnceTheReceiverIsGone(t *testing.T) {
 	require.ErrorContains(t, err, "has exited")
 	_, err = c.pullRanges([]desc.Range{{Addr: f.Addr, Len: 4096}}, out)
 	require.ErrorContains(t, err, "has exited")
+}
+
+// A write's payload comes out of the connection's buffer as far as the
+// buffer holds it, and the rest straight from the connection where it is
+// large: every byte in order, the frames after it still in step, and
+// the large rest read into place, not through the buffer.
+func TestStreamSourceReadsLargeRestsPastTheBuffer(t *testing.T) {
+	for _, size := range []int{100, 20 << 10, 200 << 10, 600 << 10} {
+		stream := make([]byte, 2*size+8)
+		rand.Read(stream)
+		raw := &placeReader{r: bytes.NewReader(stream)}
+		r := bufio.NewReaderSize(raw, readBuffer)
+		_, err := r.Peek(8) // a header's read fills the buffer
+		require.NoError(t, err)
+		r.Discard(8)
+		for i := range 2 {
+			m := make([]byte, size)
+			raw.place, raw.placed = m, 0
+			buffered := r.Buffered()
+			require.NoError(t, streamSource{r: r, raw: raw, n: uint64(size)}.fill(m))
+			require.Equal(t, stream[8+i*size:8+(i+1)*size], m, "size %d write %d", size, i)
+			if rest := size - buffered; rest >= directMin {
+				require.Equal(t, rest, raw.placed, "size %d write %d: the rest read into place", size, i)
+			} else {
+				require.Zero(t, raw.placed, "size %d write %d: a small rest comes through the buffer", size, i)
+			}
+		}
+	}
+}
+
+// placeReader counts the bytes read straight into place; it gives at
+// most 32 KiB a read, as a socket gives what has come.
+type placeReader struct {
+	r      io.Reader
+	place  []byte
+	placed int
+}
+
+func (p *placeReader) Read(b []byte) (int, error) {
+	k, err := p.r.Read(b[:min(len(b), 32<<10)])
+	if len(b) > 0 && len(p.place) > 0 {
+		at := uintptr(unsafe.Pointer(&b[0]))
+		start := uintptr(unsafe.Pointer(&p.place[0]))
+		if at >= start && at < start+uintptr(len(p.place)) {
+			p.placed += k
+		}
+	}
+	return k, err
 }

@@ -14,10 +14,16 @@ import (
 // each frame, a handler per request op, and its reply.
 
 // served is one data connection as its serve loop sees it.
+// readBuffer is a connection's read buffer at the target: frame headers,
+// small payloads and the start of large ones (streamSource reads their
+// rest past it).
+const readBuffer = 256 << 10
+
 type served struct {
 	t         *target
 	l         *link
 	r         *bufio.Reader
+	raw       io.Reader // r's own reader (streamSource)
 	w         *bufio.Writer
 	hdr       []byte
 	challenge []byte // the hello must prove the handshake's key over it
@@ -60,7 +66,8 @@ func init() {
 func (t *target) serve(l *link) {
 	defer t.wg.Done()
 	defer t.release(l)
-	s := &served{t: t, l: l, r: bufio.NewReaderSize(spinning(l.c, t.busyPoll, &t.spins, t.spun), 256<<10),
+	raw := spinning(l.c, t.busyPoll, &t.spins, t.spun)
+	s := &served{t: t, l: l, r: bufio.NewReaderSize(raw, readBuffer), raw: raw,
 		w: bufio.NewWriterSize(l.c, 64<<10), hdr: make([]byte, wire.HeaderSize), lagged: transport.NewPending(),
 		cut: func() { l.c.Close() }}
 	if s.sendChallenge() != nil {
@@ -203,7 +210,7 @@ func (s *served) mark(h wire.Header) (outcome, error) {
 }
 
 func (s *served) write(h wire.Header) (outcome, error) {
-	s.l.stream = streamSource{s.r, h.Len} // passed by pointer: no allocation per write
+	s.l.stream = streamSource{s.r, s.raw, h.Len} // passed by pointer: no allocation per write
 	st, err := s.t.write(s.l, h.Addr, h.Len, &s.l.stream, s.lagged, s.cut, h.Status)
 	return outcome{st: st, addr: h.Addr}, err
 }
