@@ -46,14 +46,12 @@ func (s streamSource) fill(m []byte) error {
 	if b := s.r.Buffered(); b > 0 {
 		k, _ = s.r.Read(m[:min(len(m), b)]) // buffered: copied, no error
 	}
-	if rest := m[k:]; len(rest) >= directMin {
-		_, err := io.ReadFull(s.raw, rest)
-		return err
-	} else if len(rest) > 0 {
-		_, err := io.ReadFull(s.r, rest)
-		return err
+	from := io.Reader(s.r)
+	if len(m)-k >= directMin {
+		from = s.raw
 	}
-	return nil
+	_, err := io.ReadFull(from, m[k:])
+	return err
 }
 
 func (s streamSource) discard() error {

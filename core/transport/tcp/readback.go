@@ -99,16 +99,17 @@ func (t *conn) Fence(ctx context.Context) error {
 		}
 		return nil
 	}
-	defer t.abortOn(ctx)()
 	if t.acksFence() {
 		// A notice posted behind the writes is answered after them, so
-		// it is taken when this returns, as behind a fence.
+		// it is taken when this returns, as behind a fence. (readOwed
+		// watches ctx itself.)
 		if err := t.readOwed(ctx); err != nil {
 			return err
 		}
 		t.unfenced = false
 		return nil
 	}
+	defer t.abortOn(ctx)()
 	h, err := t.request(ctx, wire.OpFence, nil)
 	if err != nil {
 		return err
@@ -127,8 +128,10 @@ func (t *conn) Fence(ctx context.Context) error {
 func (t *conn) acksFence() bool { return t.acksFinal && t.mac == nil }
 
 // Read fetches ranges into out, one request per wire.MaxRanges ranges or
-// wire.MaxPayload bytes. With fenced, a Fence frame precedes the first
-// request and both replies are read after one flush: one round trip.
+// wire.MaxPayload bytes. With fenced, the first request's replies are
+// read after every earlier write's: a Fence frame precedes it (where the
+// writes' answers are not the fence, acksFence), both replies read after
+// one flush: one round trip.
 func (t *conn) Read(ctx context.Context, ranges []desc.Range, out []byte, fenced bool) error {
 	return t.ReadArriving(ctx, ranges, out, fenced, nil)
 }

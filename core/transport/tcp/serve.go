@@ -13,12 +13,12 @@ import (
 // The serve loop of one data connection: its challenge, the deadline on
 // each frame, a handler per request op, and its reply.
 
-// served is one data connection as its serve loop sees it.
 // readBuffer is a connection's read buffer at the target: frame headers,
 // small payloads and the start of large ones (streamSource reads their
 // rest past it).
 const readBuffer = 256 << 10
 
+// served is one data connection as its serve loop sees it.
 type served struct {
 	t         *target
 	l         *link
