@@ -34,10 +34,14 @@ const maxQuiesceRecords = 4096
 type link struct {
 	c       net.Conn
 	sender  string
-	wmu     sync.Mutex         // orders the serve loop's replies and pushed marks on c
-	ack     atomic.Uint64      // the generation its sender has caught up with
-	aborted atomic.Bool        // its sender gave up on it: nothing it brought may land
-	bound   atomic.Bool        // its hello was taken: it may be sent marks
+	wmu     sync.Mutex    // orders the serve loop's replies and pushed marks on c
+	ack     atomic.Uint64 // the generation its sender has caught up with
+	aborted atomic.Bool   // its sender gave up on it: nothing it brought may land
+	bound   atomic.Bool   // its hello was taken: it may be sent marks
+	// greeted: its hello was found valid, set before the hello's answer
+	// goes (bound only after it): a stranger no more, never shut for a
+	// newcomer once its sender may be writing.
+	greeted atomic.Bool
 	applyMu sync.Mutex         // held while one of its writes is applied
 	pid     int                // a same-host sender that proved it is this pid (serve loop only)
 	stream  streamSource       // the write frame being applied (serve loop only)

@@ -189,6 +189,7 @@ func (s *served) hello(h wire.Header) outcome {
 	}
 	s.bound = st == wire.StatusOK
 	if s.bound {
+		s.l.greeted.Store(true)
 		s.t.claim(sender, int(h.Status), s.l)
 	}
 	return outcome{st: st, addr: h.Addr}

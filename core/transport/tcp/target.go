@@ -145,7 +145,7 @@ func (t *target) shutOldestStrangerLocked() bool {
 	for len(t.strangers) > 0 {
 		l := t.strangers[0]
 		t.strangers = t.strangers[1:]
-		if l.bound.Load() || t.conns[l.c] != l {
+		if l.greeted.Load() || t.conns[l.c] != l {
 			continue // said its hello, or gone
 		}
 		l.c.Close() // its serve loop ends and lets go of it
@@ -162,7 +162,7 @@ func (t *target) keepStrangerLocked(l *link) {
 	if len(t.strangers) > 2*len(t.conns)+64 {
 		live := t.strangers[:0]
 		for _, s := range t.strangers {
-			if !s.bound.Load() && t.conns[s.c] == s {
+			if !s.greeted.Load() && t.conns[s.c] == s {
 				live = append(live, s)
 			}
 		}
