@@ -47,6 +47,22 @@ def take_env(env):
             sys.path.insert(0, p)
 
 
+def finished_sending(conn, want, poll, limit=60, grace=10):
+    """The prefill side's wait in run_pair: the requests that poll()
+    reports finished sending, gathered until want of them are in, limit s
+    pass, or grace s after "stop" (the decode side has its result, but
+    word of its last transfers can still be on its way here). Returns
+    them sorted, and whether "stop" came."""
+    sent, deadline, stopped = set(), time.monotonic() + limit, False
+    while len(sent) < want and time.monotonic() < deadline:
+        sent |= set(poll() or ())
+        if stopped:
+            time.sleep(0.05)
+        elif conn.poll(0.05) and conn.recv() == "stop":
+            stopped, deadline = True, min(deadline, time.monotonic() + grace)
+    return sorted(sent), stopped
+
+
 def expect(conn, proc, what, timeout):
     """The next message on conn, which must be what, within timeout s; an
     error naming the process where it exits or is silent first."""

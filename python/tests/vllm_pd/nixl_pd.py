@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from pd import BLOCK_SIZE, HEADS, HEAD_SIZE, LAYERS, NUM_BLOCKS, SECRET, block_bytes, decode_blocks, model_dir, \
     seed_of  # noqa: E402
-from pd_common import PYTHON_DIR, free_port, plugin_metadata, run_pair, take_env  # noqa: E402
+from pd_common import PYTHON_DIR, finished_sending, free_port, plugin_metadata, run_pair, take_env  # noqa: E402
 
 # Each case: the settings in both processes, and which request's blocks the
 # prefill side hands to another request (number 100) after they were
@@ -148,15 +148,13 @@ def prefill_main(conn, env, plan):
         # (as after an expired lease) before the decode side reads them.
         side.fill(100, plan["prefill_blocks"][plan["reuse"]])
     conn.send(("ready", params))
-    sent, deadline = set(), time.monotonic() + 60
-    while len(sent) < len(plan["prefill_blocks"]) and time.monotonic() < deadline:
+    def poll():
         side.step()
-        done, _ = side.connector.get_finished(set())
-        sent |= set(done or ())
-        if conn.poll(0.05) and conn.recv() == "stop":
-            break
-    conn.send(("sent", sorted(sent), side.stats()))
-    conn.recv()  # stop
+        return side.connector.get_finished(set())[0]
+    sent, stopped = finished_sending(conn, len(plan["prefill_blocks"]), poll)
+    conn.send(("sent", sent, side.stats()))
+    if not stopped:
+        conn.recv()  # stop
     os._exit(0)  # NIXL's UCX backend can crash in static destructors at exit
 
 

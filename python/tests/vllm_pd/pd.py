@@ -26,8 +26,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from pd_common import (DECODE_STATS, PREFILL_STATS, PYTHON_DIR, free_port, picked, plugin_metadata,  # noqa: E402
-                       run_pair, take_env)
+from pd_common import (DECODE_STATS, PREFILL_STATS, PYTHON_DIR, finished_sending, free_port, picked,  # noqa: E402
+                       plugin_metadata, run_pair, take_env)
 
 BLOCK_SIZE = 32  # tokens; vLLM's CPU platform wants a multiple of 32
 HEADS, HEAD_SIZE = 2, 64
@@ -179,14 +179,11 @@ def prefill_main(conn, env, plan):
             meta.reqs_to_send["p-%s" % r] = ("t-%s" % r, [list(blocks)] if step == "finished" else [])
         side.start(meta)
     conn.send(("ready", side.worker.engine.guard.stats().get("transport")))
-    sent, deadline = set(), time.monotonic() + 60
-    while len(sent) < len(plan["prefill_blocks"]) and time.monotonic() < deadline:
-        done, _ = side.connector.get_finished(set())
-        sent |= set(done or ())
-        if conn.poll(0.05) and conn.recv() == "stop":
-            break
-    conn.send(("sent", sorted(sent), side.worker.engine.guard.stats()))
-    conn.recv()  # stop
+    sent, stopped = finished_sending(conn, len(plan["prefill_blocks"]),
+                                     lambda: side.connector.get_finished(set())[0])
+    conn.send(("sent", sent, side.worker.engine.guard.stats()))
+    if not stopped:
+        conn.recv()  # stop
     os._exit(0)  # vLLM's threads and the guard go with the process
 
 
