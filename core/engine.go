@@ -39,7 +39,7 @@ func OpenWithEngine(cfg Config, ops engine.Ops) (*Guard, error) {
 	}
 	return open(cfg, func(cfg *Config) (enginePlane, error) {
 		return engine.Open(engine.Config{Ops: ops, Faults: cfg.Inject, Linger: cfg.Timeout, Timeout: cfg.Timeout,
-			Inline: cfg.Planes.Engine.InlineCalls})
+			Inline: cfg.Planes.Engine.InlineCalls, Spin: cfg.Planes.Engine.BusyPoll})
 	})
 }
 

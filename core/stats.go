@@ -61,6 +61,7 @@ func (g *Guard) Stats() ([]byte, error) {
 		"post_ahead":           g.cfg.PostAhead,
 		"engine_inline_calls":  g.cfg.Planes.Engine.InlineCalls,
 		"engine_peer_checks":   g.cfg.Planes.Engine.PeerChecks,
+		"engine_busy_poll_us":  g.cfg.Planes.Engine.BusyPoll.Microseconds(),
 		"peer_checked":         g.stats.peerChecked.Load(),
 		"peer_check_fallbacks": g.stats.peerCheckFallbacks.Load(),
 		"busy_poll_us":         g.cfg.Planes.TCP.BusyPoll.Microseconds(),

@@ -141,7 +141,9 @@ typedef struct mc_sync_opts {
  * fails at its deadline_ms, or timeout_ms after a call began where it has
  * none, or at mc_guard_cancel (MC_ERR_TIMEOUT / MC_ERR_CANCELLED, bytes may
  * still land) while the call finishes on its own and its result is
- * dropped, even one that never returns. With engine_inline_calls they run
+ * dropped, even one that never returns (a library thread that ran a call
+ * waits awake engine_busy_poll_us, default 200, for the next one; the
+ * caller as long for the answer). With engine_inline_calls they run
  * on the thread that called mc_guard_transfer instead (no hand-off), and a
  * call that returns past its deadline fails then: cancel and close take
  * effect once it returns.

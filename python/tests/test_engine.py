@@ -246,3 +246,24 @@ def test_an_interrupt_as_a_callback_is_entered_comes_out_of_the_call(pd, monkeyp
     assert e.value.code == 3
     assert dst.raw != src.raw, "the write never ran"
     assert g._callbacks.take_interrupt() is None, "raised once, then gone"
+
+
+def test_a_library_thread_keeps_its_python_thread_state_between_callbacks(pd):
+    """ctypes makes a thread state for a callback on a thread Python did not
+    start and deletes it as the callback returns, unless the thread's state
+    is kept: thread-local values then last from one callback to the next."""
+    g, eng, src, dst, srcs, dsts = pd(verify="off")
+    here = threading.local()
+    seen = {}  # thread ident: the callbacks that thread's local value counted
+    write = eng.write
+
+    def counting(*args):
+        here.n = getattr(here, "n", 0) + 1
+        seen[threading.get_ident()] = here.n
+        return write(*args)
+    eng.write = counting
+    for _ in range(50):
+        g.transfer("decode:7", srcs, dsts, [BLOCK] * N)
+    assert threading.get_ident() not in seen, "the calls ran on the library's threads"
+    assert sum(seen.values()) == 50, seen
+    assert dst.raw == src.raw

@@ -27,6 +27,9 @@ type conn struct {
 	// began is the epoch of the receivers' quiesces the transfer began
 	// under (a later one's ranges are closed to it).
 	began uint64
+	// spins is the session's back-off of waiting awake for its calls'
+	// answers (handoff).
+	spins transport.SpinBackoff
 }
 
 // SetTransfer says which transfer the next calls are made for (0: none).

@@ -62,6 +62,9 @@ type Config struct {
 	Timeout time.Duration
 	// Inline runs each call on the caller's thread (see call).
 	Inline bool
+	// Spin is how long a worker that ran a call waits awake for the next,
+	// and a caller for a call's answer, before sleeping (handoff).
+	Spin time.Duration
 }
 
 // Plane is the engine data plane: the sender's side only. The engine
@@ -75,6 +78,7 @@ type Plane struct {
 	linger  time.Duration
 	timeout time.Duration
 	inline  bool
+	handoff handoff // runs the calls that are not inline
 
 	mu     sync.Mutex
 	closed bool
@@ -109,7 +113,8 @@ func Open(cfg Config) (*Plane, error) {
 	if cfg.Timeout <= 0 {
 		return nil, fmt.Errorf("%w: an engine data plane needs a timeout for its calls", errs.Config)
 	}
-	p := &Plane{ops: cfg.Ops, linger: cfg.Linger, timeout: cfg.Timeout, inline: cfg.Inline, byTransfer: map[uint64]*transferCalls{}, sessions: map[string]*sessionFences{}}
+	p := &Plane{ops: cfg.Ops, linger: cfg.Linger, timeout: cfg.Timeout, inline: cfg.Inline, handoff: handoff{spin: cfg.Spin},
+		byTransfer: map[uint64]*transferCalls{}, sessions: map[string]*sessionFences{}}
 	p.faults = fault.New(cfg.Faults, 0, "the engine callbacks ("+cfg.Ops.Name+")")
 	return p, nil
 }
@@ -194,6 +199,7 @@ func (p *Plane) Close() {
 	p.mu.Lock()
 	p.closed = true
 	p.mu.Unlock()
+	p.handoff.close()
 	done := make(chan struct{})
 	go func() { p.calls.Wait(); close(done) }()
 	select {
@@ -319,14 +325,17 @@ func (p *Plane) call(ctx context.Context, c *conn, remote, n []uint64, fn func()
 		return err
 	}
 	res := make(chan error, 1)
-	go func() {
+	p.handoff.run(func() {
 		defer p.end(transfer, session, began)
 		err := fn()
 		if done != nil {
 			done()
 		}
 		res <- err
-	}()
+	})
+	if err, ok := p.handoff.await(res, &c.spins); ok {
+		return err
+	}
 	select {
 	case err := <-res:
 		return err

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/mcguard/mcguard/core/transport"
 )
 
 // Busy polling (busy_poll_us). On a virtual machine a thread asleep in the
@@ -22,23 +24,18 @@ import (
 const MaxBusyPoll = time.Millisecond
 
 // spinner is one reader's busy polling: non-blocking reads for up to
-// budget, while spinning pays. Two spins in a row that come up empty, or
-// whose bytes came only in the last quarter of the budget, back it off
-// (the next 1, 2, 4 ... 64 waits do not spin): the peer was idle, or the
-// thread that would answer could not run while this one spun, as when
-// another process keeps the other core busy. With one such process on
-// this two-core machine, spinning 50 µs without backing off took a round
-// trip from 40 µs to 140.
+// budget, while spinning pays (transport.SpinBackoff: a spin pays where
+// the bytes came within three quarters of the budget). With another
+// process keeping the other core of this two-core machine busy, spinning
+// 50 µs without backing off took a round trip from 40 µs to 140.
 type spinner struct {
+	transport.SpinBackoff
 	budget time.Duration
 	counts *SpinCounts // nil: not counted
-	unpaid int         // spins in a row that did not pay
-	skip   int         // waits left that do not spin
-	back   int         // the skip after the next back-off
 }
 
 func newSpinner(budget time.Duration, counts *SpinCounts) spinner {
-	return spinner{budget: min(budget, MaxBusyPoll), counts: counts, back: 1}
+	return spinner{budget: min(budget, MaxBusyPoll), counts: counts}
 }
 
 // SpinCounts is what a transport's busy polling cost (stats): spins
@@ -52,7 +49,7 @@ func (s *spinner) read(fd int, b []byte, limit time.Duration) (int, error) {
 	if err != syscall.EAGAIN && err != syscall.EINTR || s.budget <= 0 || limit <= 0 {
 		return n, err
 	}
-	if s.skipping() {
+	if s.Skipping() {
 		return 0, syscall.EAGAIN
 	}
 	budget := min(limit, s.budget)
@@ -63,7 +60,7 @@ func (s *spinner) read(fd int, b []byte, limit time.Duration) (int, error) {
 			break
 		}
 		if n, err = syscall.Read(fd, b); err != syscall.EAGAIN && err != syscall.EINTR {
-			s.paid(spent <= s.budget*3/4, spent)
+			s.paid(transport.SpinPays(spent, s.budget), spent)
 			return n, err
 		}
 	}
@@ -71,16 +68,7 @@ func (s *spinner) read(fd int, b []byte, limit time.Duration) (int, error) {
 	return 0, syscall.EAGAIN
 }
 
-// skipping takes one of the waits a back-off skips, if any are left.
-func (s *spinner) skipping() bool {
-	if s.skip > 0 {
-		s.skip--
-		return true
-	}
-	return false
-}
-
-// paid records whether a spin paid, and backs off after two that did not.
+// paid records whether a spin paid (counts, back-off).
 func (s *spinner) paid(ok bool, spent time.Duration) {
 	if c := s.counts; c != nil {
 		c.spins.Add(1)
@@ -89,19 +77,8 @@ func (s *spinner) paid(ok bool, spent time.Duration) {
 			c.paid.Add(1)
 		}
 	}
-	if ok {
-		s.unpaid, s.back = 0, 1
-		return
-	}
-	if s.unpaid++; s.unpaid >= 2 {
-		s.unpaid = 0
-		s.skip, s.back = s.back, min(2*s.back, maxSpinBackoff)
-	}
+	s.Paid(ok)
 }
-
-// maxSpinBackoff bounds the waits a spin that did not pay skips: such a
-// reader still tries once in that many waits.
-const maxSpinBackoff = 64
 
 // spinConn is the target's side of a data connection: its reads spin for
 // budget before parking in the netpoller, while the connection is busy
@@ -158,7 +135,7 @@ func (s *spinConn) spinOnce(fd uintptr) { s.n, s.err = s.spin.read(int(fd), s.b,
 func (s *spinConn) Read(b []byte) (int, error) {
 	// A read that is not to spin goes straight to the netpoller, whose
 	// own read comes first: no second non-blocking read before it.
-	if s.lastWait <= 4*s.spin.budget && len(b) > 0 && !s.spin.skipping() && s.slots.take() {
+	if s.lastWait <= 4*s.spin.budget && len(b) > 0 && !s.spin.Skipping() && s.slots.take() {
 		s.b = b
 		err := s.rc.Control(s.spinNow)
 		s.b = nil

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcguard/mcguard/core/transport"
 	"github.com/stretchr/testify/require"
 )
 
@@ -92,16 +93,9 @@ func TestSpinnerBacksOff(t *testing.T) {
 	require.Zero(t, counts.paid.Load())
 	require.GreaterOrEqual(t, time.Duration(counts.nanos.Load()), 6*time.Millisecond)
 
-	// A spin that pays resets the back-off and the run of unpaid spins;
-	// one unpaid spin alone does not back off.
-	sp.skip = 0
-	sp.paid(false, 0)
-	require.Equal(t, 1, sp.unpaid)
-	sp.paid(true, 0)
-	require.Equal(t, [3]int{0, 0, 1}, [3]int{sp.unpaid, sp.skip, sp.back})
-	sp.paid(false, 0)
-	require.Zero(t, sp.skip, "one unpaid spin: still spinning")
-	sp.back = 8
+	// (The back-off's rules themselves: transport.SpinBackoff's tests.)
+	for sp.Skipping() {
+	}
 
 	// Bytes that come while spinning reset the back-off. The budget is
 	// raised past MaxBusyPoll here so that the writer's sleep surely ends
@@ -111,7 +105,8 @@ func TestSpinnerBacksOff(t *testing.T) {
 	for attempt := 0; ; attempt++ {
 		spins := counts.spins.Load()
 		go func() { time.Sleep(time.Millisecond); w.Write([]byte("data")) }()
-		sp.skip = 0
+		for sp.Skipping() {
+		}
 		var n int
 		var rerr error
 		require.NoError(t, rc.Control(func(fd uintptr) { n, rerr = sp.read(int(fd), buf, time.Hour) }))
@@ -122,7 +117,6 @@ func TestSpinnerBacksOff(t *testing.T) {
 		}
 		require.Less(t, attempt, 50, "the bytes always came before the read began")
 	}
-	require.Equal(t, 1, sp.back)
-	require.Zero(t, sp.unpaid)
-	require.EqualValues(t, 2, counts.paid.Load(), "the one recorded above, and this spin")
+	require.Equal(t, transport.SpinBackoff{}, sp.SpinBackoff, "a spin that paid ends the back-off")
+	require.EqualValues(t, 1, counts.paid.Load(), "this spin")
 }
