@@ -3,6 +3,7 @@ package core
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -138,14 +139,18 @@ func TestSameHostUnregisterShutsOutTheSendersWrites(t *testing.T) {
 }
 
 // sending is a sender writing fresh bytes in a loop (keepSending): its
-// transfers either succeed or are refused as unregistered.
+// transfers either succeed or are refused, as unregistered or, one that
+// overlaps the receiver's quiesce before it lets go of the memory (Free),
+// as quiesced; any other error stops it and is kept for until to report.
 type sending struct {
+	t          *testing.T
 	ok, failed atomic.Int64
 	quit, done chan struct{}
+	err        error // the unexpected error it stopped at, once done is closed
 }
 
 func keepSending(t *testing.T, p *pair, descs []desc.Desc) *sending {
-	s := &sending{quit: make(chan struct{}), done: make(chan struct{})}
+	s := &sending{t: t, quit: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
 		for {
@@ -155,27 +160,40 @@ func keepSending(t *testing.T, p *pair, descs []desc.Desc) *sending {
 			default:
 			}
 			fill(p.src.b)
-			if _, err := p.send.Transfer(p.session, descs, TransferOptions{}); err == nil {
+			_, err := p.send.Transfer(p.session, descs, TransferOptions{})
+			switch {
+			case err == nil:
 				s.ok.Add(1)
-			} else {
-				require.ErrorIs(t, err, errs.NotRegistered)
+			case errors.Is(err, errs.NotRegistered) || errors.Is(err, errs.Quiesced):
 				s.failed.Add(1)
+			default:
+				s.err = fmt.Errorf("transfer %d: %w", s.ok.Load()+s.failed.Load()+1, err)
+				return
 			}
 		}
 	}()
 	return s
 }
 
-// until waits for a count to reach n.
+// until waits for a count to reach n; it fails the test where the sender
+// stopped at an unexpected error, or the count does not get there in 30 s.
 func (s *sending) until(count *atomic.Int64, n int64) {
-	for count.Load() < n {
-		time.Sleep(time.Millisecond)
+	s.t.Helper()
+	for end := time.Now().Add(30 * time.Second); count.Load() < n; time.Sleep(time.Millisecond) {
+		select {
+		case <-s.done:
+			require.NoError(s.t, s.err, "the sender stopped")
+			require.FailNow(s.t, "the sender stopped")
+		default:
+		}
+		require.True(s.t, time.Now().Before(end), "%d of %d in 30 s (ok %d, refused %d)", count.Load(), n, s.ok.Load(), s.failed.Load())
 	}
 }
 
 func (s *sending) stop() {
 	close(s.quit)
 	<-s.done
+	require.NoError(s.t, s.err)
 }
 
 // Senders that come and go leave no lease slot behind: each connection's
