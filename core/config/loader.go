@@ -129,6 +129,13 @@ func (l *Loader) Millis(key string, envs []string, dst *time.Duration, max time.
 	l.duration(key, envs, dst, max, time.Millisecond, "milliseconds")
 }
 
+// Micros reads a duration given in whole microseconds, in [0, max].
+func (l *Loader) Micros(key string, envs []string, dst *time.Duration, max time.Duration) {
+	us := int(*dst / time.Microsecond)
+	l.Int(key, envs, &us, 0, int(max/time.Microsecond))
+	*dst = time.Duration(us) * time.Microsecond
+}
+
 func (l *Loader) duration(key string, envs []string, dst *time.Duration, max, unit time.Duration, unitName string) {
 	v, src, ok := l.raw(key, envs)
 	if !ok {

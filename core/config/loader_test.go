@@ -2,6 +2,7 @@ package config
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -39,5 +40,29 @@ func TestLoaderLayersAndErrors(t *testing.T) {
 	for _, js := range []string{"[1]", "{", `{"a":1} {}`, "nul"} {
 		_, err := NewLoader(nil, js)
 		require.ErrorIs(t, err, errs.Config, js)
+	}
+}
+
+func TestMicrosReadsWholeMicrosecondsWithinItsBound(t *testing.T) {
+	d := 50 * time.Microsecond
+	l, err := NewLoader(envOf(nil), "")
+	require.NoError(t, err)
+	l.Micros("us", []string{"US"}, &d, time.Millisecond)
+	require.NoError(t, l.Err())
+	require.Equal(t, 50*time.Microsecond, d, "unset: the default stays")
+
+	l, err = NewLoader(envOf(map[string]string{"US": "0"}), `{"us": 200}`)
+	require.NoError(t, err)
+	l.Micros("us", []string{"US"}, &d, time.Millisecond)
+	require.NoError(t, l.Err())
+	require.Equal(t, 200*time.Microsecond, d)
+
+	for _, bad := range []string{"1001", "-1", "2.5"} {
+		d = 50 * time.Microsecond
+		l, err = NewLoader(envOf(map[string]string{"US": bad}), "")
+		require.NoError(t, err)
+		l.Micros("us", []string{"US"}, &d, time.Millisecond)
+		require.ErrorContains(t, l.Err(), "want an integer in [0, 1000]", bad)
+		require.Equal(t, 50*time.Microsecond, d, bad)
 	}
 }

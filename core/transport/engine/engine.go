@@ -324,14 +324,13 @@ func (p *Plane) call(ctx context.Context, c *conn, remote, n []uint64, fn func()
 		}
 		return err
 	}
-	res := make(chan error, 1)
-	p.handoff.run(func() {
+	res := p.handoff.run(func() error {
 		defer p.end(transfer, session, began)
 		err := fn()
 		if done != nil {
 			done()
 		}
-		res <- err
+		return err
 	})
 	if err, ok := p.handoff.await(res, &c.spins); ok {
 		return err

@@ -31,8 +31,14 @@ type handoff struct {
 
 // worker is one goroutine that runs calls, one at a time.
 type worker struct {
-	calls chan func() // buffered: whoever took the worker from idle sends one call; nil ends it
+	calls chan call // buffered: whoever took the worker from idle sends one; one without fn ends it
 	spins transport.SpinBackoff
+}
+
+// call is one engine call for a worker, and where its answer goes.
+type call struct {
+	fn  func() error
+	res chan<- error
 }
 
 // maxIdleWorkers bounds the workers kept for the next calls; calls at once
@@ -40,8 +46,8 @@ type worker struct {
 // after their call.
 const maxIdleWorkers = 4
 
-// run starts fn on a worker.
-func (h *handoff) run(fn func()) {
+// run starts fn on a worker; its answer comes on the channel returned.
+func (h *handoff) run(fn func() error) <-chan error {
 	h.mu.Lock()
 	var w *worker
 	if k := len(h.idle); k > 0 {
@@ -50,23 +56,27 @@ func (h *handoff) run(fn func()) {
 	}
 	h.mu.Unlock()
 	if w == nil {
-		w = &worker{calls: make(chan func(), 1)}
+		w = &worker{calls: make(chan call, 1)}
 		h.live.Add(1)
 		go h.work(w)
 	}
-	w.calls <- fn
+	res := make(chan error, 1)
+	w.calls <- call{fn, res}
+	return res
 }
 
-// work runs w's calls until it is not kept idle or is told to end.
+// work runs w's calls until it is not kept idle or is told to end. A
+// worker is idle again before its call's answer goes, so the caller's
+// next call finds it rather than starting another.
 func (h *handoff) work(w *worker) {
 	defer h.live.Add(-1)
-	fn := <-w.calls
-	for fn != nil {
-		fn()
-		if !h.keep(w) {
+	for c := <-w.calls; c.fn != nil; c = h.next(w) {
+		err := c.fn()
+		kept := h.keep(w)
+		c.res <- err
+		if !kept {
 			return
 		}
-		fn = h.next(w)
 	}
 }
 
@@ -83,9 +93,9 @@ func (h *handoff) keep(w *worker) bool {
 }
 
 // next is w's next call: awake for up to spin, then asleep.
-func (h *handoff) next(w *worker) func() {
-	if fn, ok := spinFor(h.spin, &w.spins, w.calls); ok {
-		return fn
+func (h *handoff) next(w *worker) call {
+	if c, ok := spinFor(h.spin, &w.spins, w.calls); ok {
+		return c
 	}
 	return <-w.calls
 }
@@ -104,13 +114,14 @@ func spinFor[T any](spin time.Duration, spins *transport.SpinBackoff, ch <-chan 
 		return none, false
 	}
 	for start := time.Now(); ; transport.Yield() {
+		spent := time.Since(start)
 		select {
 		case v := <-ch:
-			spins.Paid(transport.SpinPays(time.Since(start), spin))
+			spins.Paid(transport.SpinPays(spent, spin))
 			return v, true
 		default:
 		}
-		if time.Since(start) >= spin {
+		if spent >= spin {
 			spins.Paid(false)
 			return none, false
 		}
@@ -124,6 +135,6 @@ func (h *handoff) close() {
 	h.idle, h.closed = nil, true
 	h.mu.Unlock()
 	for _, w := range idle {
-		w.calls <- nil
+		w.calls <- call{}
 	}
 }

@@ -19,14 +19,14 @@ func workersSettle(t *testing.T, h *handoff, n int32) int32 {
 	}
 	return h.live.Load()
 }
+
 func TestHandoffRunsCallsOnWorkersItKeeps(t *testing.T) {
 	for _, spin := range []time.Duration{0, 200 * time.Microsecond} {
 		h := &handoff{spin: spin}
 		var spins transport.SpinBackoff
 		for i := 0; i < 200; i++ {
-			res := make(chan error, 1)
 			want := errors.New("call")
-			h.run(func() { res <- want })
+			res := h.run(func() error { return want })
 			err, ok := h.await(res, &spins)
 			if !ok {
 				err = <-res
@@ -47,7 +47,7 @@ func TestHandoffKeepsAtMostMaxIdleWorkersAndEndsTheRestAfterTheirCalls(t *testin
 	for i := 0; i < calls; i++ {
 		running.Add(1)
 		ran.Add(1)
-		h.run(func() { running.Done(); <-release; ran.Done() })
+		h.run(func() error { running.Done(); <-release; ran.Done(); return nil })
 	}
 	running.Wait() // every call at once: a worker each
 	require.EqualValues(t, calls, h.live.Load())
@@ -59,7 +59,7 @@ func TestHandoffKeepsAtMostMaxIdleWorkersAndEndsTheRestAfterTheirCalls(t *testin
 	h.close()
 	require.Zero(t, workersSettle(t, h, 0))
 	done := make(chan struct{})
-	h.run(func() { close(done) }) // after close: a worker for the call, which ends after it
+	h.run(func() error { close(done); return nil }) // after close: a worker for the call, which ends after it
 	<-done
 	require.Zero(t, workersSettle(t, h, 0))
 }
@@ -67,9 +67,8 @@ func TestHandoffKeepsAtMostMaxIdleWorkersAndEndsTheRestAfterTheirCalls(t *testin
 func TestHandoffAwaitGivesUpAfterItsSpinAndTheAnswerStillComes(t *testing.T) {
 	h := &handoff{spin: 50 * time.Microsecond}
 	defer h.close()
-	res := make(chan error, 1)
 	release := make(chan struct{})
-	h.run(func() { <-release; res <- nil })
+	res := h.run(func() error { <-release; return nil })
 	var spins transport.SpinBackoff
 	start := time.Now()
 	_, ok := h.await(res, &spins)

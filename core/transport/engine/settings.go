@@ -38,7 +38,5 @@ func DefaultSettings() Settings { return Settings{PeerChecks: true, BusyPoll: 20
 func (s *Settings) Load(l *config.Loader) {
 	l.Bool("engine_inline_calls", []string{"MC_GUARD_ENGINE_INLINE_CALLS"}, &s.InlineCalls)
 	l.Bool("engine_peer_checks", []string{"MC_GUARD_ENGINE_PEER_CHECKS"}, &s.PeerChecks)
-	busyPoll := int(s.BusyPoll / time.Microsecond)
-	l.Int("engine_busy_poll_us", []string{"MC_GUARD_ENGINE_BUSY_POLL_US"}, &busyPoll, 0, int(MaxBusyPoll/time.Microsecond))
-	s.BusyPoll = time.Duration(busyPoll) * time.Microsecond
+	l.Micros("engine_busy_poll_us", []string{"MC_GUARD_ENGINE_BUSY_POLL_US"}, &s.BusyPoll, MaxBusyPoll)
 }

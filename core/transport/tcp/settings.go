@@ -24,7 +24,5 @@ func DefaultSettings() Settings { return Settings{Stripes: 1, BusyPoll: 50 * tim
 // (MC_GUARD_BUSY_POLL_US) over s.
 func (s *Settings) Load(l *config.Loader) {
 	l.Int("tcp_stripes", []string{"MC_GUARD_TCP_STRIPES"}, &s.Stripes, 1, MaxStripes)
-	busyPoll := int(s.BusyPoll / time.Microsecond)
-	l.Int("busy_poll_us", []string{"MC_GUARD_BUSY_POLL_US"}, &busyPoll, 0, int(MaxBusyPoll/time.Microsecond))
-	s.BusyPoll = time.Duration(busyPoll) * time.Microsecond
+	l.Micros("busy_poll_us", []string{"MC_GUARD_BUSY_POLL_US"}, &s.BusyPoll, MaxBusyPoll)
 }
