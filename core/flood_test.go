@@ -1,6 +1,7 @@
 package core
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -76,13 +77,30 @@ func TestHelperControlFlood(t *testing.T) {
 	zctx.Term()
 }
 
-// flood runs the flood helper against endpoint in a child process.
-func flood(t *testing.T, endpoint string, sockets, hellos int, hold time.Duration) *exec.Cmd {
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestHelperControlFlood$")
-	cmd.Env = append(os.Environ(), "MCG_FLOOD_ENDPOINT="+endpoint, "MCG_FLOOD_SOCKETS="+strconv.Itoa(sockets),
-		"MCG_FLOOD_HELLOS="+strconv.Itoa(hellos), "MCG_FLOOD_HOLD_MS="+strconv.Itoa(int(hold/time.Millisecond)))
-	require.NoError(t, cmd.Start())
-	return cmd
+// floodProc is the flood helper running in a child process.
+type floodProc struct {
+	*exec.Cmd
+	stderr bytes.Buffer
+}
+
+// flood runs the flood helper against endpoint in a child process; extra
+// are more of its settings (NAME=value).
+func flood(t *testing.T, endpoint string, sockets, hellos int, hold time.Duration, extra ...string) *floodProc {
+	p := &floodProc{Cmd: exec.Command(os.Args[0], "-test.run", "^TestHelperControlFlood$")}
+	p.Env = append(append(os.Environ(), "MCG_FLOOD_ENDPOINT="+endpoint, "MCG_FLOOD_SOCKETS="+strconv.Itoa(sockets),
+		"MCG_FLOOD_HELLOS="+strconv.Itoa(hellos), "MCG_FLOOD_HOLD_MS="+strconv.Itoa(int(hold/time.Millisecond))), extra...)
+	p.Stderr = &p.stderr
+	require.NoError(t, p.Start())
+	return p
+}
+
+// wait waits for the helper to end, failing with what it said where it
+// did not end well.
+func (p *floodProc) wait(t *testing.T) {
+	t.Helper()
+	err := p.Wait()
+	out := p.stderr.Bytes()
+	require.NoError(t, err, "the flood helper: %s", out[max(len(out)-2000, 0):])
 }
 
 // A hello flood from many sockets that never read their replies leaves
@@ -123,7 +141,7 @@ func TestControlFloodIsBounded(t *testing.T) {
 		}
 	}()
 	wg.Wait()
-	require.NoError(t, cmd.Wait())
+	cmd.wait(t)
 	time.Sleep(500 * time.Millisecond)
 	after := measure(t)
 	t.Logf("rss: baseline %d MiB, peak during the flood %d MiB, after %d MiB", base.rssKiB>>10, peak.Load()>>10, after.rssKiB>>10)

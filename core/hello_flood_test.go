@@ -2,8 +2,6 @@ package core
 
 import (
 	"net"
-	"os"
-	"os/exec"
 	"strconv"
 	"sync"
 	"syscall"
@@ -77,10 +75,7 @@ func TestHonestSessionsGetInDuringAHelloFlood(t *testing.T) {
 	// The strangers run in a process of their own at the lowest priority:
 	// an attacker elsewhere does not take the receiver's CPU, as one on
 	// this 2-core machine would.
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestHelperControlFlood$")
-	cmd.Env = append(os.Environ(), "MCG_FLOOD_ENDPOINT="+recv.Endpoint(), "MCG_FLOOD_SOCKETS="+strconv.Itoa(strangers),
-		"MCG_FLOOD_HELLOS=0", "MCG_FLOOD_HOLD_MS=0", "MCG_FLOOD_FOR_MS="+strconv.Itoa(seconds*1000), "MCG_FLOOD_DATA="+dataAddr(recv))
-	require.NoError(t, cmd.Start())
+	cmd := flood(t, recv.Endpoint(), strangers, 0, 0, "MCG_FLOOD_FOR_MS="+strconv.Itoa(seconds*1000), "MCG_FLOOD_DATA="+dataAddr(recv))
 	syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, 19)
 	time.Sleep(time.Second) // the flood is in place
 
@@ -103,7 +98,7 @@ func TestHonestSessionsGetInDuringAHelloFlood(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	require.NoError(t, cmd.Wait())
+	cmd.wait(t)
 	t.Logf("%d honest sessions during the flood, %d failed; the slowest that succeeded took %v", tried, failed, slowest)
 	require.Positive(t, tried)
 	require.Zero(t, failed, "every honest new session got in")
