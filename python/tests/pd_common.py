@@ -3,6 +3,7 @@ share: the plugin's distribution metadata for a framework's plugin loader,
 ports, a spawned process's settings, and waiting for a process's answer."""
 
 import os
+import random
 import socket
 import sys
 import tempfile
@@ -32,10 +33,37 @@ def plugin_metadata(group):
     return d
 
 
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_handed_out = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now that the caller binds later. It comes from below
+    the kernel's ephemeral range: a port from bind(0) is one the kernel
+    also hands to any process's next outgoing connection, and one CI run
+    lost its port that way between this pick and the framework's bind.
+    Below the range only an explicit bind takes it. Random, so that
+    processes picking at once rarely meet; never the same one twice here."""
+    low = max(1024, min(_ephemeral_low(), 65536) - 12000)
+    for _ in range(200):
+        port = random.randrange(low, low + 12000)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def take_env(env):

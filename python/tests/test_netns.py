@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ import pytest
 
 import mcguard
 from conftest import Buf
+from pd_common import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SECRET = "netns test secret, not for production"
@@ -83,14 +83,6 @@ class Peer:
             self.proc.stdin.write("quit\n")
             self.proc.stdin.flush()
             self.proc.wait(10)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def sender(guards, size, **cfg):

@@ -12,6 +12,7 @@ import pytest
 import mcguard
 from mcguard import _lib
 from conftest import Buf
+from pd_common import free_port
 
 
 def receiver_main(conn, size, listen):
@@ -58,11 +59,7 @@ def test_transfer_to_another_process_is_hashed_there(guards):
 
 
 def test_receiver_killed_gives_error_within_deadline_then_recovers(guards):
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    listen = "127.0.0.1:%d" % s.getsockname()[1]
-    s.close()
+    listen = "127.0.0.1:%d" % free_port()
     size = 64 << 10
     p, conn, ep, addr = start_receiver(size, listen)
     g = guards(timeout_ms=1000, connect_timeout_ms=1000)
