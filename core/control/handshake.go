@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/hmac"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/mcguard/mcguard/core/auth"
 	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/logs"
 	"github.com/mcguard/mcguard/core/memory"
 	"github.com/mcguard/mcguard/core/wire"
 )
@@ -94,7 +96,35 @@ const CodeUnknownToken = "unknown_token"
 // its data plane's answer to req's offer, authenticating both ways when
 // secret is set. req gives Sender, Transport and Offer; handshake fills in
 // the rest. The REQ socket lives only for this call and this goroutine.
+//
+// A try that gets no answer within a third of timeout starts over on a
+// new connection, while timeout lasts: a guard under a flood of strangers
+// shuts its oldest connections, and a request ZeroMQ lost with its
+// connection is never answered (a REQ socket cannot send it again).
 func Handshake(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration, secret []byte, req Hello) (HelloReply, error) {
+	deadline := time.Now().Add(timeout)
+	for tries := 1; ; tries++ {
+		try := min(time.Until(deadline), max(timeout/3, minHandshakeTry))
+		rep, err := handshakeOnce(ctx, zctx, session, try, secret, req)
+		if err == nil || !errors.Is(err, errs.Timeout) || ctx.Err() != nil {
+			return rep, err
+		}
+		if time.Until(deadline) < minHandshakeTry/2 {
+			if tries == 1 {
+				return rep, err
+			}
+			return HelloReply{}, fmt.Errorf("%w: session %q did not answer the handshake within %v (%d tries on new connections; no guard listening there?)", errs.Timeout, session, timeout, tries)
+		}
+		logs.Printf(logs.Debug, "session %s: no answer to the handshake within %v, once more on a new connection", session, try)
+	}
+}
+
+// minHandshakeTry is the least a handshake try waits for its answers.
+const minHandshakeTry = 200 * time.Millisecond
+
+// handshakeOnce is one try of Handshake, on a connection of its own.
+func handshakeOnce(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration, secret []byte, req Hello) (HelloReply, error) {
+	end := time.Now().Add(timeout)
 	sock, addr, err := NewReqSocket(ctx, zctx, session, timeout)
 	if err != nil {
 		return HelloReply{}, err
@@ -102,7 +132,7 @@ func Handshake(ctx context.Context, zctx *zmq.Context, session string, timeout t
 	defer sock.Close()
 	nonce := auth.RandomBytes(auth.NonceSize)
 	req.Proto, req.Op, req.Nonce = ProtocolVersion, "hello", nonce
-	rep, err := HandshakeStep(ctx, sock, session, timeout, req)
+	rep, err := HandshakeStep(ctx, sock, session, max(time.Until(end), time.Millisecond), req)
 	if err != nil {
 		return HelloReply{}, err
 	}
@@ -114,7 +144,7 @@ func Handshake(ctx context.Context, zctx *zmq.Context, session string, timeout t
 	case rep.Challenge != nil:
 		challenge := rep.Challenge
 		req.Op, req.Challenge, req.MAC = "auth", challenge, auth.MAC(secret, auth.LabelClient, challenge, nonce)
-		if rep, err = HandshakeStep(ctx, sock, session, timeout, req); err != nil {
+		if rep, err = HandshakeStep(ctx, sock, session, max(time.Until(end), time.Millisecond), req); err != nil {
 			return HelloReply{}, err
 		}
 		if !hmac.Equal(rep.MAC, auth.MAC(secret, auth.LabelServer, nonce, challenge)) {

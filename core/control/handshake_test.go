@@ -1,0 +1,81 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/core/errs"
+	"github.com/mcguard/mcguard/core/wire"
+)
+
+// guardThatLoses is a control endpoint that never answers the first lose
+// hellos it gets (as a guard whose connection was shut under a flood never
+// does) and answers the rest with a handshake without a secret.
+func guardThatLoses(t *testing.T, zctx *zmq.Context, lose int64) (endpoint string, hellos *atomic.Int64) {
+	sock, err := zctx.NewSocket(zmq.ROUTER)
+	require.NoError(t, err)
+	sock.SetLinger(0)
+	require.NoError(t, sock.Bind("tcp://127.0.0.1:*"))
+	last, err := sock.GetLastEndpoint()
+	require.NoError(t, err)
+	hellos = new(atomic.Int64)
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		defer sock.Close()
+		poller := zmq.NewPoller()
+		poller.Add(sock, zmq.POLLIN)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if polled, err := poller.Poll(20 * time.Millisecond); err != nil || len(polled) == 0 {
+				continue
+			}
+			msg, err := sock.RecvMessageBytes(0)
+			if err != nil || len(msg) != 3 || hellos.Add(1) <= lose {
+				continue
+			}
+			rep, _ := json.Marshal(HelloReply{Proto: ProtocolVersion, Token: make([]byte, wire.TokenSize), Answer: json.RawMessage(`{}`)})
+			sock.SendMessage(msg[0], "", rep)
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+	return last[len("tcp://"):], hellos
+}
+
+func newContext(t *testing.T) *zmq.Context {
+	zctx, err := zmq.NewContext()
+	require.NoError(t, err)
+	t.Cleanup(func() { zctx.Term() })
+	return zctx
+}
+
+// A handshake whose request was lost tries again on a new connection
+// within its timeout, and one to a guard that never answers still ends
+// at the timeout, saying how many tries it made.
+func TestAHandshakeWhoseRequestWasLostTriesAgainOnANewConnection(t *testing.T) {
+	zctx := newContext(t)
+	endpoint, hellos := guardThatLoses(t, zctx, 1)
+	start := time.Now()
+	rep, err := Handshake(context.Background(), zctx, endpoint, 3*time.Second, nil, Hello{Transport: "tcp"})
+	require.NoError(t, err)
+	require.Len(t, rep.Token, wire.TokenSize)
+	require.EqualValues(t, 2, hellos.Load(), "the second try got the answer")
+	require.Less(t, time.Since(start), 3*time.Second)
+
+	silent, _ := guardThatLoses(t, zctx, 1<<40)
+	start = time.Now()
+	_, err = Handshake(context.Background(), zctx, silent, time.Second, nil, Hello{Transport: "tcp"})
+	require.ErrorIs(t, err, errs.Timeout)
+	require.Contains(t, err.Error(), "3 tries")
+	require.Less(t, time.Since(start), 1500*time.Millisecond, "the tries together keep to the timeout")
+}
