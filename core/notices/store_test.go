@@ -187,3 +187,38 @@ func TestTakePollsForNoticesThatWakeNobody(t *testing.T) {
 	require.ErrorIs(t, err, errs.Timeout)
 	require.Equal(t, 1, polls, "no rings: polled once")
 }
+
+// BenchmarkAdd is one notice's arrival at a store below its bounds
+// (the application syncs) and at one sender's bound (it never does:
+// each arrival drops the sender's oldest).
+func BenchmarkAdd(b *testing.B) {
+	for _, at := range []struct {
+		name string
+		held int
+	}{{"below", 0}, {"at-the-bound", maxNoticeEntriesPerSender}} {
+		b.Run(at.name, func(b *testing.B) {
+			s := NewStore()
+			n := wire.Notice{Total: 1, Descs: []wire.NoticeDesc{{Dst: 4096, Len: 4096}}}
+			w := NewWaiter()
+			for id := 1; id <= at.held; id++ {
+				n.ID = uint64(id)
+				s.Add(n, nil, "sender")
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				n.ID = uint64(at.held + 1 + i)
+				if err := s.Add(n, nil, "sender"); err != nil {
+					b.Fatal(err)
+				}
+				if at.held == 0 { // synced
+					e, err := s.Take(n.ID, &w, time.Now().Add(time.Second), nil, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					s.Release(e)
+				}
+			}
+		})
+	}
+}

@@ -60,6 +60,7 @@ type conn struct {
 	w       *bufio.Writer
 	timeout time.Duration
 	until   time.Time // the deadline set last, for the poll reader
+	wuntil  time.Time // the write deadline set last (renew)
 	nextID  uint64
 	hdr     [wire.HeaderSize]byte // a frame being sent
 	rhdr    [wire.HeaderSize]byte // a reply being read (a field: a local would escape)
@@ -256,11 +257,28 @@ func (t *conn) abortOn(ctx context.Context) (stop func() bool) {
 
 func keepWatching() bool { return false }
 
+// deadline gives the next reads and writes the timeout from now (or
+// ctx's deadline, if sooner). A deadline set less than deadlineSlack
+// before is kept (kept: a timeout may end that much early): the calls of
+// one transfer, and transfers back to back, come microseconds apart, and
+// each change is a timer update, about a third of a µs, several times per
+// 4 KiB transfer.
 func (t *conn) deadline(ctx context.Context) {
 	d := t.deadlineFrom(ctx)
-	t.until = d
+	if t.recent(t.until, d) && t.recent(t.wuntil, d) {
+		return
+	}
+	t.until, t.wuntil = d, d
 	t.c.SetDeadline(d)
 }
+
+// recent: set, at most d, and less than deadlineSlack (an eighth of the
+// timeout, if less) before it.
+func (t *conn) recent(set, d time.Time) bool {
+	return !set.After(d) && d.Sub(set) < min(deadlineSlack, t.timeout/8)
+}
+
+const deadlineSlack = time.Millisecond
 
 // deadlineFrom is the timeout from now, or ctx's deadline if sooner.
 func (t *conn) deadlineFrom(ctx context.Context) time.Time {

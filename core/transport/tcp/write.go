@@ -373,7 +373,10 @@ func (t *conn) sendWrites(ctx context.Context, descs []desc.Desc, base int, mark
 // Every read sets its own deadline first, and the reading side may be
 // another goroutine's meanwhile (ReadPosting), polling against t.until.
 func (t *conn) renew(ctx context.Context) {
-	t.c.SetWriteDeadline(t.deadlineFrom(ctx))
+	if d := t.deadlineFrom(ctx); !t.recent(t.wuntil, d) {
+		t.wuntil = d
+		t.c.SetWriteDeadline(d)
+	}
 }
 
 // settleWindow, once maxOwed acknowledgements are owed, sends what is
