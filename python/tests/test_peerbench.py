@@ -94,3 +94,24 @@ def test_goals_table_says_met_not_met_and_not_run():
     assert digest["met"] == "NO" and "0.33" in digest["mcguard"]
     assert "4 of 10" not in peergoals.table(list(rows.values()))
     assert "goals met (medians of this run)" in peergoals.table(list(rows.values()))
+
+
+def test_goals_table_says_in_how_many_rounds_each_goal_is_met():
+    from mcguard.tools import peergoals
+    figs = {k: {"1x4KiB": 10.0, "64x256KiB": 4.0, "512x16KiB": 1.0, "4096x4KiB": 0.3} for k in peergoals.ENGINES}
+    results = {(k, s): [v, v, v] for k, by in figs.items() for s, v in by.items()}
+    # digest: 1.1 x off in rounds 1 and 3, 1.3 x in round 2; the median (11) meets 1.15 x
+    results[("mcguard-socket-digest", "1x4KiB")] = [11.0, 13.0, 10.5]
+    # NIXL faster than tail in every round
+    results[("nixl", "64x256KiB")] = [5.0, 4.5, 4.2]
+    del results[("guarded-mooncake-digest", "1x4KiB")]
+    rows = {(r["path"], r["figure"]): r for r in peergoals.rows(results, "tcp")}
+    digest = rows[("sockets", "1 x 4 KiB µs: off / tail / digest")]
+    assert (digest["met"], digest["rounds met"]) == ("yes", "2 of 3")
+    tput = rows[("sockets", "64 x 256 KiB GB/s: off / tail")]
+    assert (tput["met"], tput["rounds met"]) == ("NO", "0 of 3")
+    lat = rows[("over Mooncake's engine", "1 x 4 KiB µs: tail / digest")]
+    assert (lat["met"], lat["rounds met"]) == ("not run", "-")
+    assert rows[("one host", "64 x 256 KiB GB/s: off / tail")]["rounds met"] == "0 of 3", "the same NIXL"
+    tail = [r for (p, f), r in rows.items() if f.startswith("tail: fraction")][0]
+    assert (tail["met"], tail["rounds met"]) == ("yes", "3 of 3")
