@@ -118,32 +118,6 @@ type conn struct {
 	reach func(src, dst uint64) uint64
 }
 
-// peerTable is the region table of a target, from its handshake and the
-// newest refresh.
-type peerTable struct {
-	regions atomic.Pointer[[]memory.Region]
-}
-
-func newPeerTable(regions []memory.Region) *peerTable {
-	p := &peerTable{}
-	p.set(regions)
-	return p
-}
-
-func (p *peerTable) set(regions []memory.Region) { p.regions.Store(&regions) }
-
-// joinReach is how far a write of joined descriptors may span from src
-// and dst: inside the region holding each, here and at the target (a
-// frame that crossed into the next region would be refused), and only
-// between host memory at both ends: a registered device region may span
-// allocations, and one device copy cannot cross from one into the next.
-func (t *conn) joinReach(src, dst uint64) uint64 {
-	if !t.hostOnly {
-		return 0
-	}
-	return min(t.local.HostReach(src), memory.ReachIn(*t.peer.regions.Load(), dst))
-}
-
 // dial opens a data connection to addr and says hello. A target at its
 // bound of connections shuts the oldest that has not said a valid hello
 // for each newcomer (a flood of strangers can put an honest connection
@@ -232,61 +206,6 @@ func (t *conn) Close() {
 		t.unwatch()
 		t.unwatch, t.watched = nil, nil
 	}
-}
-
-// abortOn closes the connection if ctx ends (the guard is closing, the
-// session's calls are cancelled, a deadline passes) while an operation
-// waits on it; call the returned stop when the operation ends. A context
-// without a deadline is the session's calls' (or the guard's), which ends
-// only for those reasons: it is watched once for the connection's life
-// instead of once per operation (no allocation per transfer). One with a
-// deadline is a single call's, which ends when the call does: watched per
-// operation.
-func (t *conn) abortOn(ctx context.Context) (stop func() bool) {
-	if _, ok := ctx.Deadline(); ok {
-		return context.AfterFunc(ctx, t.cut)
-	}
-	if ctx != t.watched {
-		if t.unwatch != nil {
-			t.unwatch()
-		}
-		t.watched, t.unwatch = ctx, context.AfterFunc(ctx, t.cut)
-	}
-	return keepWatching
-}
-
-func keepWatching() bool { return false }
-
-// deadline gives the next reads and writes the timeout from now (or
-// ctx's deadline, if sooner). A deadline set less than deadlineSlack
-// before is kept (kept: a timeout may end that much early): the calls of
-// one transfer, and transfers back to back, come microseconds apart, and
-// each change is a timer update, about a third of a µs, several times per
-// 4 KiB transfer.
-func (t *conn) deadline(ctx context.Context) {
-	d := t.deadlineFrom(ctx)
-	if t.recent(t.until, d) && t.recent(t.wuntil, d) {
-		return
-	}
-	t.until, t.wuntil = d, d
-	t.c.SetDeadline(d)
-}
-
-// recent: set, at most d, and less than deadlineSlack (an eighth of the
-// timeout, if less) before it.
-func (t *conn) recent(set, d time.Time) bool {
-	return !set.After(d) && d.Sub(set) < min(deadlineSlack, t.timeout/8)
-}
-
-const deadlineSlack = time.Millisecond
-
-// deadlineFrom is the timeout from now, or ctx's deadline if sooner.
-func (t *conn) deadlineFrom(ctx context.Context) time.Time {
-	d := time.Now().Add(t.timeout)
-	if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
-		d = cd
-	}
-	return d
 }
 
 // gatherMin is the payload from which a frame is written with writev,

@@ -369,16 +369,6 @@ func (t *conn) sendWrites(ctx context.Context, descs []desc.Desc, base int, mark
 	return nil
 }
 
-// renew gives the next write the full timeout: the write deadline only.
-// Every read sets its own deadline first, and the reading side may be
-// another goroutine's meanwhile (ReadPosting), polling against t.until.
-func (t *conn) renew(ctx context.Context) {
-	if d := t.deadlineFrom(ctx); !t.recent(t.wuntil, d) {
-		t.wuntil = d
-		t.c.SetWriteDeadline(d)
-	}
-}
-
 // settleWindow, once maxOwed acknowledgements are owed, sends what is
 // queued and reads the older half of them. On a refusal it reads the rest
 // too, so that the stream is in step and nothing of this batch is left
