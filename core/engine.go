@@ -30,16 +30,19 @@ func OpenWithEngine(cfg Config, ops engine.Ops) (*Guard, error) {
 		return nil, fmt.Errorf("%w: transport %q names mcguard's own data plane, and this guard sends through the application's engine: leave transport unset", errs.Config, cfg.Transport)
 	}
 	cfg.Transport = engine.Name
+	getenv := os.Getenv
+	if cfg.Getenv != nil {
+		getenv = func(name string) string { v, _ := cfg.Getenv(name); return v }
+	}
 	if cfg.Verify.SliceBytes == verify.SliceAuto {
-		getenv := os.Getenv
-		if cfg.Getenv != nil {
-			getenv = func(name string) string { v, _ := cfg.Getenv(name); return v }
-		}
 		cfg.Verify.SliceBytes = engineSliceBytes(ops.Name, getenv)
 	}
-	return open(cfg, func(cfg *Config) (enginePlane, error) {
+	joinMax := uint64(engineSliceBytes(ops.Name, getenv))
+	return open(cfg, func(g *Guard) (enginePlane, error) {
+		cfg := &g.cfg
 		return engine.Open(engine.Config{Ops: ops, Faults: cfg.Inject, Linger: cfg.Timeout, Timeout: cfg.Timeout,
-			Inline: cfg.Planes.Engine.InlineCalls, Spin: cfg.Planes.Engine.BusyPoll})
+			Inline: cfg.Planes.Engine.InlineCalls, Spin: cfg.Planes.Engine.BusyPoll,
+			JoinMax: joinMax, LocalReach: g.regions.HostReach, Joined: &g.stats.joined})
 	})
 }
 

@@ -31,6 +31,7 @@ type fakeEngines struct {
 	sliceSize uint64
 	calls     int
 	reads     atomic.Int64 // read calls
+	written   [][]uint64   // each write call's request lengths
 }
 
 func newFakeEngines() *fakeEngines {
@@ -65,6 +66,8 @@ func (f *fakeEngines) ops(node, name string) engine.Ops {
 			f.calls++
 			if !write {
 				f.reads.Add(1)
+			} else {
+				f.written = append(f.written, append([]uint64(nil), n...))
 			}
 			if _, ok := f.nodes[session]; !ok {
 				return fmt.Errorf("no segment named %q", session)

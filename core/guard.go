@@ -47,7 +47,7 @@ type Guard struct {
 	// engine is data when the application's engine moves the bytes
 	// (OpenWithEngine); openEngine opens it, where one was handed over.
 	engine     enginePlane
-	openEngine func(cfg *Config) (enginePlane, error)
+	openEngine func(g *Guard) (enginePlane, error)
 
 	ctx    context.Context // cancelled by Close: aborts every wait
 	cancel context.CancelFunc
@@ -80,7 +80,7 @@ func Open(cfg Config) (*Guard, error) {
 }
 
 // open starts a guard; ops is the application's engine, or nil.
-func open(cfg Config, openEngine func(cfg *Config) (enginePlane, error)) (*Guard, error) {
+func open(cfg Config, openEngine func(g *Guard) (enginePlane, error)) (*Guard, error) {
 	host, _, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("%w: listen %q: %v", errs.Config, cfg.Listen, err)

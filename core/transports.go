@@ -28,7 +28,7 @@ var dataPlanes = []struct {
 		if g.openEngine == nil {
 			return nil, fmt.Errorf("%w: transport engine is the application's own engine, handed over with mc_guard_open_with_transport", errs.Config)
 		}
-		p, err := g.openEngine(&g.cfg)
+		p, err := g.openEngine(g)
 		if err != nil {
 			return nil, err
 		}

@@ -53,6 +53,13 @@ type Caps struct {
 	Checks Conn
 }
 
+// PeerReacher says how far from dst the target's registered host memory
+// runs, by its region table (0: outside it, or not known to be host
+// memory): a sender joining writes keeps each inside one region there.
+type PeerReacher interface {
+	PeerReach(dst uint64) uint64
+}
+
 // Poster sends writes without waiting for their completions: the next
 // Fence or Read reads them first, in the same flight, so a chunk's writes,
 // fence and read-backs cost one round trip. A completion that reports a

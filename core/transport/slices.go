@@ -48,8 +48,11 @@ type Cursor struct {
 	// Max bounds a joined slice below MaxSlice (0: MaxSlice), as a
 	// transport that spreads a batch over queue pairs needs.
 	Max uint64
-	i   int    // the descriptor Next starts at
-	off uint64 // how far into it
+	// Whole leaves every descriptor whole however large (an engine cuts
+	// its requests itself): only joined, never cut at MaxSlice.
+	Whole bool
+	i     int    // the descriptor Next starts at
+	off   uint64 // how far into it
 }
 
 // Next returns the next slice, or false after the last.
@@ -58,7 +61,10 @@ func (c *Cursor) Next() (Slice, bool) {
 		return Slice{}, false
 	}
 	d := c.Descs[c.i]
-	sl := Slice{Desc: c.i, Src: d.Src + c.off, Dst: d.Dst + c.off, Len: min(MaxSlice, d.Len-c.off)}
+	sl := Slice{Desc: c.i, Src: d.Src + c.off, Dst: d.Dst + c.off, Len: d.Len - c.off}
+	if !c.Whole {
+		sl.Len = min(MaxSlice, sl.Len)
+	}
 	whole := sl.Len == d.Len
 	if c.off += sl.Len; c.off < d.Len {
 		return sl, true

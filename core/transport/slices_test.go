@@ -52,6 +52,23 @@ func TestCursorWithoutReachCutsOnly(t *testing.T) {
 	require.Equal(t, got, viaSlices, "Slices is the cursor without reach")
 }
 
+// Whole (an engine's requests): a descriptor of any size goes as it is,
+// and small ones that continue it are joined up to Max.
+func TestCursorWholeNeverCuts(t *testing.T) {
+	big := desc.Desc{Src: 1 << 42, Dst: 1 << 43, Len: 3*MaxSlice + 10}
+	descs := append([]desc.Desc{big}, blocks(20, 4096)...)
+	c := Cursor{Descs: descs, Reach: far, Max: 64 << 10, Whole: true}
+	var got []Slice
+	for sl, ok := c.Next(); ok; sl, ok = c.Next() {
+		got = append(got, sl)
+	}
+	require.Equal(t, []Slice{
+		{Desc: 0, Src: big.Src, Dst: big.Dst, Len: big.Len},
+		{Desc: 1, Joined: 15, Src: descs[1].Src, Dst: descs[1].Dst, Len: 64 << 10},
+		{Desc: 17, Joined: 3, Src: descs[17].Src, Dst: descs[17].Dst, Len: 16 << 10},
+	}, got)
+}
+
 func TestCursorJoinsConsecutiveBlocks(t *testing.T) {
 	// 4096 blocks of 4 KiB, as a cache's consecutive blocks: 16 MiB in
 	// four writes of MaxSlice, one reach asked per write.

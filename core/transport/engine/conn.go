@@ -30,6 +30,9 @@ type conn struct {
 	// spins is the session's back-off of waiting awake for its calls'
 	// answers (handoff).
 	spins transport.SpinBackoff
+	// reach joins consecutive descriptors into one request (joins); nil:
+	// one request per descriptor.
+	reach func(src, dst uint64) uint64
 }
 
 // SetTransfer says which transfer the next calls are made for (0: none).
@@ -52,11 +55,15 @@ func (p *Plane) Conn(session string) transport.Conn {
 	return c
 }
 
-// Write hands the batch to the engine in one call, under fault injection
+// Write hands the batch to the engine in one call, consecutive
+// descriptors joined where the session may (joins), under fault injection
 // when it is on.
 func (c *conn) Write(ctx context.Context, descs []desc.Desc, _ int) error {
 	local, remote, n := make([]uint64, 0, len(descs)), make([]uint64, 0, len(descs)), make([]uint64, 0, len(descs))
-	for _, d := range descs {
+	requests := c.p.join.requests(descs, c.reach)
+	for sl, more := requests.Next(); more; sl, more = requests.Next() {
+		c.p.join.counted(sl)
+		d := desc.Desc{Src: sl.Src, Dst: sl.Dst, Len: sl.Len}
 		if c.p.faults.Mode() == fault.Lie {
 			if c.p.faults.Lies() {
 				c.p.lies.keep(c.session, d.Dst, d.Src, d.Len)

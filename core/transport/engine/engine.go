@@ -65,6 +65,20 @@ type Config struct {
 	// Spin is how long a worker that ran a call waits awake for the next,
 	// and a caller for a call's answer, before sleeping (handoff).
 	Spin time.Duration
+	// JoinMax > 0 joins descriptors that continue one another at both
+	// ends into one request of at most JoinMax bytes, over a session
+	// checked through the peer's guard, whose region table says where
+	// the peer's host memory runs (LocalReach says it here): a request
+	// never leaves a region at either end. It is the engine's slice
+	// size, so that a joined request is one slice of the engine's,
+	// ending where a descriptor ends: the tail a check reads is that
+	// slice's. 0: one request per descriptor.
+	JoinMax uint64
+	// LocalReach is how far from addr this process's registered host
+	// memory runs (0: none, or device memory).
+	LocalReach func(addr uint64) uint64
+	// Joined counts the descriptors sent inside another's request.
+	Joined *atomic.Int64
 }
 
 // Plane is the engine data plane: the sender's side only. The engine
@@ -79,6 +93,7 @@ type Plane struct {
 	timeout time.Duration
 	inline  bool
 	handoff handoff // runs the calls that are not inline
+	join    joins
 
 	mu     sync.Mutex
 	closed bool
@@ -114,6 +129,7 @@ func Open(cfg Config) (*Plane, error) {
 		return nil, fmt.Errorf("%w: an engine data plane needs a timeout for its calls", errs.Config)
 	}
 	p := &Plane{ops: cfg.Ops, linger: cfg.Linger, timeout: cfg.Timeout, inline: cfg.Inline, handoff: handoff{spin: cfg.Spin},
+		join:       joins{max: cfg.JoinMax, local: cfg.LocalReach, count: cfg.Joined},
 		byTransfer: map[uint64]*transferCalls{}, sessions: map[string]*sessionFences{}}
 	p.faults = fault.New(cfg.Faults, 0, "the engine callbacks ("+cfg.Ops.Name+")")
 	return p, nil

@@ -33,10 +33,11 @@ type peerChecked struct {
 
 // ConnChecked returns session's connection over the engine, whose
 // read-backs (Caps.Checks) and notices go on peer, a connection to the
-// peer's guard; its own reads (an application's) stay the engine's. Close
-// closes both.
+// peer's guard; its own reads (an application's) stay the engine's. Its
+// writes join consecutive descriptors within the regions of the peer's
+// table (joins). Close closes both.
 func (p *Plane) ConnChecked(session string, peer transport.Conn) transport.Conn {
-	c := &peerChecked{conn: &conn{p: p, session: session}, peer: peer}
+	c := &peerChecked{conn: &conn{p: p, session: session, reach: p.join.reach(peer)}, peer: peer}
 	c.checks.peerChecked = c
 	c.caps.Tagged = c.conn
 	c.caps.Checks = &c.checks

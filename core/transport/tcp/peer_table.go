@@ -29,8 +29,15 @@ func (p *peerTable) set(regions []memory.Region) { p.regions.Store(&regions) }
 // between host memory at both ends: a registered device region may span
 // allocations, and one device copy cannot cross from one into the next.
 func (t *conn) joinReach(src, dst uint64) uint64 {
+	return min(t.local.HostReach(src), t.PeerReach(dst))
+}
+
+// PeerReach is how far from dst the target's registered host memory runs
+// (transport.PeerReacher): 0 outside its regions, or where the target
+// could hold device memory.
+func (t *conn) PeerReach(dst uint64) uint64 {
 	if !t.hostOnly {
 		return 0
 	}
-	return min(t.local.HostReach(src), memory.ReachIn(*t.peer.regions.Load(), dst))
+	return memory.ReachIn(*t.peer.regions.Load(), dst)
 }

@@ -108,6 +108,9 @@ func (s *striped) EndTransfer() {
 
 func (s *striped) Epoch() uint64 { return s.parts[0].Epoch() }
 
+// PeerReach: the parts share the target's table.
+func (s *striped) PeerReach(dst uint64) uint64 { return s.parts[0].PeerReach(dst) }
+
 func (s *striped) Continue(ctx context.Context, epoch uint64) error {
 	for _, c := range s.parts {
 		if err := c.Continue(ctx, epoch); err != nil {
