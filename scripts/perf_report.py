@@ -140,7 +140,8 @@ def fraction_plot(plt, run, out):
     bars(ax, run, others, sizes, value)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_ylabel("fraction of Mooncake alone")
-    return save(plt, fig, ax, out, "Over Mooncake's own engine (TCP): what each check keeps (%s)" % run["date"])
+    return save(plt, fig, ax, out, "Over Mooncake's own engine (TCP), %s blocks: what each check keeps (%s)"
+                % (run.get("layout", "consecutive"), run["date"]))
 
 
 def replace_section(page, name, body):
