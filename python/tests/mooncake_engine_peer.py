@@ -99,7 +99,8 @@ def sender():
             got = recv.ask("hash")[0]
         stats = te.guard.stats()
         out[mode] = {"ret": ret, "landed": got == hashlib.sha1(data).hexdigest(), "transport": stats["transport"],
-                     "slice_bytes": stats["slice_bytes"], "probed": stats["probed_bytes"] > 0}
+                     "slice_bytes": stats["slice_bytes"], "probed": stats["probed_bytes"] > 0,
+                     "joined": stats["joined_descriptors"]}
         if mode == "tail":
             # Errors: each is a status, with the reason logged.
             logs.take()

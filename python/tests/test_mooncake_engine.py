@@ -51,6 +51,15 @@ def test_every_mode_moves_hash_checked_bytes_over_mooncake(results, mode):
     assert r["probed"] == (mode in ("tail", "sample", "full")), "read-back modes read back through Mooncake"
 
 
+def test_consecutive_blocks_join_into_mooncake_slices_where_the_peers_guard_is_known(results):
+    # 256 blocks of 16 KiB, consecutive at both ends: four to a 64 KiB
+    # request once the receiver's region table is known (digest mode sets
+    # the peer's guard), one request each without it; hashed either way.
+    assert results["digest"]["joined"] == 256 - 64
+    assert results["digest"]["landed"]
+    assert all(results[m]["joined"] == 0 for m in ("off", "tail", "sample", "full"))
+
+
 def test_errors_over_mooncake_are_statuses_with_reasons(results):
     ret, why = results["unregistered"]
     assert ret < 0 and "returned -1" in why and "may still land" in why
