@@ -149,3 +149,36 @@ func TestEngineJoinsOnlyWithThePeersTableAndTheEnginesSlice(t *testing.T) {
 	require.Len(t, f.writesSince(from)[0], 64)
 	require.EqualValues(t, 0, stats(t, g)["joined_descriptors"])
 }
+
+// A receiver that splits a region after the sender learned its table can
+// make one joined request run across the new boundary, which the engine
+// refuses: that transfer fails (never a success), the session shakes
+// hands again, and the next one joins within the new table.
+func TestEngineJoinsFollowARegionSplitAfterOneFailure(t *testing.T) {
+	f := newFakeEngines()
+	const size = 64 * 4096
+	p := newJoinPair(t, `{"verify": "tail"}`, size, nil, f)
+	fill(p.src.b)
+	_, err := p.send.Transfer(p.session, p.blocks(64, 4096), TransferOptions{})
+	require.NoError(t, err)
+
+	// The receiver's region becomes two, cut at 40 KiB, with its guard and the engine.
+	require.NoError(t, p.recv.Unregister(p.dst.addr(0)))
+	f.mu.Lock()
+	delete(f.nodes[p.session], p.dst.addr(0))
+	f.mu.Unlock()
+	for _, r := range [][2]int{{0, 40 << 10}, {40 << 10, size}} {
+		require.NoError(t, p.recv.Register(p.dst.addr(r[0]), uint64(r[1]-r[0])))
+		require.NoError(t, f.register(p.session, p.dst.addr(r[0]), uint64(r[1]-r[0])))
+	}
+	fill(p.src.b)
+	_, err = p.send.Transfer(p.session, p.blocks(64, 4096), TransferOptions{})
+	require.ErrorContains(t, err, "not registered with the engine", "the engine refused a request across the receiver's new boundary")
+
+	from := f.writeCalls()
+	fill(p.src.b)
+	_, err = p.send.Transfer(p.session, p.blocks(64, 4096), TransferOptions{})
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(p.src.b, p.dst.b))
+	require.Equal(t, [][]uint64{{40 << 10, 64 << 10, 64 << 10, 64 << 10, 24 << 10}}, f.writesSince(from))
+}
