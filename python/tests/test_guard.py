@@ -235,6 +235,39 @@ def test_address_forms(pair):
     assert e.value.status == mcguard.MC_ERR_INVALID_ARG
 
 
+def test_a_list_of_many_values_is_checked_value_by_value():
+    """Lists of several values take the quick conversion (array's C loop)
+    only when every one is a plain int in [0, 2**64): a bool, a float, a
+    value out of range or a string anywhere is refused, an object with
+    __index__ or data_ptr goes the checked way, and nothing is wrapped."""
+    from mcguard.guard import u64_array
+
+    class Index:  # numpy integers
+        def __init__(self, v):
+            self.v = v
+
+        def __index__(self):
+            return self.v
+
+    class Tensor:  # torch tensors: data_ptr, and __index__ for their value
+        def data_ptr(self):
+            return 0x7000
+
+        def __index__(self):
+            return 5
+
+    buf, n, keep = u64_array([1, 2 ** 64 - 1, 0, 4096])
+    assert n == 4 and list(buf) == [1, 2 ** 64 - 1, 0, 4096]
+    buf, n, keep = u64_array([1, Index(7), 3])
+    assert list(buf) == [1, 7, 3]
+    buf, n, keep = u64_array([1, Tensor(), 3])
+    assert list(buf) == [1, 0x7000, 3], "a tensor is its address, not its value"
+    for bad in [2 ** 64, 2 ** 64 + 4096, -1, 16.9, True, False, "16", None, b"16"]:
+        with pytest.raises(MCGuardError) as e:
+            u64_array([4096, bad, 8192])
+        assert e.value.status == mcguard.MC_ERR_INVALID_ARG, bad
+
+
 def test_read_back(pair):
     s, r, src, dst = pair()
     remote = Buf(8192, bytes(range(256)) * 32)
