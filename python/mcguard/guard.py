@@ -151,7 +151,7 @@ def u64_array(values, what="address or length"):
     array, or a single int. Contiguous unsigned 64-bit buffers are passed
     without copying; anything else is checked element by element. A ctypes
     array of c_uint64 passes for a uint64_t * parameter or field as it is."""
-    if type(values) is list:  # the common case, kept cheap
+    if type(values) is list or type(values) is tuple:  # the common cases, kept cheap
         n = len(values)
         if n == 1:  # one descriptor: no generator, a cached type
             v = values[0]

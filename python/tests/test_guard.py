@@ -258,14 +258,17 @@ def test_a_list_of_many_values_is_checked_value_by_value():
 
     buf, n, keep = u64_array([1, 2 ** 64 - 1, 0, 4096])
     assert n == 4 and list(buf) == [1, 2 ** 64 - 1, 0, 4096]
+    buf, n, keep = u64_array((5, 6))
+    assert n == 2 and list(buf) == [5, 6]
     buf, n, keep = u64_array([1, Index(7), 3])
     assert list(buf) == [1, 7, 3]
     buf, n, keep = u64_array([1, Tensor(), 3])
     assert list(buf) == [1, 0x7000, 3], "a tensor is its address, not its value"
     for bad in [2 ** 64, 2 ** 64 + 4096, -1, 16.9, True, False, "16", None, b"16"]:
-        with pytest.raises(MCGuardError) as e:
-            u64_array([4096, bad, 8192])
-        assert e.value.status == mcguard.MC_ERR_INVALID_ARG, bad
+        for values in ([4096, bad, 8192], (4096, bad)):
+            with pytest.raises(MCGuardError) as e:
+                u64_array(values)
+            assert e.value.status == mcguard.MC_ERR_INVALID_ARG, bad
 
 
 def test_read_back(pair):
