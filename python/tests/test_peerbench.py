@@ -94,6 +94,10 @@ def test_goals_table_says_met_not_met_and_not_run():
     assert digest["met"] == "NO" and "0.33" in digest["mcguard"]
     assert "4 of 10" not in peergoals.table(list(rows.values()))
     assert "goals met (medians of this run)" in peergoals.table(list(rows.values()))
+    consecutive = peergoals.table(list(rows.values()), "consecutive")
+    assert consecutive.endswith("layout consecutive: " + peergoals.LAYOUT_NOTES["consecutive"])
+    assert "joins consecutive blocks" in consecutive and "--layout scattered" in consecutive
+    assert "nothing is joined" in peergoals.table(list(rows.values()), "scattered")
 
 
 def test_goals_table_says_in_how_many_rounds_each_goal_is_met():

@@ -603,7 +603,7 @@ def run_bench(argv=None):
     goals = peergoals.rows(results, a.nixl_tls) if a.goals else None
     if goals:
         print()
-        print(peergoals.table(goals))
+        print(peergoals.table(goals, a.layout))
     if a.json:
         write_json(a.json, results, engines, a, bad, goals)
         print("figures written to %s" % a.json)

@@ -89,11 +89,26 @@ def judged(results, nixl_tls, pick):
     return out
 
 
-def table(rs):
+# What the over-Mooncake rows measure with each layout (peerbench --layout).
+LAYOUT_NOTES = {
+    "consecutive": "over Mooncake's engine the guard joins consecutive blocks into requests of one Mooncake "
+                   "slice; --layout scattered measures blocks sent one by one, as vLLM's and SGLang's "
+                   "connectors (which join a request's consecutive blocks themselves) reach it",
+    "scattered": "blocks that do not continue one another: nothing is joined, over sockets, on one host or "
+                 "over Mooncake's engine",
+}
+
+
+def table(rs, layout=None):
+    """The rows as a text table, the count of goals met, and what the
+    layout means for them."""
     cells = [list(COLUMNS)] + [[r[c] for c in COLUMNS] for r in rs]
     widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     met = sum(r["met"] == "yes" for r in rs)
-    return "\n".join(lines + ["%d of %d goals met (medians of this run); \"rounds met\": in how many rounds that "
-                              "round's figures meet it" % (met, len(rs))])
+    lines.append("%d of %d goals met (medians of this run); \"rounds met\": in how many rounds that "
+                 "round's figures meet it" % (met, len(rs)))
+    if layout in LAYOUT_NOTES:
+        lines.append("layout %s: %s" % (layout, LAYOUT_NOTES[layout]))
+    return "\n".join(lines)
