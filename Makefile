@@ -107,7 +107,8 @@ bench-read: build mooncake-venv nixl-venv
 	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.tools.readbench $(BENCH_READ_ARGS)
 
 ## perf-report: the performance page's figures: bench-peer beside Mooncake
-## and NIXL (same host and sockets), then over Mooncake's engine, each run's
+## and NIXL (same host and sockets), then over Mooncake's engine with
+## consecutive and with scattered blocks, each run's
 ## JSON in build/perf; scripts/perf_report.py draws docs/perf/*.png and
 ## rewrites the page's tables (matplotlib, in build/venv)
 PERF_ROUNDS ?= 3
@@ -115,8 +116,9 @@ PERF_ENGINES ?= mooncake nixl socket mcguard-off mcguard-tail mcguard-digest mcg
 perf-report: build mooncake-venv nixl-venv deps-python
 	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.tools.peerbench --rounds $(PERF_ROUNDS) --engines $(PERF_ENGINES) --json build/perf/peer.json
 	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.tools.peerbench --rounds $(PERF_ROUNDS) --over-mooncake --json build/perf/over-mooncake.json
+	PYTHONPATH=$(CURDIR)/python $(MOONCAKE_VENV)/bin/python -m mcguard.tools.peerbench --rounds $(PERF_ROUNDS) --over-mooncake --layout scattered --json build/perf/over-mooncake-scattered.json
 	@$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q matplotlib
-	$(PY) scripts/perf_report.py build/perf/peer.json build/perf/over-mooncake.json
+	$(PY) scripts/perf_report.py build/perf/peer.json build/perf/over-mooncake.json build/perf/over-mooncake-scattered.json
 
 ## build: build/libmcguard.so and its cgo-generated header build/libmcguard.h,
 ## the software models of the CUDA driver and of an RDMA NIC the tests use,
