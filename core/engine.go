@@ -34,15 +34,15 @@ func OpenWithEngine(cfg Config, ops engine.Ops) (*Guard, error) {
 	if cfg.Getenv != nil {
 		getenv = func(name string) string { v, _ := cfg.Getenv(name); return v }
 	}
+	sliceBytes := engineSliceBytes(ops.Name, getenv)
 	if cfg.Verify.SliceBytes == verify.SliceAuto {
-		cfg.Verify.SliceBytes = engineSliceBytes(ops.Name, getenv)
+		cfg.Verify.SliceBytes = sliceBytes
 	}
-	joinMax := uint64(engineSliceBytes(ops.Name, getenv))
 	return open(cfg, func(g *Guard) (enginePlane, error) {
 		cfg := &g.cfg
 		return engine.Open(engine.Config{Ops: ops, Faults: cfg.Inject, Linger: cfg.Timeout, Timeout: cfg.Timeout,
 			Inline: cfg.Planes.Engine.InlineCalls, Spin: cfg.Planes.Engine.BusyPoll,
-			JoinMax: joinMax, LocalReach: g.regions.HostReach, Joined: &g.stats.joined})
+			JoinMax: uint64(sliceBytes), LocalReach: g.regions.HostReach, Joined: &g.stats.joined})
 	})
 }
 

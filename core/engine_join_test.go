@@ -53,7 +53,9 @@ func TestEngineJoinsConsecutiveBlocksIntoSlices(t *testing.T) {
 	p := newJoinPair(t, `{"verify": "tail"}`, 64*4096, nil, f)
 	from := f.writeCalls()
 	p.moveInEveryMode(t, 64, 4096)
-	for _, w := range f.writesSince(from) {
+	writes := f.writesSince(from)
+	require.Len(t, writes, 5, "one write call per mode")
+	for _, w := range writes {
 		require.Equal(t, []uint64{64 << 10, 64 << 10, 64 << 10, 64 << 10}, w, "64 blocks of 4 KiB: four slices")
 	}
 	require.EqualValues(t, 5*60, stats(t, p.send)["joined_descriptors"])
@@ -90,7 +92,9 @@ func TestEngineJoinsStayInsideRegions(t *testing.T) {
 	p := newJoinPair(t, `{"verify": "tail"}`, size, []int{40 << 10, 200 << 10}, f)
 	from := f.writeCalls()
 	p.moveInEveryMode(t, 64, 4096)
-	for _, w := range f.writesSince(from) {
+	writes := f.writesSince(from)
+	require.Len(t, writes, 5, "one write call per mode")
+	for _, w := range writes {
 		require.Equal(t, []uint64{40 << 10, 64 << 10, 64 << 10, 32 << 10, 56 << 10}, w)
 	}
 }

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"iter"
+	"sync/atomic"
 
 	"github.com/mcguard/mcguard/core/desc"
 )
@@ -17,6 +18,14 @@ type Slice struct {
 	Desc          int // index into the descriptors sliced
 	Joined        int // how many descriptors after Desc the slice takes in too
 	Src, Dst, Len uint64
+}
+
+// CountJoined adds the descriptors sl took in after its first to n
+// (joined_descriptors; nil: not counted).
+func (sl Slice) CountJoined(n *atomic.Int64) {
+	if sl.Joined > 0 && n != nil {
+		n.Add(int64(sl.Joined))
+	}
 }
 
 // Slices yields descs cut into slices of at most MaxSlice bytes, in order.

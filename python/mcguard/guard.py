@@ -169,8 +169,7 @@ def u64_array(values, what="address or length"):
             except (TypeError, OverflowError, ValueError):
                 arr = None  # the checked path says which value is wrong
             if arr is not None and set(map(type, values)) == _INT_ONLY:
-                buf = _u64_type(n).from_buffer(arr)
-                return buf, n, (arr, buf)
+                values = arr  # passed as an array('Q') is, below
     if isinstance(values, (str, bytes, dict)) or values is None:
         raise MCGuardError(MC_ERR_INVALID_ARG, "%s: expected a sequence of integers, not %s"
                            % (what, type(values).__name__))

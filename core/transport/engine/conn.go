@@ -60,9 +60,11 @@ func (p *Plane) Conn(session string) transport.Conn {
 // when it is on.
 func (c *conn) Write(ctx context.Context, descs []desc.Desc, _ int) error {
 	local, remote, n := make([]uint64, 0, len(descs)), make([]uint64, 0, len(descs)), make([]uint64, 0, len(descs))
-	requests := c.p.join.requests(descs, c.reach)
+	// Each descriptor whole (the engine cuts its requests itself), runs of
+	// consecutive ones joined up to the engine's slice where c.reach says.
+	requests := transport.Cursor{Descs: descs, Reach: c.reach, Max: c.p.join.max, Whole: true}
 	for sl, more := requests.Next(); more; sl, more = requests.Next() {
-		c.p.join.counted(sl)
+		sl.CountJoined(c.p.join.count)
 		d := desc.Desc{Src: sl.Src, Dst: sl.Dst, Len: sl.Len}
 		if c.p.faults.Mode() == fault.Lie {
 			if c.p.faults.Lies() {

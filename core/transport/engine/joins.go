@@ -3,7 +3,6 @@ package engine
 import (
 	"sync/atomic"
 
-	"github.com/mcguard/mcguard/core/desc"
 	"github.com/mcguard/mcguard/core/transport"
 )
 
@@ -27,17 +26,4 @@ func (j joins) reach(peer transport.Conn) func(src, dst uint64) uint64 {
 		return nil
 	}
 	return func(src, dst uint64) uint64 { return min(j.local(src), t.PeerReach(dst)) }
-}
-
-// requests walks descs as the engine's requests: each descriptor whole,
-// and with reach, runs of consecutive ones joined up to the engine's slice.
-func (j joins) requests(descs []desc.Desc, reach func(src, dst uint64) uint64) transport.Cursor {
-	return transport.Cursor{Descs: descs, Reach: reach, Max: j.max, Whole: true}
-}
-
-// counted adds a request's joined descriptors to the count.
-func (j joins) counted(sl transport.Slice) {
-	if sl.Joined > 0 && j.count != nil {
-		j.count.Add(int64(sl.Joined))
-	}
 }

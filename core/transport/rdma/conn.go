@@ -184,9 +184,7 @@ func (c *conn) write(ctx context.Context, descs []desc.Desc, base int, post bool
 			return fmt.Errorf("descriptor %d: %w", base+sl.Desc, err)
 		}
 		ws = append(ws, verbs.Op{Addr: sl.Src, RemoteAddr: sl.Dst, Len: sl.Len, RKey: key})
-		if sl.Joined > 0 && c.t.cfg.Joined != nil {
-			c.t.cfg.Joined.Add(int64(sl.Joined))
-		}
+		sl.CountJoined(c.t.cfg.Joined)
 	}
 	runs := make([][]verbs.Op, len(c.stripes))
 	k, filled := 0, uint64(0)

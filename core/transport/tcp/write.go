@@ -330,9 +330,7 @@ func (t *conn) sendWrites(ctx context.Context, descs []desc.Desc, base int, mark
 		frames.Reach = nil
 	}
 	for sl, more := frames.Next(); more; sl, more = frames.Next() {
-		if sl.Joined > 0 && t.joined != nil {
-			t.joined.Add(int64(sl.Joined))
-		}
+		sl.CountJoined(t.joined)
 		var m wire.Status
 		if marked {
 			m = mark(descs[sl.Desc].Len, sl.Dst == descs[sl.Desc].Dst)
