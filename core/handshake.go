@@ -2,6 +2,7 @@ package core
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -78,7 +79,11 @@ func (g *Guard) answer(peer, body []byte) control.HelloReply {
 		proof, tok, k, err := g.auth.Answer(peer, auth.Proof{Challenge: req.Challenge, Nonce: req.Nonce, MAC: req.MAC, Sender: req.Sender})
 		if err != nil {
 			g.metrics.authFailures.Add(1)
-			return refuse("%v", err)
+			r := refuse("%v", err)
+			if errors.Is(err, auth.ErrStaleChallenge) {
+				r.Code = control.CodeStaleChallenge
+			}
+			return r
 		}
 		rep.MAC, token, key = proof, tok, k
 	default:

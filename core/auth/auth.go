@@ -9,6 +9,7 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -194,7 +195,7 @@ func (a *Authority) Answer(peer []byte, req Proof) (proof, token, key []byte, er
 	}
 	a.mu.Unlock()
 	if !ok || c.value != string(req.Challenge) || time.Since(c.issued) > challengeLife {
-		return nil, nil, nil, fmt.Errorf("unknown or expired challenge")
+		return nil, nil, nil, ErrStaleChallenge
 	}
 	if len(req.Nonce) != NonceSize || !hmac.Equal(req.MAC, MAC(a.secret, LabelClient, req.Challenge, req.Nonce)) {
 		return nil, nil, nil, fmt.Errorf("authentication failed: the peer does not know this guard's secret")
@@ -203,6 +204,11 @@ func (a *Authority) Answer(peer []byte, req Proof) (proof, token, key []byte, er
 	a.Tokens.add(token, key, req.Sender)
 	return MAC(a.secret, LabelServer, req.Nonce, req.Challenge), token, key, nil
 }
+
+// ErrStaleChallenge: the answer is to no challenge this guard still keeps
+// for that connection (spent, expired, crowded out by a flood, or issued
+// to a connection since replaced): a new hello gets a new one.
+var ErrStaleChallenge = errors.New("unknown or expired challenge")
 
 // Authenticates says whether peers must prove they know the secret.
 func (a *Authority) Authenticates() bool { return a.secret != nil }

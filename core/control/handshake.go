@@ -92,6 +92,14 @@ type Reply struct {
 // still keeps; the sender may shake hands again.
 const CodeUnknownToken = "unknown_token"
 
+// CodeStaleChallenge: the guard keeps no challenge the answer could be to
+// (auth.ErrStaleChallenge); a new hello gets a new one.
+const CodeStaleChallenge = "stale_challenge"
+
+// errStaleChallenge is a refusal with CodeStaleChallenge: Handshake
+// starts over.
+var errStaleChallenge = errors.New("the guard no longer kept the challenge answered")
+
 // handshake asks the guard at session for its region table, a token and
 // its data plane's answer to req's offer, authenticating both ways when
 // secret is set. req gives Sender, Transport and Offer; handshake fills in
@@ -100,22 +108,24 @@ const CodeUnknownToken = "unknown_token"
 // A try that gets no answer within a third of timeout starts over on a
 // new connection, while timeout lasts: a guard under a flood of strangers
 // shuts its oldest connections, and a request ZeroMQ lost with its
-// connection is never answered (a REQ socket cannot send it again).
+// connection is never answered (a REQ socket cannot send it again). So
+// does one whose challenge the guard no longer kept when the answer came
+// (the connection it was issued to replaced under ZeroMQ, or crowded out).
 func Handshake(ctx context.Context, zctx *zmq.Context, session string, timeout time.Duration, secret []byte, req Hello) (HelloReply, error) {
 	deadline := time.Now().Add(timeout)
 	for tries := 1; ; tries++ {
 		try := min(time.Until(deadline), max(timeout/3, minHandshakeTry))
 		rep, err := handshakeOnce(ctx, zctx, session, try, secret, req)
-		if err == nil || !errors.Is(err, errs.Timeout) || ctx.Err() != nil {
+		if err == nil || !errors.Is(err, errs.Timeout) && !errors.Is(err, errStaleChallenge) || ctx.Err() != nil {
 			return rep, err
 		}
 		if time.Until(deadline) < minHandshakeTry/2 {
-			if tries == 1 {
+			if tries == 1 || !errors.Is(err, errs.Timeout) {
 				return rep, err
 			}
 			return HelloReply{}, fmt.Errorf("%w: session %q did not answer the handshake within %v (%d tries on new connections; no guard listening there?)", errs.Timeout, session, timeout, tries)
 		}
-		logs.Printf(logs.Debug, "session %s: no answer to the handshake within %v, once more on a new connection", session, try)
+		logs.Printf(logs.Debug, "session %s: handshake try %d (%v): %v; once more on a new connection", session, tries, try, err)
 	}
 }
 
@@ -172,6 +182,9 @@ func HandshakeStep(ctx context.Context, sock *zmq.Socket, session string, timeou
 		return HelloReply{}, fmt.Errorf("%w: session %q sent a malformed handshake reply: %v", errs.Session, session, err)
 	}
 	if rep.Error != "" {
+		if rep.Code == CodeStaleChallenge {
+			return HelloReply{}, fmt.Errorf("%w: session %q refused the handshake: %s (%w)", errs.Session, session, rep.Error, errStaleChallenge)
+		}
 		return HelloReply{}, fmt.Errorf("%w: session %q refused the handshake: %s", errs.Session, session, rep.Error)
 	}
 	if rep.Proto != ProtocolVersion {

@@ -10,6 +10,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 	"github.com/stretchr/testify/require"
 
+	"github.com/mcguard/mcguard/core/auth"
 	"github.com/mcguard/mcguard/core/errs"
 	"github.com/mcguard/mcguard/core/wire"
 )
@@ -77,5 +78,75 @@ func TestAHandshakeWhoseRequestWasLostTriesAgainOnANewConnection(t *testing.T) {
 	_, err = Handshake(context.Background(), zctx, silent, time.Second, nil, Hello{Transport: "tcp"})
 	require.ErrorIs(t, err, errs.Timeout)
 	require.Contains(t, err.Error(), "3 tries")
+	require.Less(t, time.Since(start), 1500*time.Millisecond, "the tries together keep to the timeout")
+}
+
+// guardThatForgetsChallenges is a control endpoint with secret that
+// refuses the first forget answers to its challenges as stale (as a
+// guard does whose challenge was issued to a connection ZeroMQ has since
+// replaced, or crowded out by a flood), and completes the rest.
+func guardThatForgetsChallenges(t *testing.T, zctx *zmq.Context, secret []byte, forget int64) (endpoint string, auths *atomic.Int64) {
+	sock, err := zctx.NewSocket(zmq.ROUTER)
+	require.NoError(t, err)
+	sock.SetLinger(0)
+	require.NoError(t, sock.Bind("tcp://127.0.0.1:*"))
+	last, err := sock.GetLastEndpoint()
+	require.NoError(t, err)
+	auths = new(atomic.Int64)
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		defer sock.Close()
+		poller := zmq.NewPoller()
+		poller.Add(sock, zmq.POLLIN)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if polled, err := poller.Poll(20 * time.Millisecond); err != nil || len(polled) == 0 {
+				continue
+			}
+			msg, err := sock.RecvMessageBytes(0)
+			var req Hello
+			if err != nil || len(msg) != 3 || json.Unmarshal(msg[2], &req) != nil {
+				continue
+			}
+			rep := HelloReply{Proto: ProtocolVersion}
+			switch {
+			case req.Op == "hello":
+				rep.Challenge = auth.RandomBytes(auth.NonceSize)
+			case auths.Add(1) <= forget:
+				rep.Error, rep.Code = auth.ErrStaleChallenge.Error(), CodeStaleChallenge
+			default:
+				rep.MAC, rep.Answer = auth.MAC(secret, auth.LabelServer, req.Nonce, req.Challenge), json.RawMessage(`{}`)
+			}
+			out, _ := json.Marshal(rep)
+			sock.SendMessage(msg[0], "", out)
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+	return last[len("tcp://"):], auths
+}
+
+// A handshake whose answer reached a guard that no longer kept its
+// challenge starts over with a new hello, within its timeout; a guard
+// that never keeps one still ends it at the timeout, with the guard's
+// reason.
+func TestAHandshakeWhoseChallengeWentStaleStartsOver(t *testing.T) {
+	zctx := newContext(t)
+	secret := []byte("correct horse battery staple")
+	endpoint, auths := guardThatForgetsChallenges(t, zctx, secret, 2)
+	rep, err := Handshake(context.Background(), zctx, endpoint, 3*time.Second, secret, Hello{Transport: "tcp"})
+	require.NoError(t, err)
+	require.Len(t, rep.Token, wire.TokenSize)
+	require.EqualValues(t, 3, auths.Load(), "the third answer was taken")
+
+	never, _ := guardThatForgetsChallenges(t, zctx, secret, 1<<40)
+	start := time.Now()
+	_, err = Handshake(context.Background(), zctx, never, time.Second, secret, Hello{Transport: "tcp"})
+	require.ErrorIs(t, err, errs.Session)
+	require.ErrorContains(t, err, "unknown or expired challenge")
 	require.Less(t, time.Since(start), 1500*time.Millisecond, "the tries together keep to the timeout")
 }
