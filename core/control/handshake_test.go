@@ -15,17 +15,15 @@ import (
 	"github.com/mcguard/mcguard/core/wire"
 )
 
-// guardThatLoses is a control endpoint that never answers the first lose
-// hellos it gets (as a guard whose connection was shut under a flood never
-// does) and answers the rest with a handshake without a secret.
-func guardThatLoses(t *testing.T, zctx *zmq.Context, lose int64) (endpoint string, hellos *atomic.Int64) {
+// fakeGuard is a control endpoint that answers each request body with
+// what answer returns (nothing where it returns nil), until the test ends.
+func fakeGuard(t *testing.T, zctx *zmq.Context, answer func(body []byte) []byte) (endpoint string) {
 	sock, err := zctx.NewSocket(zmq.ROUTER)
 	require.NoError(t, err)
 	sock.SetLinger(0)
 	require.NoError(t, sock.Bind("tcp://127.0.0.1:*"))
 	last, err := sock.GetLastEndpoint()
 	require.NoError(t, err)
-	hellos = new(atomic.Int64)
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
@@ -42,15 +40,31 @@ func guardThatLoses(t *testing.T, zctx *zmq.Context, lose int64) (endpoint strin
 				continue
 			}
 			msg, err := sock.RecvMessageBytes(0)
-			if err != nil || len(msg) != 3 || hellos.Add(1) <= lose {
+			if err != nil || len(msg) != 3 {
 				continue
 			}
-			rep, _ := json.Marshal(HelloReply{Proto: ProtocolVersion, Token: make([]byte, wire.TokenSize), Answer: json.RawMessage(`{}`)})
-			sock.SendMessage(msg[0], "", rep)
+			if rep := answer(msg[2]); rep != nil {
+				sock.SendMessage(msg[0], "", rep)
+			}
 		}
 	}()
 	t.Cleanup(func() { close(stop); <-done })
-	return last[len("tcp://"):], hellos
+	return last[len("tcp://"):]
+}
+
+// guardThatLoses is a control endpoint that never answers the first lose
+// hellos it gets (as a guard whose connection was shut under a flood never
+// does) and answers the rest with a handshake without a secret.
+func guardThatLoses(t *testing.T, zctx *zmq.Context, lose int64) (endpoint string, hellos *atomic.Int64) {
+	hellos = new(atomic.Int64)
+	endpoint = fakeGuard(t, zctx, func([]byte) []byte {
+		if hellos.Add(1) <= lose {
+			return nil
+		}
+		rep, _ := json.Marshal(HelloReply{Proto: ProtocolVersion, Token: make([]byte, wire.TokenSize), Answer: json.RawMessage(`{}`)})
+		return rep
+	})
+	return endpoint, hellos
 }
 
 func newContext(t *testing.T) *zmq.Context {
@@ -86,48 +100,25 @@ func TestAHandshakeWhoseRequestWasLostTriesAgainOnANewConnection(t *testing.T) {
 // guard does whose challenge was issued to a connection ZeroMQ has since
 // replaced, or crowded out by a flood), and completes the rest.
 func guardThatForgetsChallenges(t *testing.T, zctx *zmq.Context, secret []byte, forget int64) (endpoint string, auths *atomic.Int64) {
-	sock, err := zctx.NewSocket(zmq.ROUTER)
-	require.NoError(t, err)
-	sock.SetLinger(0)
-	require.NoError(t, sock.Bind("tcp://127.0.0.1:*"))
-	last, err := sock.GetLastEndpoint()
-	require.NoError(t, err)
 	auths = new(atomic.Int64)
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		defer sock.Close()
-		poller := zmq.NewPoller()
-		poller.Add(sock, zmq.POLLIN)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if polled, err := poller.Poll(20 * time.Millisecond); err != nil || len(polled) == 0 {
-				continue
-			}
-			msg, err := sock.RecvMessageBytes(0)
-			var req Hello
-			if err != nil || len(msg) != 3 || json.Unmarshal(msg[2], &req) != nil {
-				continue
-			}
-			rep := HelloReply{Proto: ProtocolVersion}
-			switch {
-			case req.Op == "hello":
-				rep.Challenge = auth.RandomBytes(auth.NonceSize)
-			case auths.Add(1) <= forget:
-				rep.Error, rep.Code = auth.ErrStaleChallenge.Error(), CodeStaleChallenge
-			default:
-				rep.MAC, rep.Answer = auth.MAC(secret, auth.LabelServer, req.Nonce, req.Challenge), json.RawMessage(`{}`)
-			}
-			out, _ := json.Marshal(rep)
-			sock.SendMessage(msg[0], "", out)
+	endpoint = fakeGuard(t, zctx, func(body []byte) []byte {
+		var req Hello
+		if json.Unmarshal(body, &req) != nil {
+			return nil
 		}
-	}()
-	t.Cleanup(func() { close(stop); <-done })
-	return last[len("tcp://"):], auths
+		rep := HelloReply{Proto: ProtocolVersion}
+		switch {
+		case req.Op == "hello":
+			rep.Challenge = auth.RandomBytes(auth.NonceSize)
+		case auths.Add(1) <= forget:
+			rep.Error, rep.Code = auth.ErrStaleChallenge.Error(), CodeStaleChallenge
+		default:
+			rep.MAC, rep.Answer = auth.MAC(secret, auth.LabelServer, req.Nonce, req.Challenge), json.RawMessage(`{}`)
+		}
+		out, _ := json.Marshal(rep)
+		return out
+	})
+	return endpoint, auths
 }
 
 // A handshake whose answer reached a guard that no longer kept its
