@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/mcguard/mcguard/core/auth"
 	"github.com/mcguard/mcguard/core/control"
@@ -112,6 +113,7 @@ func (g *Guard) Sync(ranges []SyncRange, digests []uint64, stream uint64) (err e
 		return err
 	}
 	defer g.leave()
+	defer g.timeSync(time.Now())
 	defer func() { g.metrics.syncs.Add(1, outcomeOf(err)) }()
 	if len(ranges) > MaxDescriptors {
 		return fmt.Errorf("%w: %d ranges, limit %d per call", errs.InvalidArg, len(ranges), MaxDescriptors)
@@ -138,6 +140,7 @@ func (g *Guard) SyncTransfers(ids []uint64, stream uint64) (err error) {
 		return err
 	}
 	defer g.leave()
+	defer g.timeSync(time.Now())
 	defer func() { g.metrics.syncs.Add(1, outcomeOf(err)) }()
 	if len(ids) == 0 || len(ids) > MaxDescriptors {
 		return fmt.Errorf("%w: %d transfer ids (1 to %d)", errs.InvalidArg, len(ids), MaxDescriptors)

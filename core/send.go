@@ -50,7 +50,9 @@ func (g *Guard) Transfer(name string, descs []desc.Desc, opts TransferOptions) (
 	if opts.Verify != nil {
 		mode = string(*opts.Verify)
 	}
-	g.metrics.transferSeconds.Observe(time.Since(start).Seconds(), mode)
+	took := time.Since(start)
+	g.stats.transferNanos.Add(int64(took))
+	g.metrics.transferSeconds.Observe(took.Seconds(), mode)
 	defer func() { g.metrics.transfers.Add(1, mode, outcomeOf(err)) }()
 	if err != nil {
 		g.stats.failed.Add(1)
@@ -285,6 +287,7 @@ func (r *chunks) count(d verify.Delivery) {
 	g.stats.probed.Add(d.Probed)
 	g.metrics.retries.Add(int64(d.Retries))
 	g.metrics.resends.Add(int64(d.Resends))
+	g.stats.checkNanos.Add(int64(d.Checked))
 	g.metrics.verifySeconds.Observe(d.Checked.Seconds(), string(r.vcfg.Mode))
 }
 

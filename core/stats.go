@@ -3,6 +3,7 @@ package core
 import (
 	"encoding/json"
 	"sync/atomic"
+	"time"
 )
 
 // Counters and the stats JSON.
@@ -22,6 +23,17 @@ type counters struct {
 	sealMismatches             atomic.Int64 // ranges read that differed from their seal
 	peerChecked                atomic.Int64 // connections over an engine checked through the peer's guard
 	peerCheckFallbacks         atomic.Int64 // ones whose peer's guard could not be reached: through the engine
+	// Where the time goes, in ns summed over calls, so that a benchmark
+	// can say what a transfer spent where (the means are these over
+	// transfers and syncCalls): transfer calls, their chunks' fences and
+	// checks after the writes, and the receiver's sync calls.
+	transferNanos, checkNanos, syncCalls, syncNanos atomic.Int64
+}
+
+// timeSync counts one sync call that began at start.
+func (g *Guard) timeSync(start time.Time) {
+	g.stats.syncCalls.Add(1)
+	g.stats.syncNanos.Add(int64(time.Since(start)))
 }
 
 // Stats returns counters and settings as JSON.
@@ -81,6 +93,10 @@ func (g *Guard) Stats() ([]byte, error) {
 		"seals_published":      g.published.Len(),
 		"seals_checked":        g.stats.sealsChecked.Load(),
 		"seal_mismatches":      g.stats.sealMismatches.Load(),
+		"transfer_ns":          g.stats.transferNanos.Load(),
+		"check_ns":             g.stats.checkNanos.Load(),
+		"sync_calls":           g.stats.syncCalls.Load(),
+		"sync_ns":              g.stats.syncNanos.Load(),
 	}
 	for _, p := range g.planes {
 		p.Stats(out)

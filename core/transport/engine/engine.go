@@ -100,6 +100,9 @@ type Plane struct {
 	calls  sync.WaitGroup // engine calls running, held writes included
 	// running counts calls as well, for InFlight: a WaitGroup cannot be read
 	running atomic.Int64
+	// callCount and callNanos: the engine's calls that returned, and the
+	// time they took (stats: what of a transfer was the engine's own).
+	callCount, callNanos atomic.Int64
 	// byTransfer holds, for each transfer with engine calls running, how
 	// many and a channel closed when the last returns (WaitTransfer). An
 	// entry lives only while its calls run: the map is no larger than the
@@ -206,8 +209,22 @@ func (p *Plane) Abort(transport.Peer) error { return nil }
 // Connections implements transport.Transport.
 func (p *Plane) Connections() int { return 0 }
 
-// Stats adds the engine calls running to a guard's stats.
-func (p *Plane) Stats(out map[string]any) { out["engine_calls_in_flight"] = p.InFlight() }
+// Stats adds the engine calls running, and those that returned with the
+// time they took, to a guard's stats.
+func (p *Plane) Stats(out map[string]any) {
+	out["engine_calls_in_flight"] = p.InFlight()
+	out["engine_calls"] = p.callCount.Load()
+	out["engine_call_ns"] = p.callNanos.Load()
+}
+
+// timed runs one engine call, counting the time it took.
+func (p *Plane) timed(fn func() error) error {
+	start := time.Now()
+	err := fn()
+	p.callNanos.Add(int64(time.Since(start)))
+	p.callCount.Add(1)
+	return err
+}
 
 // Close waits, up to the linger time, for engine calls still running, and
 // refuses new ones: the application may tear its engine down afterwards.
@@ -331,7 +348,7 @@ func (p *Plane) call(ctx context.Context, c *conn, remote, n []uint64, fn func()
 	}
 	if p.inline {
 		defer p.end(transfer, session, began)
-		err := fn()
+		err := p.timed(fn)
 		if done != nil {
 			done()
 		}
@@ -342,7 +359,7 @@ func (p *Plane) call(ctx context.Context, c *conn, remote, n []uint64, fn func()
 	}
 	res := p.handoff.run(func() error {
 		defer p.end(transfer, session, began)
-		err := fn()
+		err := p.timed(fn)
 		if done != nil {
 			done()
 		}

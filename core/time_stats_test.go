@@ -1,0 +1,58 @@
+package core
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mcguard/mcguard/verify"
+)
+
+// The stats say where a transfer's time went: in the library, in the
+// engine's own calls and in the checks after the writes, and at the
+// receiver in its sync calls. An engine whose every write takes at least
+// 2 ms shows them apart.
+func TestStatsSayWhereTheTimeWent(t *testing.T) {
+	const transfers, slow = 4, 2 * time.Millisecond
+	f := newFakeEngines()
+	ops := f.ops("prefill", "fake")
+	write := ops.Write
+	ops.Write = func(session string, local, remote, n []uint64) error {
+		time.Sleep(slow)
+		return write(session, local, remote, n)
+	}
+	p := &pair{src: newMem(t, 64*4096), dst: newMem(t, 64*4096), session: "decode:1"}
+	g, err := OpenWithEngine(testConfig(t, `{"verify": "tail"}`), ops)
+	require.NoError(t, err)
+	t.Cleanup(func() { g.Close() })
+	p.send, p.recv = g, openGuard(t, "")
+	require.NoError(t, p.send.Register(p.src.addr(0), uint64(len(p.src.b))))
+	require.NoError(t, p.recv.Register(p.dst.addr(0), uint64(len(p.dst.b))))
+	require.NoError(t, f.register(p.session, p.dst.addr(0), uint64(len(p.dst.b))))
+	require.NoError(t, p.send.SetPeerGuard(p.session, p.recv.Endpoint()))
+
+	for range transfers {
+		fill(p.src.b)
+		res, err := p.send.Transfer(p.session, p.blocks(64, 4096), TransferOptions{Verify: ptr(verify.Digest)})
+		require.NoError(t, err)
+		require.NoError(t, p.recv.SyncTransfers([]uint64{res.ID}, 0), "the receiver compares the digests")
+		require.True(t, bytes.Equal(p.src.b, p.dst.b))
+	}
+
+	st := stats(t, p.send)
+	engineNanos, transferNanos, checkNanos := st["engine_call_ns"].(float64), st["transfer_ns"].(float64), st["check_ns"].(float64)
+	require.EqualValues(t, transfers, st["engine_calls"], "one write call per transfer; no read-back goes through the engine")
+	require.GreaterOrEqual(t, engineNanos, float64(transfers*slow), "every engine call's time is counted")
+	require.GreaterOrEqual(t, transferNanos, engineNanos+checkNanos, "the engine's calls and the checks are parts of the transfers")
+	require.Positive(t, checkNanos, "digest mode fences each chunk after its writes")
+	require.Zero(t, st["sync_calls"], "the sender synced nothing")
+
+	rt := stats(t, p.recv)
+	require.EqualValues(t, transfers, rt["sync_calls"])
+	require.Positive(t, rt["sync_ns"])
+	require.Zero(t, rt["transfer_ns"], "the receiver sent nothing")
+	_, hasEngine := rt["engine_calls"]
+	require.False(t, hasEngine, "a guard without an engine has no engine calls to count")
+}
