@@ -21,12 +21,25 @@ def test_peerbench_runs_and_checks_every_destination():
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "every destination matched its source" in out.stdout
-    rows = {line.split()[0]: line for line in out.stdout.splitlines() if line and line.split()[0] in
+    summary, _, profiled = out.stdout.partition("Where the time went:")
+    rows = {line.split()[0]: line for line in summary.splitlines() if line and line.split()[0] in
             ("mooncake", "mcguard-off", "mcguard-tail", "mcguard-digest", "socket", "mcguard-socket-digest+sync",
              "mcguard-socket-off+ping")}
     assert set(rows) == {"mooncake", "mcguard-off", "mcguard-tail", "mcguard-digest", "socket",
                          "mcguard-socket-digest+sync", "mcguard-socket-off+ping"}
     assert "(x" in rows["mcguard-tail"], "ratios to Mooncake in the same run"
+    cols = {tuple(line.split()[:2]): line.split()[2:] for line in profiled.splitlines() if len(line.split()) == 9}
+    for kind in rows:
+        for shape in ("1x4KiB", "512x16KiB"):
+            cells = cols[(kind, shape)]
+            if kind in ("mooncake", "socket"):
+                assert cells[0] != "-" and set(cells[1:]) == {"-"}, "no guard, no library time: " + str(cells)
+                continue
+            whole, library, engine, checks, own, outside, sync = cells
+            assert engine == "-", "mcguard's own planes call no engine"
+            assert 0 < float(library) <= float(whole) * 1.01, "the library's time is part of the transfer's"
+            assert abs(float(library) - float(checks) - float(own)) < 0.2, "checks and the guard's own make it up"
+            assert (sync != "-") == ("+sync" in kind), "the receiver's sync calls are timed where there are some"
     assert out.stderr.count("round 1/1") == 14, "a progress line per measurement"
     progress = [line for line in out.stderr.splitlines() if line.startswith("round 1/1")]
     for line in progress:
@@ -82,7 +95,9 @@ def test_goals_table_says_met_not_met_and_not_run():
     figs = {k: {"1x4KiB": 10.0, "64x256KiB": 4.0, "512x16KiB": 1.0, "4096x4KiB": 0.3} for k in peergoals.ENGINES}
     results = {(k, s): [v, v] for k, by in figs.items() for s, v in by.items()}
     rows = peergoals.rows(results, "tcp")
-    assert len(rows) == 10 and all(set(r) == set(peergoals.COLUMNS) for r in rows)
+    assert len(rows) == 10 and all(set(r) == set(peergoals.COLUMNS) | {"profiled"} for r in rows)
+    assert all(tuple(p) in results for r in rows for p in r["profiled"]), "each row names the figures it judges"
+    assert peergoals.missed_pairs(rows) == []
     assert all(r["met"] == "yes" for r in rows), "equal figures meet every goal"
     results[("mcguard-socket-digest", "1x4KiB")] = [20.0]  # twice off
     results[("guarded-mooncake-digest", "4096x4KiB")] = [0.1]
@@ -98,6 +113,11 @@ def test_goals_table_says_met_not_met_and_not_run():
     assert consecutive.endswith("layout consecutive: " + peergoals.LAYOUT_NOTES["consecutive"])
     assert "joins consecutive blocks" in consecutive and "--layout scattered" in consecutive
     assert "nothing is joined" in peergoals.table(list(rows.values()), "scattered")
+    missed = peergoals.missed_pairs(list(rows.values()))
+    assert missed[:2] == [("mcguard-socket-off", "1x4KiB"), ("mcguard-socket-digest", "1x4KiB")]
+    assert ("guarded-mooncake-digest", "4096x4KiB") in missed and ("mooncake", "4096x4KiB") in missed
+    assert len(missed) == len(set(missed)), "each pair once"
+    assert ("mcguard-off", "1x4KiB") not in missed, "a goal met shows no profile"
 
 
 def test_goals_table_says_in_how_many_rounds_each_goal_is_met():
@@ -119,3 +139,28 @@ def test_goals_table_says_in_how_many_rounds_each_goal_is_met():
     assert rows[("one host", "64 x 256 KiB GB/s: off / tail")]["rounds met"] == "0 of 3", "the same NIXL"
     tail = [r for (p, f), r in rows.items() if f.startswith("tail: fraction")][0]
     assert (tail["met"], tail["rounds met"]) == ("yes", "3 of 3")
+
+
+def test_profile_splits_a_transfers_time():
+    from mcguard.tools import peerprofile
+    sender = {"transfers": 10, "transfer_ns": 1_000_000, "check_ns": 200_000, "engine_calls": 10,
+              "engine_call_ns": 500_000}
+    before = peerprofile.reading(sender, {"sync_calls": 0, "sync_ns": 0})
+    after = peerprofile.reading(dict(sender, transfers=14, transfer_ns=1_400_000, check_ns=240_000,
+                                     engine_call_ns=800_000), {"sync_calls": 2, "sync_ns": 30_000})
+    prof = peerprofile.profile(before, after, 4, 4 * 120e-6)
+    assert prof == pytest.approx({"a transfer": 120.0, "in the library": 100.0, "checks": 10.0,
+                                  "engine's calls": 75.0, "guard's own": 15.0, "outside the library": 20.0,
+                                  "receiver's sync": 15.0})
+    # mcguard's own planes: no engine column; no guard: the transfer's time alone
+    own = peerprofile.profile(peerprofile.reading({"transfers": 0}, {}),
+                              peerprofile.reading({"transfers": 2, "transfer_ns": 20_000, "check_ns": 4_000}, {}),
+                              2, 2 * 12e-6)
+    assert "engine's calls" not in own and own["guard's own"] == pytest.approx(8.0)
+    assert peerprofile.profile(None, None, 3, 3e-3) == {"a transfer": pytest.approx(1000.0)}
+    text = peerprofile.table({("x", "1x4KiB"): [prof, dict(prof, checks=30.0)], ("y", "1x4KiB"): [own]},
+                             [("y", "1x4KiB"), ("x", "1x4KiB"), ("z", "1x4KiB")])
+    lines = text.splitlines()
+    assert lines[2].split()[:2] == ["y", "1x4KiB"] and lines[3].split()[:2] == ["x", "1x4KiB"], "in the order asked"
+    assert lines[3].split()[5] == "20.0", "the median over rounds"
+    assert "z" not in [line.split()[0] for line in lines[2:4]], "a pair that was not run has no row"

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 
-from . import peergoals
+from . import peergoals, peerprofile
 from .cli import prog
 
 SIZES = {"1x4KiB": (1, 4 << 10), "64x256KiB": (64, 256 << 10), "512x16KiB": (512, 16 << 10),
@@ -442,15 +442,17 @@ class LocalCopy:
 
 
 def measure(sender, name, count, size, iters, seconds):
-    """Latency (median µs) for 1 x 4 KiB, else GB/s of repeated batches;
-    and a note for the progress line. A transfer that returns a time (the
-    "+sync" kinds: the pipe to the receiving process and back, beyond its
-    sync_transfers call) has that time left out: an application's receiver
-    syncs in its own process, and the pipe is this benchmark's."""
+    """Latency (median µs) for 1 x 4 KiB, else GB/s of repeated batches; a
+    note for the progress line; and where the time went (peerprofile). A
+    transfer that returns a time (the "+sync" kinds: the pipe to the
+    receiving process and back, beyond its sync_transfers call) has that
+    time left out: an application's receiver syncs in its own process, and
+    the pipe is this benchmark's."""
     sender.transfer(count, size)  # warm: connect, handshake
     piped = []
     if isinstance(getattr(sender, "recv", None), Receiver):
         sender.recv.synced = []
+    before = guard_reading(sender)
     if name == "1x4KiB":
         samples = []
         for _ in range(iters):
@@ -458,7 +460,7 @@ def measure(sender, name, count, size, iters, seconds):
             pipe = sender.transfer(count, size) or 0.0
             samples.append((time.perf_counter() - t - pipe) * 1e6)
             piped.append(pipe)
-        fig = statistics.median(samples)
+        fig, wall = statistics.median(samples), sum(samples) / 1e6
     else:
         moved, start = 0, time.perf_counter()
         while True:
@@ -466,22 +468,39 @@ def measure(sender, name, count, size, iters, seconds):
             moved += count * size
             elapsed = time.perf_counter() - start
             if elapsed >= seconds:
-                fig = moved / (elapsed - sum(piped)) / 1e9
+                wall = elapsed - sum(piped)
+                fig = moved / wall / 1e9
                 break
+    prof = peerprofile.profile(before, guard_reading(sender), len(piped), wall)
     if not any(piped):
-        return fig, ""
+        return fig, "", prof
     return fig, "   (the receiver's call: median %.1f µs; the pipe to it, left out: %.1f µs)" % (
-        statistics.median(sender.recv.synced) * 1e6, statistics.median(piped) * 1e6)
+        statistics.median(sender.recv.synced) * 1e6, statistics.median(piped) * 1e6), prof
 
 
-def busy_polls(sender, recv):
-    """(spins, paid) of the sending and the receiving guard's busy polling
-    so far; None for engines that are not mcguard's own over TCP."""
+def guard_stats(sender):
+    """The sending and the receiving guard's stats now; None where the
+    sender runs no guard."""
     guard = getattr(getattr(sender, "engine", None), "guard", None)
+    recv = getattr(sender, "recv", None)
     if not hasattr(guard, "stats") or not isinstance(recv, Receiver):
         return None
-    s, r = guard.stats(), recv.stats()
-    return [(d.get("busy_poll_spins", 0), d.get("busy_poll_paid", 0)) for d in (s, r)]
+    return guard.stats(), recv.stats()
+
+
+def guard_reading(sender):
+    """The two guards' time counters now (peerprofile.reading), or None."""
+    both = guard_stats(sender)
+    return peerprofile.reading(*both) if both else None
+
+
+def busy_polls(sender):
+    """(spins, paid) of the sending and the receiving guard's busy polling
+    so far; None for engines that are not mcguard's own over TCP."""
+    both = guard_stats(sender)
+    if not both:
+        return None
+    return [(d.get("busy_poll_spins", 0), d.get("busy_poll_paid", 0)) for d in both]
 
 
 def spin_note(before, after):
@@ -570,6 +589,7 @@ def run_bench(argv=None):
         recv = Receiver(kind)
         pairs[kind] = (Sender(kind, recv, a.layout == "scattered"), recv)
     results = {}  # (engine, size) -> [per-round figures]
+    profiles = {}  # (engine, size) -> [per-round peerprofile.profile]
     bad = []
     try:
         for r in range(a.rounds):
@@ -580,9 +600,9 @@ def run_bench(argv=None):
                     others = [r for k, (_, r) in pairs.items() if k != kind and isinstance(r, Receiver)]
                     for other in others:
                         other.pause(True)
-                    spins = busy_polls(sender, recv)
+                    spins = busy_polls(sender)
                     try:
-                        fig, note = measure(sender, name, count, size, a.latency_iters, a.seconds)
+                        fig, note, prof = measure(sender, name, count, size, a.latency_iters, a.seconds)
                     finally:
                         for other in others:
                             other.pause(False)
@@ -590,9 +610,10 @@ def run_bench(argv=None):
                     if recv.hash(0, n) != sender.source_hash(count, size):
                         bad.append((r, name, kind))
                     results.setdefault((kind, name), []).append(fig)
+                    profiles.setdefault((kind, name), []).append(prof)
                     print("round %d/%d  %-10s %-26s %10.2f %s%s%s" % (r + 1, a.rounds, name, kind, fig,
                                                                      "µs" if name == "1x4KiB" else "GB/s",
-                                                                     spin_note(spins, busy_polls(sender, recv)), note),
+                                                                     spin_note(spins, busy_polls(sender)), note),
                           file=sys.stderr, flush=True)
     finally:
         for sender, recv in pairs.values():
@@ -601,11 +622,19 @@ def run_bench(argv=None):
     print(summary(results, engines, a.sizes))
     print("layout: %s destination blocks" % a.layout)
     goals = peergoals.rows(results, a.nixl_tls) if a.goals else None
+    print()
     if goals:
-        print()
         print(peergoals.table(goals, a.layout))
+        missed = peergoals.missed_pairs(goals)
+        if missed:
+            print()
+            print("Where the time went, for the goals not met:")
+            print(peerprofile.table(profiles, missed))
+    else:
+        print("Where the time went:")
+        print(peerprofile.table(profiles, [(k, s) for k in engines for s in a.sizes]))
     if a.json:
-        write_json(a.json, results, engines, a, bad, goals)
+        write_json(a.json, results, engines, a, bad, goals, profiles)
         print("figures written to %s" % a.json)
     if bad:
         print("DESTINATION MISMATCH (round, size, engine): %s" % bad)
@@ -627,15 +656,18 @@ def machine():
             "python": platform.python_version(), "mcguard": version()}
 
 
-def write_json(path, results, engines, a, bad, goals=None):
+def write_json(path, results, engines, a, bad, goals=None, profiles=None):
     """Every round's figure per engine and shape (µs for 1x4KiB, else GB/s),
-    and the goals table's rows where it was asked for."""
+    where each round's time went (peerprofile), and the goals table's rows
+    where it was asked for."""
     doc = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "rounds": a.rounds,
            "seconds": a.seconds, "latency_iters": a.latency_iters, "layout": a.layout,
            "nixl_tls": a.nixl_tls, "engines": engines, "sizes": a.sizes,
            "units": {s: "us" if s == "1x4KiB" else "GB/s" for s in a.sizes},
            "figures": {k: {s: results[(k, s)] for s in a.sizes} for k in engines},
            "mismatches": [list(b) for b in bad]}
+    if profiles:
+        doc["profiles"] = {k: {s: profiles[(k, s)] for s in a.sizes if (k, s) in profiles} for k in engines}
     if goals is not None:
         doc["goals"] = goals
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -40,9 +40,10 @@ def judged(results, nixl_tls, pick):
     nixl = "NIXL (UCX_TLS=%s)" % nixl_tls
     out = []
 
-    def row(path, figure, ours, peer, goal, met):
+    def row(path, figure, ours, peer, goal, met, pairs):
         out.append({"path": path, "figure": figure, "mcguard": ours, "peer": peer, "goal": goal,
-                    "met": "not run" if met is None else ("yes" if met else "NO")})
+                    "met": "not run" if met is None else ("yes" if met else "NO"),
+                    "profiled": [list(p) for p in pairs]})
 
     def need(*vals):
         return None if any(v is None for v in vals) else True
@@ -56,11 +57,12 @@ def judged(results, nixl_tls, pick):
         if path == "sockets":
             row(path, "1 x 4 KiB µs: off / tail / digest", fmt(off, tail, dig),
                 "Mooncake %s; %s %s" % (fmt(mc), nixl, fmt(nx)), "digest <= 1.15 x off",
-                need(off, dig) and dig <= 1.15 * off)
+                need(off, dig) and dig <= 1.15 * off, at(pre, ("off", "digest"), "1x4KiB"))
         else:
             row(path, "1 x 4 KiB µs: off / tail / digest", fmt(off, tail, dig), "%s %s" % (nixl, fmt(nx)),
                 "tail <= 1.1 x NIXL; digest <= 1.5 x off",
-                need(off, tail, dig, nx) and tail <= 1.1 * nx and dig <= 1.5 * off)
+                need(off, tail, dig, nx) and tail <= 1.1 * nx and dig <= 1.5 * off,
+                at(pre, ("off", "tail", "digest"), "1x4KiB"))
         done, synced = med(pre + "off+ping", "1x4KiB"), med(pre + "digest+sync-read", "1x4KiB")
         mdone = med("mooncake+ping", "1x4KiB")
         goal = "digest + sync <= 1.2 x (off + done)"
@@ -69,12 +71,13 @@ def judged(results, nixl_tls, pick):
             goal += "; off + done <= Mooncake + done"
             met = need(done, synced, mdone) and met and done <= mdone
         row(path, "off + done / digest + the receiver's sync, µs", fmt(done, synced),
-            "Mooncake + done %s" % fmt(mdone) if path == "sockets" else "-", goal, met)
+            "Mooncake + done %s" % fmt(mdone) if path == "sockets" else "-", goal, met,
+            at(pre, ("off+ping", "digest+sync-read"), "1x4KiB"))
         off, tail = (med(pre + m, "64x256KiB") for m in ("off", "tail"))
         nx, mc = med("nixl", "64x256KiB"), med("mooncake", "64x256KiB")
         row(path, "64 x 256 KiB GB/s: off / tail", fmt(off, tail, unit="GB/s"),
             "%s %s; Mooncake %s" % (nixl, fmt(nx, unit="GB/s"), fmt(mc, unit="GB/s")), "tail >= NIXL",
-            need(tail, nx) and tail >= nx)
+            need(tail, nx) and tail >= nx, at(pre, ("off", "tail"), "64x256KiB"))
     shapes = ("64x256KiB", "512x16KiB", "4096x4KiB")
     for mode, want in (("tail", 0.9), ("sample", 0.9), ("digest", 0.95)):
         fr = [None if None in (med("guarded-mooncake-" + mode, s), med("mooncake", s)) else
@@ -82,10 +85,27 @@ def judged(results, nixl_tls, pick):
         row("over Mooncake's engine", "%s: fraction of Mooncake alone at %s" % (mode, " / ".join(shapes)),
             fmt(*fr, unit="GB/s"), "Mooncake alone = 1 (%s GB/s)" % fmt(*(med("mooncake", s) for s in shapes),
                                                                           unit="GB/s"),
-            ">= %.2f" % want, need(*fr) and all(f >= want for f in fr))
+            ">= %.2f" % want, need(*fr) and all(f >= want for f in fr),
+            [p for s in shapes for p in (("mooncake", s), ("guarded-mooncake-" + mode, s))])
     tail, dig, mc = (med(k, "1x4KiB") for k in ("guarded-mooncake-tail", "guarded-mooncake-digest", "mooncake"))
     row("over Mooncake's engine", "1 x 4 KiB µs: tail / digest", fmt(tail, dig), "Mooncake alone %s" % fmt(mc),
-        "<= 1.3 x Mooncake alone", need(tail, dig, mc) and max(tail, dig) <= 1.3 * mc)
+        "<= 1.3 x Mooncake alone", need(tail, dig, mc) and max(tail, dig) <= 1.3 * mc,
+        [("mooncake", "1x4KiB"), ("guarded-mooncake-tail", "1x4KiB"), ("guarded-mooncake-digest", "1x4KiB")])
+    return out
+
+
+def at(prefix, modes, shape):
+    """The (engine, shape) pairs of prefix+mode for each mode."""
+    return [(prefix + m, shape) for m in modes]
+
+
+def missed_pairs(rs):
+    """The (engine, shape) pairs of the goals not met, each once, in the
+    rows' order: the ones whose time peerprofile shows."""
+    out = []
+    for r in rs:
+        if r["met"] == "NO":
+            out += [tuple(p) for p in r["profiled"] if tuple(p) not in out]
     return out
 
 
