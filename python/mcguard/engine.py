@@ -14,11 +14,13 @@ registers with the engine), resends, and sends digest notices.
     g.transfer("10.0.0.2:%d" % peer_rpc_port, src, dst, lengths)
 
 The callbacks run on the library's threads, several at once for different
-sessions. An engine method reports failure by raising or by returning a
-non-zero int; the transfer then fails with MC_ERR_PEER (or the MC_ERR_*
-the method returned) and the reason in its message. Read-back modes
-trust what the engine reads back (an engine that answers reads from its
-own copy passes them); digest mode with the receiver's sync does not.
+sessions, or on the thread that called transfer where the engine ends
+its calls itself (calls_end_on_their_own, as Mooncake's do). An engine
+method reports failure by raising or by returning a non-zero int; the
+transfer then fails with MC_ERR_PEER (or the MC_ERR_* the method
+returned) and the reason in its message. Read-back modes trust what the
+engine reads back (an engine that answers reads from its own copy passes
+them); digest mode with the receiver's sync does not.
 """
 
 
@@ -35,6 +37,13 @@ class Engine:
     register = None
     unregister = None
     fence = None
+    # True where write and read always return within the engine's own time
+    # limit (a hung peer fails them, it never holds them forever): the
+    # guard then calls them on the caller's thread unless
+    # engine_inline_calls says otherwise: handing each call to a library
+    # thread, so that the transfer can return at its deadline whatever the
+    # call does, costs tens of µs per call (docs/PERFORMANCE.md).
+    calls_end_on_their_own = False
 
     def write(self, session, local, remote, lengths):
         raise NotImplementedError
@@ -50,6 +59,9 @@ class MooncakeEngine(Engine):
     register_memory makes the guard's scratch Mooncake's."""
 
     name = "mooncake"
+    # batch_transfer_sync_write and _read give up after MC_TRANSFER_TIMEOUT
+    # (30 s by default) plus a second per GiB of the batch, returning -1.
+    calls_end_on_their_own = True
 
     def __init__(self, engine):
         self.engine = engine

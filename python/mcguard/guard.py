@@ -238,6 +238,9 @@ class Guard:
             self._check(self._lib.mc_guard_open(json.dumps(cfg).encode(), ctypes.byref(handle)), 0)
         else:
             from .callbacks import Callbacks
+            if getattr(engine, "calls_end_on_their_own", False) is True and "engine_inline_calls" not in cfg \
+                    and "MC_GUARD_ENGINE_INLINE_CALLS" not in os.environ:
+                cfg["engine_inline_calls"] = True  # the engine bounds its calls: no hand-off needed
             try:
                 self._callbacks = Callbacks(engine)
             except TypeError as e:

@@ -117,10 +117,11 @@ def sender():
             out["first_buffer"] = te.get_first_buffer_address(recv.session) == recv.addr
         te.close()
 
-    # A transfer past its deadline: the error says the bytes may still land.
+    # A transfer past its deadline, its engine calls handed to the library's
+    # threads: it returns at the deadline, saying the bytes may still land.
     te = TransferEngine()
     assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
-    with Guard(verify="tail", engine=MooncakeEngine(te)) as g:
+    with Guard(verify="tail", engine=MooncakeEngine(te), engine_inline_calls=False) as g:
         buf = (SIZE * b"x")
         import ctypes
         cbuf = ctypes.create_string_buffer(buf, SIZE)
@@ -136,6 +137,20 @@ def sender():
             except MCGuardError as w:
                 out["deadline_settled"] = [w.name, w.message]
         g.close()
+    # Called on this thread (the default over Mooncake, which ends its calls
+    # itself): the transfer fails once Mooncake's call returned, and no call
+    # of it runs any more.
+    with Guard(verify="tail", engine=MooncakeEngine(te)) as g:
+        inline_buf = ctypes.create_string_buffer(buf, SIZE)  # Mooncake keeps the first one registered
+        g.register(ctypes.addressof(inline_buf), SIZE)
+        out["inline"] = g.stats()["engine_inline_calls"]
+        try:
+            g.transfer(recv.session, [ctypes.addressof(inline_buf)] * 16, [recv.addr] * 16, [SIZE] * 16,
+                       deadline_ms=1)
+            out["inline_deadline"] = "succeeded"
+        except MCGuardError as e:
+            g.wait_engine_calls(e.transfer_id, 0)  # raises MC_ERR_TIMEOUT while a call of it runs
+            out["inline_deadline"] = [e.name, e.message, "settled"]
     out["receiver_exit"] = recv.close()
     print(json.dumps(out), flush=True)
 

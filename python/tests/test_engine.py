@@ -211,6 +211,39 @@ def test_slice_bytes_over_mooncake_follows_mc_slice_size(monkeypatch):
         assert g.stats()["slice_bytes"] == 131072
 
 
+def test_an_engine_that_ends_its_calls_itself_is_called_inline(monkeypatch):
+    """Mooncake's sync calls give up on their own (MC_TRANSFER_TIMEOUT):
+    no thread hand-off per call unless the settings or the environment
+    ask for one; an engine that may hang keeps the hand-off."""
+    class Bounded(LoopEngine):
+        calls_end_on_their_own = True
+    monkeypatch.delenv("MC_GUARD_ENGINE_INLINE_CALLS", raising=False)
+    from mcguard.engine import MooncakeEngine
+    assert MooncakeEngine.calls_end_on_their_own
+    for engine, settings, inline in ((Bounded(), {}, True), (LoopEngine(), {}, False),
+                                     (Bounded(), {"engine_inline_calls": False}, False)):
+        with Guard(engine=engine, **settings) as g:
+            assert g.stats()["engine_inline_calls"] is inline, (type(engine).__name__, settings)
+    monkeypatch.setenv("MC_GUARD_ENGINE_INLINE_CALLS", "false")
+    with Guard(engine=Bounded()) as g:
+        assert g.stats()["engine_inline_calls"] is False, "the environment's choice stands"
+
+
+def test_an_inline_call_runs_on_the_callers_thread(pd):
+    g, eng, src, dst, srcs, dsts = pd(verify="tail", engine_inline_calls=True)
+    threads = set()
+    write = eng.write
+
+    def noting(*args):
+        threads.add(threading.get_ident())
+        return write(*args)
+    eng.write = noting
+    src.raw = os.urandom(BLOCK * N)
+    g.transfer("decode:7", srcs, dsts, [BLOCK] * N)
+    assert threads == {threading.get_ident()}
+    assert hashlib.sha1(dst.raw).digest() == hashlib.sha1(src.raw).digest()
+
+
 def test_keyboard_interrupt_inside_a_callback_comes_out_of_the_call(pd):
     """A signal handler runs in whatever Python code the main thread is in,
     a callback included: the interrupt must not be swallowed into a status."""

@@ -89,6 +89,13 @@ def test_a_transfer_past_its_deadline_says_its_bytes_may_still_land(results):
     assert results["receiver_exit"] == 0
 
 
+def test_over_mooncake_calls_run_inline_and_a_late_one_still_fails(results):
+    assert results["inline"] is True, "Mooncake's sync calls end on their own: no hand-off by default"
+    name, message, settled = results["inline_deadline"]
+    assert name == "MC_ERR_TIMEOUT" and "while the engine moved its bytes" in message
+    assert settled == "settled", "the call had returned: nothing of the transfer runs"
+
+
 def test_stress_over_mooncake_shows_lag_with_off_and_catches_it_with_tail():
     def stress(verify):
         out = run_with_mooncake("-m", "mcguard.stress", "--transport", "mooncake", "--inject", "lag",
@@ -104,13 +111,14 @@ def test_stress_over_mooncake_shows_lag_with_off_and_catches_it_with_tail():
 
 def test_detection_matrix_over_mooncake():
     out = run_with_mooncake("-m", "mcguard.stress", "--transport", "mooncake", "--matrix", "--seconds", "1",
-                            *SMALL_STRESS, timeout=600)
+                            *SMALL_STRESS, timeout=600, check=False)
+    assert out.returncode in (0, 1), out.stderr[-4000:]  # 1: a cell not as expected, named below
     rows = last_json(out)["matrix"]
     assert len(rows) == 25, "lag, drop, tear, reorder, lie x five modes (stale needs the destination's bytes)"
     lie = {r["verify"]: r for r in rows if r["inject"] == "lie"}
     assert all(lie[m]["mismatches"] == 0 for m in ("tail", "sample", "full", "digest")), \
         "a lying engine fools no check the peer's guard answers from its own memory"
-    assert all(r["as_expected"] for r in rows), rows
+    assert all(r["as_expected"] for r in rows), [r for r in rows if not r["as_expected"]]
     assert all(r["ok"] > 0 for r in rows if r["verify"] != "digest"), rows
 
 
