@@ -38,7 +38,7 @@ def test_peerbench_runs_and_checks_every_destination():
             whole, library, engine, checks, own, outside, sync = cells
             assert engine == "-", "mcguard's own planes call no engine"
             assert 0 < float(library) <= float(whole) * 1.01, "the library's time is part of the transfer's"
-            assert abs(float(library) - float(checks) - float(own)) < 0.2, "checks and the guard's own make it up"
+            assert abs(float(library) - float(checks) - float(own)) < 0.2, "the checks and the rest make it up"
             assert (sync != "-") == ("+sync" in kind), "the receiver's sync calls are timed where there are some"
     assert out.stderr.count("round 1/1") == 14, "a progress line per measurement"
     progress = [line for line in out.stderr.splitlines() if line.startswith("round 1/1")]
@@ -150,13 +150,13 @@ def test_profile_splits_a_transfers_time():
                                      engine_call_ns=800_000), {"sync_calls": 2, "sync_ns": 30_000})
     prof = peerprofile.profile(before, after, 4, 4 * 120e-6)
     assert prof == pytest.approx({"a transfer": 120.0, "in the library": 100.0, "checks": 10.0,
-                                  "engine's calls": 75.0, "guard's own": 15.0, "outside the library": 20.0,
+                                  "engine's calls": 75.0, "the rest": 15.0, "outside the library": 20.0,
                                   "receiver's sync": 15.0})
     # mcguard's own planes: no engine column; no guard: the transfer's time alone
     own = peerprofile.profile(peerprofile.reading({"transfers": 0}, {}),
                               peerprofile.reading({"transfers": 2, "transfer_ns": 20_000, "check_ns": 4_000}, {}),
                               2, 2 * 12e-6)
-    assert "engine's calls" not in own and own["guard's own"] == pytest.approx(8.0)
+    assert "engine's calls" not in own and own["the rest"] == pytest.approx(8.0)
     assert peerprofile.profile(None, None, 3, 3e-3) == {"a transfer": pytest.approx(1000.0)}
     text = peerprofile.table({("x", "1x4KiB"): [prof, dict(prof, checks=30.0)], ("y", "1x4KiB"): [own]},
                              [("y", "1x4KiB"), ("x", "1x4KiB"), ("z", "1x4KiB")])

@@ -4,16 +4,17 @@ after each measurement, and this module turns the two readings into the
 means per transfer (µs): the whole transfer as the benchmark timed it,
 the part inside mc_guard_transfer, of that the engine's own calls (over
 a user's engine) and the fences and checks after the writes, and at the
-receiver its sync calls. What is left inside the library beside the
-engine's calls and the checks is the guard's own path; what is left
-outside it is the Python wrapper's (its arrays, ctypes)."""
+receiver its sync calls. What is left inside the library ("the rest") is
+the guard's own path over an engine, and on mcguard's own data planes
+the writes too; what is left outside it is the Python wrapper's (its
+arrays, ctypes)."""
 
 import statistics
 
 # The stats counters read, each summed over calls in the library.
 COUNTERS = ("transfers", "transfer_ns", "check_ns", "engine_calls", "engine_call_ns")
 RECEIVER_COUNTERS = ("sync_calls", "sync_ns")
-COLUMNS = ("engine", "shape", "a transfer", "in the library", "engine's calls", "checks", "guard's own",
+COLUMNS = ("engine", "shape", "a transfer", "in the library", "engine's calls", "checks", "the rest",
            "outside the library", "receiver's sync")
 
 
@@ -43,7 +44,7 @@ def profile(before, after, transfers, wall_seconds):
     if after["has_engine"]:
         prof["engine's calls"] = d["engine_call_ns"] / n / 1e3
         own -= prof["engine's calls"]
-    prof["guard's own"] = own
+    prof["the rest"] = own
     prof["outside the library"] = prof["a transfer"] - prof["in the library"]
     if d["sync_calls"] > 0:
         prof["receiver's sync"] = d["sync_ns"] / d["sync_calls"] / 1e3
@@ -73,6 +74,7 @@ def table(profiles, pairs=None):
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("µs per transfer: means over each round's transfers, the median over rounds. \"In the library\": "
                  "inside mc_guard_transfer; of it the engine's own calls, the fences and checks after the writes, "
-                 "and the guard's own (the rest); \"outside the library\": the Python wrapper around it; "
+                 "and the rest (over an engine the guard's own path; on mcguard's planes the writes too); "
+                 "\"outside the library\": the Python wrapper around it; "
                  "\"receiver's sync\": per sync call, in the receiving guard")
     return "\n".join(lines)
