@@ -42,7 +42,8 @@ func OpenWithEngine(cfg Config, ops engine.Ops) (*Guard, error) {
 		cfg := &g.cfg
 		return engine.Open(engine.Config{Ops: ops, Faults: cfg.Inject, Linger: cfg.Timeout, Timeout: cfg.Timeout,
 			Inline: cfg.Planes.Engine.InlineCalls, Spin: cfg.Planes.Engine.BusyPoll,
-			JoinMax: uint64(sliceBytes), LocalReach: g.regions.HostReach, Joined: &g.stats.joined})
+			JoinMax: uint64(sliceBytes), LocalReach: g.regions.HostReach, Joined: &g.stats.joined,
+			CallTime: func(d time.Duration) { g.metrics.engineCallSeconds.Observe(d.Seconds()) }})
 	})
 }
 

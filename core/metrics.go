@@ -28,6 +28,7 @@ type guardMetrics struct {
 	aborts             metrics.Counter // state
 	transferSeconds    metrics.Histogram
 	verifySeconds      metrics.Histogram
+	engineCallSeconds  metrics.Histogram
 }
 
 func newGuardMetrics(g *Guard) *guardMetrics {
@@ -51,6 +52,7 @@ func newGuardMetrics(g *Guard) *guardMetrics {
 		aborts:             r.Counter("mcguard_aborts_total", "Failed transfers' aborts, by state (confirmed, unconfirmed).", "state"),
 		transferSeconds:    r.Histogram("mcguard_transfer_seconds", "Time of a transfer call, by verify mode.", "mode"),
 		verifySeconds:      r.Histogram("mcguard_verification_seconds", "Time of a chunk's fence and verification, by verify mode.", "mode"),
+		engineCallSeconds:  r.Histogram("mcguard_engine_call_seconds", "Time of each call into the application's engine (over an engine data plane): what of a transfer was the engine's own."),
 	}
 	r.Gauge("mcguard_sessions", "Sessions this guard sends to.", func() int64 {
 		g.mu.Lock()

@@ -2,6 +2,7 @@ package core
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,8 +12,8 @@ import (
 )
 
 // The stats say where a transfer's time went: in the library, in the
-// engine's own calls and in the checks after the writes, and at the
-// receiver in its sync calls. An engine whose every write takes at least
+// engine's own calls (the metrics' mcguard_engine_call_seconds too) and in
+// the checks after the writes, and at the receiver in its sync calls. An engine whose every write takes at least
 // 2 ms shows them apart.
 func TestStatsSayWhereTheTimeWent(t *testing.T) {
 	const transfers, slow = 4, 2 * time.Millisecond
@@ -48,6 +49,10 @@ func TestStatsSayWhereTheTimeWent(t *testing.T) {
 	require.GreaterOrEqual(t, transferNanos, engineNanos+checkNanos, "the engine's calls and the checks are parts of the transfers")
 	require.Positive(t, checkNanos, "digest mode fences each chunk after its writes")
 	require.Zero(t, st["sync_calls"], "the sender synced nothing")
+
+	m, err := p.send.Metrics()
+	require.NoError(t, err)
+	require.Contains(t, string(m), fmt.Sprintf("mcguard_engine_call_seconds_count %d\n", transfers), "each engine call in the metrics too")
 
 	rt := stats(t, p.recv)
 	require.EqualValues(t, transfers, rt["sync_calls"])

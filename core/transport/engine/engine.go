@@ -79,6 +79,9 @@ type Config struct {
 	LocalReach func(addr uint64) uint64
 	// Joined counts the descriptors sent inside another's request.
 	Joined *atomic.Int64
+	// CallTime, if set, is told each engine call's time as it returns
+	// (the guard's metrics).
+	CallTime func(time.Duration)
 }
 
 // Plane is the engine data plane: the sender's side only. The engine
@@ -103,6 +106,7 @@ type Plane struct {
 	// callCount and callNanos: the engine's calls that returned, and the
 	// time they took (stats: what of a transfer was the engine's own).
 	callCount, callNanos atomic.Int64
+	callTime             func(time.Duration) // Config.CallTime
 	// byTransfer holds, for each transfer with engine calls running, how
 	// many and a channel closed when the last returns (WaitTransfer). An
 	// entry lives only while its calls run: the map is no larger than the
@@ -133,7 +137,7 @@ func Open(cfg Config) (*Plane, error) {
 	}
 	p := &Plane{ops: cfg.Ops, linger: cfg.Linger, timeout: cfg.Timeout, inline: cfg.Inline, handoff: handoff{spin: cfg.Spin},
 		join:       joins{max: cfg.JoinMax, local: cfg.LocalReach, count: cfg.Joined},
-		byTransfer: map[uint64]*transferCalls{}, sessions: map[string]*sessionFences{}}
+		byTransfer: map[uint64]*transferCalls{}, sessions: map[string]*sessionFences{}, callTime: cfg.CallTime}
 	p.faults = fault.New(cfg.Faults, 0, "the engine callbacks ("+cfg.Ops.Name+")")
 	return p, nil
 }
@@ -221,8 +225,12 @@ func (p *Plane) Stats(out map[string]any) {
 func (p *Plane) timed(fn func() error) error {
 	start := time.Now()
 	err := fn()
-	p.callNanos.Add(int64(time.Since(start)))
+	took := time.Since(start)
+	p.callNanos.Add(int64(took))
 	p.callCount.Add(1)
+	if p.callTime != nil {
+		p.callTime(took)
+	}
 	return err
 }
 
