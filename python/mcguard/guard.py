@@ -18,6 +18,7 @@ _fast_sync_transfers = getattr(_fastcall, "sync_transfers", None)  # None in a m
 
 from .abi import *  # noqa: F401,F403,E402 - the statuses and modes are mcguard.guard's names too
 from .abi import ABORT_STATES, ID_SIZE, LOG_LEVELS, SEAL_MODES, STATUS_NAMES, seal_size, TRANSFER_NO_NOTICE, VERIFY_MODES, SyncOpts, TransferOpts  # noqa: E402
+from .callbacks import Callbacks, ensure_unraisable_hook  # noqa: E402 - imported once: an import inside _h cost 1 µs a call
 
 # Callbacks of guards over an engine: live ones, and retired ones kept
 # (small: the engine itself is let go) because a late call may return
@@ -237,7 +238,6 @@ class Guard:
         if engine is None:
             self._check(self._lib.mc_guard_open(json.dumps(cfg).encode(), ctypes.byref(handle)), 0)
         else:
-            from .callbacks import Callbacks
             if getattr(engine, "calls_end_on_their_own", False) is True and "engine_inline_calls" not in cfg \
                     and "MC_GUARD_ENGINE_INLINE_CALLS" not in os.environ:
                 cfg["engine_inline_calls"] = True  # the engine bounds its calls: no hand-off needed
@@ -292,7 +292,6 @@ class Guard:
         if self._closed:
             raise MCGuardError(MC_ERR_BAD_HANDLE, "this Guard is closed")
         if self._callbacks is not None:  # the call may run them: see callbacks.ensure_unraisable_hook
-            from .callbacks import ensure_unraisable_hook
             ensure_unraisable_hook()
         return self._handle
 
