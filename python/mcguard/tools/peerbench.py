@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 
-from . import peergoals, peerprofile
+from . import peergoals, peerprofile, texttable
 from .cli import prog
 
 SIZES = {"1x4KiB": (1, 4 << 10), "64x256KiB": (64, 256 << 10), "512x16KiB": (512, 16 << 10),
@@ -688,9 +688,7 @@ def summary(results, engines, sizes):
                 cell += " (x%.2f)" % (med / statistics.median(results[(ref, s)]))
             row.append(cell)
         rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = texttable.lines(rows)
     note = "medians over rounds; (xN) = ratio to Mooncake's median in the same rounds" if ref else \
         "medians over rounds; Mooncake not run"
     return "\n".join(lines + [note])

@@ -7,6 +7,8 @@ met in some rounds and not in others is within this machine's noise)."""
 
 import statistics
 
+from . import texttable
+
 # Every engine the goals table needs (peerbench kinds).
 ENGINES = ["mooncake", "mooncake+ping", "nixl",
            "mcguard-socket-off", "mcguard-socket-tail", "mcguard-socket-digest",
@@ -122,10 +124,7 @@ LAYOUT_NOTES = {
 def table(rs, layout=None):
     """The rows as a text table, the count of goals met, and what the
     layout means for them."""
-    cells = [list(COLUMNS)] + [[r[c] for c in COLUMNS] for r in rs]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = texttable.lines([list(COLUMNS)] + [[r[c] for c in COLUMNS] for r in rs])
     met = sum(r["met"] == "yes" for r in rs)
     lines.append("%d of %d goals met (medians of this run); \"rounds met\": in how many rounds that "
                  "round's figures meet it" % (met, len(rs)))

@@ -11,6 +11,8 @@ arrays, ctypes)."""
 
 import statistics
 
+from . import texttable
+
 # The stats counters read, each summed over calls in the library.
 COUNTERS = ("transfers", "transfer_ns", "check_ns", "engine_calls", "engine_call_ns")
 RECEIVER_COUNTERS = ("sync_calls", "sync_ns")
@@ -69,9 +71,7 @@ def table(profiles, pairs=None):
     for kind, shape in pairs:
         prof = combined(profiles[(kind, shape)])
         cells.append([kind, shape] + ["%.1f" % prof[c] if c in prof else "-" for c in COLUMNS[2:]])
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = texttable.lines(cells)
     lines.append("µs per transfer: means over each round's transfers, the median over rounds. \"In the library\": "
                  "inside mc_guard_transfer; of it the engine's own calls, the fences and checks after the writes, "
                  "and the rest (over an engine the guard's own path; on mcguard's planes the writes too); "

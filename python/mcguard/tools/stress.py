@@ -42,6 +42,7 @@ import threading
 import time
 from multiprocessing.connection import Client, Listener
 
+from . import texttable
 from .cli import prog
 from ..guard import STATUS_NAMES, VERIFY_MODES, Guard, MCGuardError
 
@@ -645,10 +646,7 @@ def run(args):
 def table(rows, columns):
     """A plain text table of dicts."""
     cells = [[str(c) for c in columns]] + [[str(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    lines = ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return "\n".join(texttable.lines(cells, right=True))
 
 
 SUMMARY_COLUMNS = ("verify", "inject", "transport", "transfers", "ok", "failed", "descriptors",
