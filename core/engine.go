@@ -43,7 +43,7 @@ func OpenWithEngine(cfg Config, ops engine.Ops) (*Guard, error) {
 		return engine.Open(engine.Config{Ops: ops, Faults: cfg.Inject, Linger: cfg.Timeout, Timeout: cfg.Timeout,
 			Inline: cfg.Planes.Engine.InlineCalls, Spin: cfg.Planes.Engine.BusyPoll,
 			JoinMax: uint64(sliceBytes), LocalReach: g.regions.HostReach, Joined: &g.stats.joined,
-			CallTime: func(d time.Duration) { g.metrics.engineCallSeconds.Observe(d.Seconds()) }})
+			CallTime: g.countEngineCall})
 	})
 }
 

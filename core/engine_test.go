@@ -29,9 +29,11 @@ type fakeEngines struct {
 	// loseRead, if set, says whether one slice of a read is lost.
 	loseRead  func(off uint64) bool
 	sliceSize uint64
-	calls     int
-	reads     atomic.Int64 // read calls
-	written   [][]uint64   // each write call's request lengths
+	// slow, if set, is how long each write call takes at least.
+	slow    time.Duration
+	calls   int
+	reads   atomic.Int64 // read calls
+	written [][]uint64   // each write call's request lengths
 }
 
 func newFakeEngines() *fakeEngines {
@@ -61,6 +63,9 @@ func (f *fakeEngines) register(node string, addr, n uint64) error {
 func (f *fakeEngines) ops(node, name string) engine.Ops {
 	move := func(write bool) engine.Batch {
 		return func(session string, local, remote, n []uint64) error {
+			if write && f.slow > 0 {
+				time.Sleep(f.slow)
+			}
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			f.calls++

@@ -28,12 +28,21 @@ type counters struct {
 	// transfers and syncCalls): transfer calls, their chunks' fences and
 	// checks after the writes, and the receiver's sync calls.
 	transferNanos, checkNanos, syncCalls, syncNanos atomic.Int64
+	engineCalls, engineCallNanos                    atomic.Int64 // over an engine: its calls that returned
 }
 
 // timeSync counts one sync call that began at start.
 func (g *Guard) timeSync(start time.Time) {
 	g.stats.syncCalls.Add(1)
 	g.stats.syncNanos.Add(int64(time.Since(start)))
+}
+
+// countEngineCall counts one call into the application's engine that
+// took d, in the stats and the metrics.
+func (g *Guard) countEngineCall(d time.Duration) {
+	g.stats.engineCalls.Add(1)
+	g.stats.engineCallNanos.Add(int64(d))
+	g.metrics.engineCallSeconds.Observe(d.Seconds())
 }
 
 // Stats returns counters and settings as JSON.
@@ -97,6 +106,10 @@ func (g *Guard) Stats() ([]byte, error) {
 		"check_ns":             g.stats.checkNanos.Load(),
 		"sync_calls":           g.stats.syncCalls.Load(),
 		"sync_ns":              g.stats.syncNanos.Load(),
+	}
+	if g.engine != nil {
+		out["engine_calls"] = g.stats.engineCalls.Load()
+		out["engine_call_ns"] = g.stats.engineCallNanos.Load()
 	}
 	for _, p := range g.planes {
 		p.Stats(out)

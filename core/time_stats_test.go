@@ -13,26 +13,13 @@ import (
 
 // The stats say where a transfer's time went: in the library, in the
 // engine's own calls (the metrics' mcguard_engine_call_seconds too) and in
-// the checks after the writes, and at the receiver in its sync calls. An engine whose every write takes at least
-// 2 ms shows them apart.
+// the checks after the writes, and at the receiver in its sync calls. An
+// engine whose every write takes at least 2 ms shows them apart.
 func TestStatsSayWhereTheTimeWent(t *testing.T) {
 	const transfers, slow = 4, 2 * time.Millisecond
 	f := newFakeEngines()
-	ops := f.ops("prefill", "fake")
-	write := ops.Write
-	ops.Write = func(session string, local, remote, n []uint64) error {
-		time.Sleep(slow)
-		return write(session, local, remote, n)
-	}
-	p := &pair{src: newMem(t, 64*4096), dst: newMem(t, 64*4096), session: "decode:1"}
-	g, err := OpenWithEngine(testConfig(t, `{"verify": "tail"}`), ops)
-	require.NoError(t, err)
-	t.Cleanup(func() { g.Close() })
-	p.send, p.recv = g, openGuard(t, "")
-	require.NoError(t, p.send.Register(p.src.addr(0), uint64(len(p.src.b))))
-	require.NoError(t, p.recv.Register(p.dst.addr(0), uint64(len(p.dst.b))))
-	require.NoError(t, f.register(p.session, p.dst.addr(0), uint64(len(p.dst.b))))
-	require.NoError(t, p.send.SetPeerGuard(p.session, p.recv.Endpoint()))
+	f.slow = slow
+	p := newEnginePair(t, `{"verify": "tail"}`, "", 64*4096, f)
 
 	for range transfers {
 		fill(p.src.b)

@@ -80,7 +80,7 @@ type Config struct {
 	// Joined counts the descriptors sent inside another's request.
 	Joined *atomic.Int64
 	// CallTime, if set, is told each engine call's time as it returns
-	// (the guard's metrics).
+	// (the guard's stats and metrics).
 	CallTime func(time.Duration)
 }
 
@@ -102,11 +102,8 @@ type Plane struct {
 	closed bool
 	calls  sync.WaitGroup // engine calls running, held writes included
 	// running counts calls as well, for InFlight: a WaitGroup cannot be read
-	running atomic.Int64
-	// callCount and callNanos: the engine's calls that returned, and the
-	// time they took (stats: what of a transfer was the engine's own).
-	callCount, callNanos atomic.Int64
-	callTime             func(time.Duration) // Config.CallTime
+	running  atomic.Int64
+	callTime func(time.Duration) // Config.CallTime
 	// byTransfer holds, for each transfer with engine calls running, how
 	// many and a channel closed when the last returns (WaitTransfer). An
 	// entry lives only while its calls run: the map is no larger than the
@@ -213,24 +210,17 @@ func (p *Plane) Abort(transport.Peer) error { return nil }
 // Connections implements transport.Transport.
 func (p *Plane) Connections() int { return 0 }
 
-// Stats adds the engine calls running, and those that returned with the
-// time they took, to a guard's stats.
-func (p *Plane) Stats(out map[string]any) {
-	out["engine_calls_in_flight"] = p.InFlight()
-	out["engine_calls"] = p.callCount.Load()
-	out["engine_call_ns"] = p.callNanos.Load()
-}
+// Stats adds the engine calls running to a guard's stats.
+func (p *Plane) Stats(out map[string]any) { out["engine_calls_in_flight"] = p.InFlight() }
 
-// timed runs one engine call, counting the time it took.
+// timed runs one engine call, telling Config.CallTime the time it took.
 func (p *Plane) timed(fn func() error) error {
+	if p.callTime == nil {
+		return fn()
+	}
 	start := time.Now()
 	err := fn()
-	took := time.Since(start)
-	p.callNanos.Add(int64(took))
-	p.callCount.Add(1)
-	if p.callTime != nil {
-		p.callTime(took)
-	}
+	p.callTime(time.Since(start))
 	return err
 }
 
