@@ -600,6 +600,42 @@ func TestQuiesceEngineFailsATransferUnderWay(t *testing.T) {
 	require.Equal(t, make([]byte, 4096), dst.b[4096:], "and never reached the engine")
 }
 
+// A quiesce that a call of an earlier transfer outlasts fails at
+// sync_timeout, saying how many such calls still run; the call's
+// transfer still never writes into the range afterwards.
+func TestQuiesceEngineOutlastedByACallSaysHowMany(t *testing.T) {
+	f := newFakeEngines()
+	release, first := make(chan struct{}), make(chan struct{})
+	ops := f.ops("prefill", "fake")
+	write := ops.Write
+	var once sync.Once
+	ops.Write = func(session string, local, remote, n []uint64) error {
+		once.Do(func() { close(first); <-release })
+		return write(session, local, remote, n)
+	}
+	g, err := OpenWithEngine(testConfig(t, `{"verify": "off", "max_batch": 1, "sync_timeout_ms": 100}`), ops)
+	require.NoError(t, err)
+	defer g.Close()
+	src, dst := newMem(t, 8192), newMem(t, 8192)
+	fill(src.b)
+	require.NoError(t, g.Register(src.addr(0), 8192))
+	require.NoError(t, f.register("decode:1", dst.addr(0), 8192))
+	done := make(chan error, 1)
+	go func() {
+		_, err := g.Transfer("decode:1", []desc.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096},
+			{Src: src.addr(4096), Dst: dst.addr(4096), Len: 4096}}, TransferOptions{})
+		done <- err
+	}()
+	<-first
+	err = g.QuiesceEngine("decode:1", []SyncRange{{Addr: dst.addr(4096), Len: 4096}})
+	require.ErrorIs(t, err, errs.Timeout)
+	require.Contains(t, err.Error(), "1 engine call(s) to decode:1 that began before the quiesce still running")
+	close(release)
+	require.ErrorIs(t, <-done, errs.Quiesced)
+	require.Equal(t, make([]byte, 4096), dst.b[4096:])
+	require.Zero(t, g.engine.(*engine.Plane).Sessions(), "nothing kept once the call returned")
+}
+
 func TestQuiesceEngineRefusesBadInput(t *testing.T) {
 	f := newFakeEngines()
 	g, err := OpenWithEngine(testConfig(t, `{"verify": "off"}`), f.ops("prefill", "fake"))

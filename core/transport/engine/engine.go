@@ -108,17 +108,14 @@ type Plane struct {
 	// many and a channel closed when the last returns (WaitTransfer). An
 	// entry lives only while its calls run: the map is no larger than the
 	// calls running.
-	byTransfer map[uint64]*transferCalls
+	byTransfer map[uint64]transferCalls
 	// epoch counts the receivers' quiesces kept here (QuiesceSession);
-	// sessions holds each session's fences and what runs under them.
+	// sessions holds each session's fences and what runs under them;
+	// spare is the state of a session that held nothing any more, kept
+	// for the next (its maps keep their room).
 	epoch    uint64
 	sessions map[string]*sessionFences
-}
-
-// transferCalls are one transfer's engine calls still running.
-type transferCalls struct {
-	n    int
-	done chan struct{} // closed when n reaches 0
+	spare    *sessionFences
 }
 
 // Open checks ops and returns the data plane.
@@ -134,7 +131,7 @@ func Open(cfg Config) (*Plane, error) {
 	}
 	p := &Plane{ops: cfg.Ops, linger: cfg.Linger, timeout: cfg.Timeout, inline: cfg.Inline, handoff: handoff{spin: cfg.Spin},
 		join:       joins{max: cfg.JoinMax, local: cfg.LocalReach, count: cfg.Joined},
-		byTransfer: map[uint64]*transferCalls{}, sessions: map[string]*sessionFences{}, callTime: cfg.CallTime}
+		byTransfer: map[uint64]transferCalls{}, sessions: map[string]*sessionFences{}, callTime: cfg.CallTime}
 	p.faults = fault.New(cfg.Faults, 0, "the engine callbacks ("+cfg.Ops.Name+")")
 	return p, nil
 }
@@ -214,14 +211,14 @@ func (p *Plane) Connections() int { return 0 }
 func (p *Plane) Stats(out map[string]any) { out["engine_calls_in_flight"] = p.InFlight() }
 
 // timed runs one engine call, telling Config.CallTime the time it took.
-func (p *Plane) timed(fn func() error) error {
-	if p.callTime == nil {
-		return fn()
-	}
+func (p *Plane) timed(fn func() error) (time.Duration, error) {
 	start := time.Now()
 	err := fn()
-	p.callTime(time.Since(start))
-	return err
+	took := time.Since(start)
+	if p.callTime != nil {
+		p.callTime(took)
+	}
+	return took, err
 }
 
 // Close waits, up to the linger time, for engine calls still running, and
@@ -257,12 +254,7 @@ func (p *Plane) begin(transfer uint64, session string, began uint64, remote, n [
 	p.running.Add(1)
 	p.beginCallLocked(session, began)
 	if transfer != 0 {
-		t := p.byTransfer[transfer]
-		if t == nil {
-			t = &transferCalls{done: make(chan struct{})}
-			p.byTransfer[transfer] = t
-		}
-		t.n++
+		addCall(p.byTransfer, transfer)
 	}
 	return nil
 }
@@ -271,11 +263,8 @@ func (p *Plane) begin(transfer uint64, session string, began uint64, remote, n [
 func (p *Plane) end(transfer uint64, session string, began uint64) {
 	p.running.Add(-1) // first: a waiter woken below sees it
 	p.mu.Lock()
-	if t := p.byTransfer[transfer]; transfer != 0 && t != nil {
-		if t.n--; t.n == 0 {
-			close(t.done)
-			delete(p.byTransfer, transfer)
-		}
+	if transfer != 0 {
+		endCall(p.byTransfer, transfer)
 	}
 	p.endCallLocked(session, began)
 	p.mu.Unlock()
@@ -301,20 +290,17 @@ func (p *Plane) Transfers() int {
 // fails, saying how many are still running.
 func (p *Plane) WaitTransfer(ctx context.Context, transfer uint64) error {
 	p.mu.Lock()
-	t := p.byTransfer[transfer]
+	done := waitCalls(p.byTransfer, transfer)
 	p.mu.Unlock()
-	if t == nil {
+	if done == nil {
 		return nil
 	}
 	select {
-	case <-t.done:
+	case <-done:
 		return nil
 	case <-ctx.Done():
 		p.mu.Lock()
-		n := 0
-		if t := p.byTransfer[transfer]; t != nil {
-			n = t.n
-		}
+		n := p.byTransfer[transfer].n
 		p.mu.Unlock()
 		if n == 0 {
 			return nil
@@ -339,25 +325,32 @@ func (p *Plane) call(ctx context.Context, c *conn, remote, n []uint64, fn func()
 	if err := p.begin(transfer, session, began, remote, n); err != nil {
 		return err
 	}
-	if _, bounded := ctx.Deadline(); !bounded {
+	_, bounded := ctx.Deadline()
+	if p.inline { // timed against the clock after the call, without a context's timer
+		defer p.end(transfer, session, began)
+		took, err := p.timed(fn)
+		if done != nil {
+			done()
+		}
+		if err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w: the transfer ended (%v) while the engine moved its bytes", errs.Timeout, context.Cause(ctx))
+		}
+		if !bounded && took > p.timeout {
+			return fmt.Errorf("%w: the transfer ended (%v) while the engine moved its bytes", errs.Timeout, errCallTimeout)
+		}
+		return nil
+	}
+	if !bounded {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, p.timeout, errCallTimeout)
 		defer cancel()
 	}
-	if p.inline {
-		defer p.end(transfer, session, began)
-		err := p.timed(fn)
-		if done != nil {
-			done()
-		}
-		if err == nil && ctx.Err() != nil {
-			return fmt.Errorf("%w: the transfer ended (%v) while the engine moved its bytes", errs.Timeout, context.Cause(ctx))
-		}
-		return err
-	}
 	res := p.handoff.run(func() error {
 		defer p.end(transfer, session, began)
-		err := p.timed(fn)
+		_, err := p.timed(fn)
 		if done != nil {
 			done()
 		}

@@ -36,14 +36,17 @@ type fence struct {
 type sessionFences struct {
 	fences    []fence
 	transfers map[uint64]int
-	calls     map[uint64]*transferCalls
+	calls     map[uint64]transferCalls
 }
 
 // sessionLocked returns session's state, made on first use (p.mu held).
 func (p *Plane) sessionLocked(session string) *sessionFences {
 	s := p.sessions[session]
 	if s == nil {
-		s = &sessionFences{transfers: map[uint64]int{}, calls: map[uint64]*transferCalls{}}
+		s, p.spare = p.spare, nil
+		if s == nil {
+			s = &sessionFences{transfers: map[uint64]int{}, calls: map[uint64]transferCalls{}}
+		}
 		p.sessions[session] = s
 	}
 	return s
@@ -75,13 +78,7 @@ func (p *Plane) endTransfer(session string, began uint64) {
 // beginCallLocked and endCallLocked count an engine call of a transfer
 // that began under epoch began (p.mu held).
 func (p *Plane) beginCallLocked(session string, began uint64) {
-	s := p.sessionLocked(session)
-	c := s.calls[began]
-	if c == nil {
-		c = &transferCalls{done: make(chan struct{})}
-		s.calls[began] = c
-	}
-	c.n++
+	addCall(p.sessionLocked(session).calls, began)
 }
 
 func (p *Plane) endCallLocked(session string, began uint64) {
@@ -89,12 +86,7 @@ func (p *Plane) endCallLocked(session string, began uint64) {
 	if s == nil {
 		return
 	}
-	if c := s.calls[began]; c != nil {
-		if c.n--; c.n == 0 {
-			close(c.done)
-			delete(s.calls, began)
-		}
-	}
+	endCall(s.calls, began)
 	p.pruneLocked(session, s)
 }
 
@@ -141,25 +133,26 @@ func (p *Plane) QuiesceSession(ctx context.Context, session string, regions []me
 		s.fences[1] = fence{epoch: b.epoch, regions: append(a.regions, b.regions...)}
 		s.fences = s.fences[1:]
 	}
-	var waits []*transferCalls
-	for began, c := range s.calls {
-		if began < p.epoch {
-			waits = append(waits, c)
+	epoch := p.epoch
+	var waits []<-chan struct{}
+	for began := range s.calls {
+		if began < epoch {
+			waits = append(waits, waitCalls(s.calls, began))
 		}
 	}
 	p.pruneLocked(session, s)
 	p.mu.Unlock()
-	for _, c := range waits {
+	for _, done := range waits {
 		select {
-		case <-c.done:
+		case <-done:
 		case <-ctx.Done():
 			p.mu.Lock()
 			n := 0
-			for _, c := range waits {
-				select {
-				case <-c.done:
-				default:
-					n += c.n
+			if s := p.sessions[session]; s != nil {
+				for began, c := range s.calls {
+					if began < epoch {
+						n += c.n
+					}
 				}
 			}
 			p.mu.Unlock()
@@ -189,6 +182,9 @@ func (p *Plane) pruneLocked(session string, s *sessionFences) {
 	s.fences = keep
 	if len(s.fences) == 0 && len(s.transfers) == 0 && len(s.calls) == 0 {
 		delete(p.sessions, session)
+		if p.spare == nil {
+			p.spare = s
+		}
 	}
 }
 
