@@ -2,8 +2,10 @@ package verify
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -140,12 +142,26 @@ func spans(cfg Config, n, seed uint64, out []span) []span {
 				return append(out, span{0, n})
 			}
 		}
+		first := len(out)
 		out = sliceTails(cfg, n, append(out, span{0, head}))
 		r := splitmix{seed}
 		for i := 0; i < cfg.SampleStripes; i++ {
 			out = append(out, span{r.next() % (n - stripe + 1), stripe})
 		}
-		return out
+		// In offset order, overlapping ones joined: a reader on the same
+		// host reads spans near one another as one (a kernel copy costs
+		// mostly per range), which overlapping ones would keep apart.
+		slices.SortStableFunc(out[first:], func(a, b span) int { return cmp.Compare(a.off, b.off) })
+		k := first
+		for _, sp := range out[first+1:] {
+			if last := &out[k]; sp.off <= last.off+last.n {
+				last.n = max(last.n, sp.off+sp.n-last.off)
+				continue
+			}
+			k++
+			out[k] = sp
+		}
+		return out[:k+1]
 	}
 	return out
 }

@@ -33,6 +33,7 @@ type LeaseHolder struct {
 	pidfd  int // the target process, to see that it was alive when a memcpy into its memory ended
 
 	spans    []span                    // the last Enter's ranges: the shared allocation each lies in
+	entries  []int                     // and the table entry (registered region) each lies in
 	maps     map[uint64]*SharedMapping // the target's shared allocations mapped here, by inode
 	unmapped map[uint64]bool           // inodes that could not be mapped: process_vm_writev
 	mapGen   uint64                    // the gen maps were last checked against the table under
@@ -140,7 +141,7 @@ func (p *LeaseHolder) Exit() { atomic.StoreUint64(p.mem.busy(p.slot), 0) }
 // table, and notes in spans the shared allocation each lies in.
 func (p *LeaseHolder) covers(ranges []desc.Range) bool {
 	n := min(int(atomic.LoadUint64(p.mem.count())), maxLeaseRegions)
-	p.spans = p.spans[:0]
+	p.spans, p.entries = p.spans[:0], p.entries[:0]
 	last := -1 // batches mostly stay in one region: try it first
 	var at span
 	for _, r := range ranges {
@@ -157,10 +158,15 @@ func (p *LeaseHolder) covers(ranges []desc.Range) bool {
 			}
 			at = p.spanOf(last)
 		}
-		p.spans = append(p.spans, at)
+		p.spans, p.entries = append(p.spans, at), append(p.entries, last)
 	}
 	return true
 }
+
+// SameRegion reports whether ranges i and j of the last Enter lie in one
+// region of the target's table, so that the bytes between them are the
+// target's registered memory too. Only between Enter and Exit.
+func (p *LeaseHolder) SameRegion(i, j int) bool { return p.entries[i] == p.entries[j] }
 
 func (p *LeaseHolder) inEntry(i int, r desc.Range) bool {
 	a, n := p.mem.entry(i)

@@ -5,6 +5,7 @@ package samehost
 // several goroutines.
 
 import (
+	"fmt"
 	"syscall"
 	"unsafe"
 
@@ -93,6 +94,50 @@ func CopyParallel(pid int, local []unix.Iovec, remote []unix.RemoteIovec, total 
 		}
 		return Copy(pid, l, r, true)
 	})
+}
+
+// ReadSpans reads remote spans of process pid into local pieces: the
+// spans' bytes, in order, fill the pieces in order (their totals match),
+// so that one span fills several pieces, the bytes between them going to
+// a piece that is thrown away. The kernel's cost is mostly per remote
+// iovec (about 0.5 µs each for 64 bytes on a 2-core VM, 0.65 for 4 KiB),
+// so a few pieces near one another read as one span cost a fraction of
+// reading each. Whole spans per call, IOV_MAX iovecs on either side; a
+// span may fill at most IOV_MAX pieces. A short read is an error: only a
+// fault in the target's memory ends one early.
+func ReadSpans(pid int, local []unix.Iovec, remote []unix.RemoteIovec) error {
+	for len(remote) > 0 {
+		nl, nr, want := 0, 0, 0
+		for nr < len(remote) && nr < maxIov {
+			k, need := 0, remote[nr].Len
+			for need > 0 && nl+k < len(local) {
+				need -= int(local[nl+k].Len)
+				k++
+			}
+			if need != 0 {
+				return fmt.Errorf("the pieces do not fill span %d", nr)
+			}
+			if nl+k > maxIov {
+				break
+			}
+			nl, want, nr = nl+k, want+remote[nr].Len, nr+1
+		}
+		if nr == 0 {
+			return fmt.Errorf("a span of more than %d pieces", maxIov)
+		}
+		n, err := unix.ProcessVMReadv(pid, local[:nl], remote[:nr], 0)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n != want {
+			return fmt.Errorf("read %d of %d bytes: %w", n, want, syscall.EFAULT)
+		}
+		local, remote = local[nl:], remote[nr:]
+	}
+	return nil
 }
 
 // Read copies [addr, addr+len(b)) of process pid into b, continuing short

@@ -57,3 +57,39 @@ func TestVMCopyParallelCutsPairs(t *testing.T) {
 		require.True(t, bytes.Equal(src, dst), "%v", sizes)
 	}
 }
+
+// ReadSpans fills several pieces from one span, past IOV_MAX iovecs on
+// either side in several calls; pieces that do not fill their spans, or
+// a span of unmapped memory, fail it.
+func TestReadSpansFillsPiecesFromSpans(t *testing.T) {
+	const spans, perSpan, piece = 700, 3, 16 // 2100 pieces: three calls' worth
+	src := make([]byte, spans*perSpan*piece)
+	for i := range src {
+		src[i] = byte(i*13 + 5)
+	}
+	out := make([]byte, len(src))
+	var local []unix.Iovec
+	var remote []unix.RemoteIovec
+	for s := 0; s < spans; s++ {
+		at := (spans - 1 - s) * perSpan * piece // the spans in reverse order
+		remote = append(remote, unix.RemoteIovec{Base: uintptr(unsafe.Pointer(&src[at])), Len: perSpan * piece})
+		for k := 0; k < perSpan; k++ {
+			lv := unix.Iovec{Base: &out[(s*perSpan+k)*piece]}
+			lv.SetLen(piece)
+			local = append(local, lv)
+		}
+	}
+	require.NoError(t, ReadSpans(os.Getpid(), local, remote))
+	for s := 0; s < spans; s++ {
+		at := (spans - 1 - s) * perSpan * piece
+		require.Equal(t, src[at:at+perSpan*piece], out[s*perSpan*piece:(s+1)*perSpan*piece])
+	}
+
+	short := []unix.RemoteIovec{{Base: uintptr(unsafe.Pointer(&src[0])), Len: 2 * piece}}
+	require.ErrorContains(t, ReadSpans(os.Getpid(), local[:1], short), "do not fill")
+	hole, err := unix.Mmap(-1, 0, 4096, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANON)
+	require.NoError(t, err)
+	defer unix.Munmap(hole)
+	bad := []unix.RemoteIovec{{Base: uintptr(unsafe.Pointer(&hole[0])), Len: piece}}
+	require.Error(t, ReadSpans(os.Getpid(), local[:1], bad), "unreadable memory")
+}

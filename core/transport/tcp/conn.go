@@ -91,6 +91,7 @@ type conn struct {
 	iovRemote []unix.RemoteIovec
 	ranges    []desc.Range
 	copies    []samehost.CopyPair // a push's memcpys into the target's mapped allocations
+	gap       []byte              // where a pull's bytes between two ranges go (gapPiece)
 	pins      []memory.Held
 	unfenced  bool
 	ringed    *atomic.Int64   // notices put in the lease's notice ring (postRinged)

@@ -108,3 +108,47 @@ func (p *placeReader) Read(b []byte) (int, error) {
 	}
 	return k, err
 }
+
+// A same-host read-back reads ranges a little apart in one registered
+// region as one span, the bytes between thrown away, and never reads
+// across two regions: between them may be memory the receiver never
+// registered (here a page that cannot be read, which would fail it).
+func TestPullReadsSpansWithinARegionOnly(t *testing.T) {
+	l, p, err := samehost.NewLeasePairForTest(time.Second)
+	require.NoError(t, err)
+	defer l.Close()
+	defer p.Close()
+	m := testmem.Map(t, 3*4096)
+	rand.Read(m)
+	base := uint64(uintptr(unsafe.Pointer(&m[0])))
+	require.NoError(t, unix.Mprotect(m[4096:2*4096], unix.PROT_NONE))
+	t.Cleanup(func() { unix.Mprotect(m[4096:2*4096], unix.PROT_READ|unix.PROT_WRITE) })
+	var none samehost.SharedFile
+	l.Add(base, 4096, none)
+	l.Add(base+2*4096, 4096, none)
+	c := &conn{lease: p}
+	pull := func(ranges ...desc.Range) []byte {
+		t.Helper()
+		var n uint64
+		for _, r := range ranges {
+			n += r.Len
+		}
+		out := make([]byte, n)
+		done, err := c.pullRanges(ranges, out)
+		require.NoError(t, err)
+		require.True(t, done)
+		return out
+	}
+	// Head, a stripe and the tail of the first page: one span.
+	got := pull(desc.Range{Addr: base, Len: 64}, desc.Range{Addr: base + 1000, Len: 64}, desc.Range{Addr: base + 4032, Len: 64})
+	require.Equal(t, append(append(append([]byte(nil), m[:64]...), m[1000:1064]...), m[4032:4096]...), got)
+	require.Len(t, c.iovRemote, 1, "one span")
+	// The first page's tail and the third page's head, 4 KiB apart: two.
+	got = pull(desc.Range{Addr: base + 4032, Len: 64}, desc.Range{Addr: base + 2*4096, Len: 64})
+	require.Equal(t, append(append([]byte(nil), m[4032:4096]...), m[2*4096:2*4096+64]...), got)
+	require.Len(t, c.iovRemote, 2, "a span each side of the unregistered page")
+	// Out of order, or overlapping: a span each.
+	got = pull(desc.Range{Addr: base + 100, Len: 64}, desc.Range{Addr: base + 120, Len: 8}, desc.Range{Addr: base, Len: 4})
+	require.Equal(t, append(append(append([]byte(nil), m[100:164]...), m[120:128]...), m[:4]...), got)
+	require.Len(t, c.iovRemote, 3)
+}

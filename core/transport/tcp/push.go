@@ -134,19 +134,33 @@ func (t *conn) pullRanges(ranges []desc.Range, out []byte) (done bool, err error
 	defer t.lease.Exit()
 	t.iovLocal, t.iovRemote = t.iovLocal[:0], t.iovRemote[:0]
 	mapped := false
-	for i, r := range ranges { // enter refused empty ranges
+	first, end, pieces := -1, uint64(0), 0 // the open span: its first range, its end, the pieces it fills
+	for i, r := range ranges {             // enter refused empty ranges
 		if src := t.lease.Mapped(i, r); src != nil {
 			out = out[copy(out, src):]
-			mapped = true
+			mapped, first = true, -1
 			continue
+		}
+		// A range shortly after the open span's end, in the same
+		// registered region, extends the span: the bytes between go to
+		// the gap piece (sample's head, stripes and tail of one block
+		// are one span, not six).
+		if first >= 0 && r.Addr >= end && r.Addr-end <= pullGap && pieces+2 <= maxSpanPieces && t.lease.SameRegion(first, i) {
+			if gap := r.Addr - end; gap > 0 {
+				t.iovLocal = append(t.iovLocal, t.gapPiece(gap))
+				pieces++
+			}
+			t.iovRemote[len(t.iovRemote)-1].Len += int(r.Addr + r.Len - end)
+		} else {
+			first, pieces = i, 0
+			t.iovRemote = append(t.iovRemote, unix.RemoteIovec{Base: uintptr(r.Addr), Len: int(r.Len)})
 		}
 		lv := unix.Iovec{Base: &out[0]}
 		lv.SetLen(int(r.Len))
 		t.iovLocal = append(t.iovLocal, lv)
-		t.iovRemote = append(t.iovRemote, unix.RemoteIovec{Base: uintptr(r.Addr), Len: int(r.Len)})
-		out = out[r.Len:]
+		end, pieces, out = r.Addr+r.Len, pieces+1, out[r.Len:]
 	}
-	if err := samehost.Copy(t.lease.Pid(), t.iovLocal, t.iovRemote, false); err != nil {
+	if err := samehost.ReadSpans(t.lease.Pid(), t.iovLocal, t.iovRemote); err != nil {
 		return false, fmt.Errorf("%w: reading back from the receiving process: %v", errs.Peer, err)
 	}
 	if mapped {
@@ -155,6 +169,26 @@ func (t *conn) pullRanges(ranges []desc.Range, out []byte) (done bool, err error
 		}
 	}
 	return true, nil
+}
+
+// pullGap is the most bytes between two ranges that pullRanges reads
+// through rather than start another span: at about 0.04 ns a byte
+// against 0.5 µs a span, a page of them costs less than a span.
+const pullGap = 4096
+
+// maxSpanPieces bounds the pieces one span fills (samehost.ReadSpans
+// takes at most IOV_MAX).
+const maxSpanPieces = 64
+
+// gapPiece is a piece of n bytes (at most pullGap) that bytes read
+// between two ranges go to, and are dropped.
+func (t *conn) gapPiece(n uint64) unix.Iovec {
+	if t.gap == nil {
+		t.gap = make([]byte, pullGap)
+	}
+	v := unix.Iovec{Base: &t.gap[0]}
+	v.SetLen(int(n))
+	return v
 }
 
 func (t *conn) unpin() {
