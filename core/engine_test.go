@@ -561,32 +561,41 @@ func TestQuiesceEngineKeepsAHeldWriteOutOfTheQuiescedRange(t *testing.T) {
 	require.Zero(t, g2.engine.(*engine.Plane).Sessions())
 }
 
-// A transfer under way when the quiesce comes fails at its next engine
-// write into the range with ErrQuiesced, instead of writing there.
-func TestQuiesceEngineFailsATransferUnderWay(t *testing.T) {
+// stalledTransfer starts a transfer of two 4 KiB blocks to "decode:1"
+// over an engine whose first write stalls until release is closed, and
+// returns once that write has begun; done gets the transfer's result.
+func stalledTransfer(t *testing.T, cfg string) (g *Guard, dst *mem, release chan struct{}, done chan error) {
 	f := newFakeEngines()
-	release := make(chan struct{})
 	ops := f.ops("prefill", "fake")
 	write, first := ops.Write, make(chan struct{})
+	release = make(chan struct{})
 	var once sync.Once
 	ops.Write = func(session string, local, remote, n []uint64) error {
-		once.Do(func() { close(first); <-release }) // the first call stalls: the quiesce comes meanwhile
+		once.Do(func() { close(first); <-release })
 		return write(session, local, remote, n)
 	}
-	g, err := OpenWithEngine(testConfig(t, `{"verify": "off", "max_batch": 1}`), ops)
+	src := newMem(t, 8192) // first: cleanups run last-in first-out, the guard closes before these go
+	dst = newMem(t, 8192)
+	g, err := OpenWithEngine(testConfig(t, cfg), ops)
 	require.NoError(t, err)
-	defer g.Close()
-	src, dst := newMem(t, 8192), newMem(t, 8192)
+	t.Cleanup(func() { g.Close() })
 	fill(src.b)
 	require.NoError(t, g.Register(src.addr(0), 8192))
 	require.NoError(t, f.register("decode:1", dst.addr(0), 8192))
-	done := make(chan error, 1)
+	done = make(chan error, 1)
 	go func() {
 		_, err := g.Transfer("decode:1", []desc.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096},
 			{Src: src.addr(4096), Dst: dst.addr(4096), Len: 4096}}, TransferOptions{})
 		done <- err
 	}()
 	<-first
+	return g, dst, release, done
+}
+
+// A transfer under way when the quiesce comes fails at its next engine
+// write into the range with ErrQuiesced, instead of writing there.
+func TestQuiesceEngineFailsATransferUnderWay(t *testing.T) {
+	g, dst, release, done := stalledTransfer(t, `{"verify": "off", "max_batch": 1}`)
 	quiesced := make(chan error, 1)
 	go func() { quiesced <- g.QuiesceEngine("decode:1", []SyncRange{{Addr: dst.addr(4096), Len: 4096}}) }()
 	select {
@@ -604,30 +613,8 @@ func TestQuiesceEngineFailsATransferUnderWay(t *testing.T) {
 // sync_timeout, saying how many such calls still run; the call's
 // transfer still never writes into the range afterwards.
 func TestQuiesceEngineOutlastedByACallSaysHowMany(t *testing.T) {
-	f := newFakeEngines()
-	release, first := make(chan struct{}), make(chan struct{})
-	ops := f.ops("prefill", "fake")
-	write := ops.Write
-	var once sync.Once
-	ops.Write = func(session string, local, remote, n []uint64) error {
-		once.Do(func() { close(first); <-release })
-		return write(session, local, remote, n)
-	}
-	g, err := OpenWithEngine(testConfig(t, `{"verify": "off", "max_batch": 1, "sync_timeout_ms": 100}`), ops)
-	require.NoError(t, err)
-	defer g.Close()
-	src, dst := newMem(t, 8192), newMem(t, 8192)
-	fill(src.b)
-	require.NoError(t, g.Register(src.addr(0), 8192))
-	require.NoError(t, f.register("decode:1", dst.addr(0), 8192))
-	done := make(chan error, 1)
-	go func() {
-		_, err := g.Transfer("decode:1", []desc.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096},
-			{Src: src.addr(4096), Dst: dst.addr(4096), Len: 4096}}, TransferOptions{})
-		done <- err
-	}()
-	<-first
-	err = g.QuiesceEngine("decode:1", []SyncRange{{Addr: dst.addr(4096), Len: 4096}})
+	g, dst, release, done := stalledTransfer(t, `{"verify": "off", "max_batch": 1, "sync_timeout_ms": 100}`)
+	err := g.QuiesceEngine("decode:1", []SyncRange{{Addr: dst.addr(4096), Len: 4096}})
 	require.ErrorIs(t, err, errs.Timeout)
 	require.Contains(t, err.Error(), "1 engine call(s) to decode:1 that began before the quiesce still running")
 	close(release)

@@ -259,22 +259,15 @@ def test_keyboard_interrupt_inside_a_callback_comes_out_of_the_call(pd):
     assert dst.raw == src.raw
 
 
-@pytest.mark.parametrize("path", ["fast", "ctypes"])
-def test_an_interrupt_as_a_callback_is_entered_comes_out_of_the_call(pd, monkeypatch, path):
-    """A signal handler can raise at the callback's first line, before its
-    try: ctypes then reports it as unraisable and hands C an undefined
-    status, which may read as MC_OK. In off mode nothing would catch the
-    bytes that never moved; the call must raise the interrupt instead, by
-    _fastcall (which a guard over a Python engine takes for plain lists)
-    as by ctypes."""
+def interrupted_transfer(pd, monkeypatch, path, batch):
+    """An off-mode transfer over callbacks made by batch(self, method, real)
+    in place of Callbacks._batch (real: the original), calling the library
+    through _fastcall ("fast", which a guard over a Python engine takes for
+    plain lists) or through ctypes. Returns the SystemExit it raised, the
+    guard and the two buffers."""
     from mcguard import callbacks as callbacks_module, guard as guard_module
-
-    def entered(self, method):
-        def cb(*_):  # stands for a handler run at cb's entry
-            raise SystemExit(3)
-        return cb if method == "write" else real(self, method)
     real = callbacks_module.Callbacks._batch
-    monkeypatch.setattr(callbacks_module.Callbacks, "_batch", entered)
+    monkeypatch.setattr(callbacks_module.Callbacks, "_batch", lambda self, method: batch(self, method, real))
     g, eng, src, dst, srcs, dsts = pd(verify="off")
     if path == "fast":
         if guard_module._fast_transfer is None:
@@ -285,7 +278,22 @@ def test_an_interrupt_as_a_callback_is_entered_comes_out_of_the_call(pd, monkeyp
     src.raw = os.urandom(BLOCK * N)
     with pytest.raises(SystemExit) as e:
         g.transfer("decode:7", srcs, dsts, [BLOCK] * N)
-    assert e.value.code == 3
+    return e.value, g, src, dst
+
+
+@pytest.mark.parametrize("path", ["fast", "ctypes"])
+def test_an_interrupt_as_a_callback_is_entered_comes_out_of_the_call(pd, monkeypatch, path):
+    """A signal handler can raise at the callback's first line, before its
+    try: ctypes then reports it as unraisable and hands C an undefined
+    status, which may read as MC_OK. In off mode nothing would catch the
+    bytes that never moved; the call must raise the interrupt instead, on
+    either path into the library."""
+    def entered(self, method, real):
+        def cb(*_):  # stands for a handler run at cb's entry
+            raise SystemExit(3)
+        return cb if method == "write" else real(self, method)
+    exc, g, src, dst = interrupted_transfer(pd, monkeypatch, path, entered)
+    assert exc.code == 3
     assert dst.raw != src.raw, "the write never ran"
     assert g._callbacks.take_interrupt() is None, "raised once, then gone"
 
@@ -295,9 +303,7 @@ def test_an_interrupt_kept_during_a_call_that_succeeded_still_comes_out(pd, monk
     """The status C got can read as MC_OK although a callback was
     interrupted (above: the undefined status of an unraisable one). The
     kept interrupt wins over the status on either path."""
-    from mcguard import callbacks as callbacks_module, guard as guard_module
-
-    def kept(self, method):
+    def kept(self, method, real):
         inner = real(self, method)
 
         def cb(*args):
@@ -306,19 +312,8 @@ def test_an_interrupt_kept_during_a_call_that_succeeded_still_comes_out(pd, monk
                 self.interrupted(SystemExit(4))
             return st
         return cb
-    real = callbacks_module.Callbacks._batch
-    monkeypatch.setattr(callbacks_module.Callbacks, "_batch", kept)
-    g, eng, src, dst, srcs, dsts = pd(verify="off")
-    if path == "fast":
-        if guard_module._fast_transfer is None:
-            pytest.skip("_fastcall is not built here")
-        assert g._fast_entry
-    else:
-        g._fast_entry = 0
-    src.raw = os.urandom(BLOCK * N)
-    with pytest.raises(SystemExit) as e:
-        g.transfer("decode:7", srcs, dsts, [BLOCK] * N)
-    assert e.value.code == 4
+    exc, g, src, dst = interrupted_transfer(pd, monkeypatch, path, kept)
+    assert exc.code == 4
     assert dst.raw == src.raw, "the engine wrote: only the interrupt says otherwise"
 
 
