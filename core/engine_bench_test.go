@@ -28,14 +28,19 @@ func copyingEngine() engine.Ops {
 // benchEngine opens a guard over copyingEngine (calls inline) in mode,
 // and a receiving guard it knows as the peer's ("decode:1"), with size
 // bytes registered on each side.
-func benchEngine(b *testing.B, mode string, size int) (send *Guard, src, dst *mem) {
+func benchEngine(b *testing.B, mode string, size int, mapped bool) (send *Guard, src, dst *mem) {
 	send, err := OpenWithEngine(mustConfig(b, `{"verify": "`+mode+`", "engine_inline_calls": true}`), copyingEngine())
 	mustNoErr(b, err)
 	recv := openBench(b, `{}`)
 	b.Cleanup(func() { send.Close(); recv.Close() })
-	src, dst = benchMem(b, size), benchMem(b, size)
+	src = benchMem(b, size)
 	mustNoErr(b, send.Register(src.addr(0), uint64(size)))
-	mustNoErr(b, recv.Register(dst.addr(0), uint64(size)))
+	if mapped { // the receiver's own allocation, which the sender maps: read back by memcpy
+		dst = allocated(b, recv, size)
+	} else {
+		dst = benchMem(b, size)
+		mustNoErr(b, recv.Register(dst.addr(0), uint64(size)))
+	}
 	mustNoErr(b, send.SetPeerGuard("decode:1", recv.Endpoint()))
 	return send, src, dst
 }
@@ -47,7 +52,7 @@ func benchEngine(b *testing.B, mode string, size int) (send *Guard, src, dst *me
 func BenchmarkEngineSmallTransfer(b *testing.B) {
 	for _, mode := range []string{"off", "tail", "digest"} {
 		b.Run(mode, func(b *testing.B) {
-			send, src, dst := benchEngine(b, mode, 4096)
+			send, src, dst := benchEngine(b, mode, 4096, false)
 			d := []desc.Desc{{Src: src.addr(0), Dst: dst.addr(0), Len: 4096}}
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -62,14 +67,22 @@ func BenchmarkEngineSmallTransfer(b *testing.B) {
 // BenchmarkEngineScatteredBlocks is 4096 blocks of 4 KiB, none next to
 // another at the receiver (so nothing is joined), per read-back mode;
 // check_us is the checks' share of a transfer: the receiver's guard is
-// on this host, so they read its memory with process_vm_readv.
+// on this host, so they read its memory with process_vm_readv, or by
+// memcpy where it is the receiver's own allocation (/mapped).
 //
 //	go test -run '^$' -bench EngineScatteredBlocks -benchtime 100x ./core/
 func BenchmarkEngineScatteredBlocks(b *testing.B) {
 	const n, size = 4096, 4096
-	for _, mode := range []string{"tail", "sample"} {
-		b.Run(mode, func(b *testing.B) {
-			send, src, dst := benchEngine(b, mode, n*size)
+	for _, c := range []struct {
+		mode   string
+		mapped bool
+	}{{"tail", false}, {"sample", false}, {"tail", true}, {"sample", true}} {
+		name := c.mode
+		if c.mapped {
+			name += "/mapped"
+		}
+		b.Run(name, func(b *testing.B) {
+			send, src, dst := benchEngine(b, c.mode, n*size, c.mapped)
 			d := make([]desc.Desc, n)
 			for i := range d {
 				j := i * 2654435761 % n // a fixed shuffle: 2654435761 is odd, so every block once
