@@ -105,9 +105,9 @@ type Plane struct {
 	running  atomic.Int64
 	callTime func(time.Duration) // Config.CallTime
 	// byTransfer holds, for each transfer with engine calls running, how
-	// many and a channel closed when the last returns (WaitTransfer). An
-	// entry lives only while its calls run: the map is no larger than the
-	// calls running.
+	// many and, once WaitTransfer asks, a channel closed when the last
+	// returns. An entry lives only while its calls run: the map is no
+	// larger than the calls running.
 	byTransfer map[uint64]transferCalls
 	// epoch counts the receivers' quiesces kept here (QuiesceSession);
 	// sessions holds each session's fences and what runs under them;
