@@ -254,9 +254,9 @@ class Guard:
                 self._retire_callbacks()
                 raise
         self._handle = handle.value
-        # The plain transfer's and sync's entry points for _fastcall. Over
-        # an engine of Python callbacks its calls go through _check whatever
-        # the status, which raises an interrupt a callback caught.
+        # The plain transfer's and sync's entry points for _fastcall; its
+        # statuses go through _check as ctypes' do, which also raises an
+        # interrupt an engine's callback caught.
         self._fast_entry = self._fast_sync_entry = 0
         if _fast_transfer is not None and not os.environ.get("MCGUARD_NO_FASTCALL"):
             self._fast_entry = ctypes.cast(self._lib.mc_guard_transfer, ctypes.c_void_p).value or 0
@@ -344,8 +344,7 @@ class Guard:
                                0 if notice else TRANSFER_NO_NOTICE)
             if r is not None:  # else not the plain case: the checked path below says what is wrong
                 st, tid, retries, resends, abort = r
-                if st != MC_OK or self._callbacks is not None:
-                    self._check(st, abort=abort, transfer_id=tid)
+                self._check(st, abort=abort, transfer_id=tid)
                 return TransferResult(tid, retries, resends, None)
         s, ns, ks = u64_array(src, "source address")
         d, nd, kd = u64_array(dst, "destination address")

@@ -332,16 +332,18 @@ func (p *Plane) call(ctx context.Context, c *conn, remote, n []uint64, fn func()
 		if done != nil {
 			done()
 		}
-		if err != nil {
+		var late error // why the call returned too late to count
+		switch {
+		case err != nil:
 			return err
+		case ctx.Err() != nil:
+			late = context.Cause(ctx)
+		case !bounded && took > p.timeout:
+			late = errCallTimeout
+		default:
+			return nil
 		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("%w: the transfer ended (%v) while the engine moved its bytes", errs.Timeout, context.Cause(ctx))
-		}
-		if !bounded && took > p.timeout {
-			return fmt.Errorf("%w: the transfer ended (%v) while the engine moved its bytes", errs.Timeout, errCallTimeout)
-		}
-		return nil
+		return fmt.Errorf("%w: the transfer ended (%v) while the engine moved its bytes", errs.Timeout, late)
 	}
 	if !bounded {
 		var cancel context.CancelFunc
