@@ -1,6 +1,7 @@
 // The public entry points. Each checks for a forked child first, in C:
 // entering the Go runtime in a child of fork() hangs (golang/go#15538), so
-// a child gets MC_ERR_FORKED without ever reaching Go. Then it calls the Go
+// a child gets MC_ERR_FORKED without ever reaching Go. Then it keeps a busy
+// caller's scheduler slot (mcg_keep_slot, below) and calls the Go
 // export of the same job; that this file compiles against both mcguard.h
 // and the cgo-generated _cgo_export.h is what keeps the two in agreement.
 #include <stdlib.h>
