@@ -2,9 +2,7 @@ package core
 
 import (
 	"net"
-	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -75,8 +73,7 @@ func TestHonestSessionsGetInDuringAHelloFlood(t *testing.T) {
 	// The strangers run in a process of their own at the lowest priority:
 	// an attacker elsewhere does not take the receiver's CPU, as one on
 	// this 2-core machine would.
-	cmd := flood(t, recv.Endpoint(), strangers, 0, 0, "MCG_FLOOD_FOR_MS="+strconv.Itoa(seconds*1000), "MCG_FLOOD_DATA="+dataAddr(recv))
-	syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, 19)
+	floodWait := keepFlooding(t, recv.Endpoint(), strangers, time.Duration(seconds)*time.Second, "MCG_FLOOD_DATA="+dataAddr(recv))
 	time.Sleep(time.Second) // the flood is in place
 
 	var tried, failed int
@@ -98,7 +95,7 @@ func TestHonestSessionsGetInDuringAHelloFlood(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	cmd.wait(t)
+	floodWait()
 	t.Logf("%d honest sessions during the flood, %d failed; the slowest that succeeded took %v", tried, failed, slowest)
 	require.Positive(t, tried)
 	require.Zero(t, failed, "every honest new session got in")
