@@ -134,6 +134,7 @@ var libzmqAssertion = regexp.MustCompile(`[^\n]*\(src/[a-z_]+\.cpp:[0-9]+\)`)
 // d. The returned wait fails the test on any other ending.
 func keepFlooding(t *testing.T, endpoint string, sockets int, d time.Duration, extra ...string) (wait func()) {
 	end := time.Now().Add(d)
+	var restarted []string // what each restart was for; logged by wait, as the test may be over before
 	done := make(chan error, 1)
 	go func() {
 		for restarts := 0; ; restarts++ {
@@ -157,13 +158,17 @@ func keepFlooding(t *testing.T, endpoint string, sockets int, d time.Duration, e
 				done <- fmt.Errorf("the flood helper (%d restarts): %v: %s", restarts, err, p.said())
 				return
 			}
-			t.Logf("libzmq in the flood helper asserted (%s) with %v of the flood left", libzmqAssertion.Find(p.stderr.Bytes()),
-				max(time.Until(end), 0).Round(time.Millisecond))
+			restarted = append(restarted, fmt.Sprintf("libzmq in the flood helper asserted (%s) with %v of the flood left",
+				libzmqAssertion.Find(p.stderr.Bytes()), max(time.Until(end), 0).Round(time.Millisecond)))
 		}
 	}()
 	return func() {
 		t.Helper()
-		require.NoError(t, <-done)
+		err := <-done
+		for _, r := range restarted {
+			t.Log(r)
+		}
+		require.NoError(t, err)
 	}
 }
 

@@ -240,7 +240,6 @@ func TestSampleSpansJoinWhereTheyOverlap(t *testing.T) {
 	const n = 1024
 	joined := 0
 	for seed := uint64(1); seed <= 200; seed++ {
-		cfg.Mode = Sample
 		a := spans(cfg, n, seed, nil)
 		for i := 1; i < len(a); i++ {
 			require.Greater(t, a[i].off, a[i-1].off+a[i-1].n, "apart and in order: %v", a)
