@@ -104,7 +104,7 @@ func (t *conn) writeBatch() error {
 		return nil
 	}
 	b.out = b.bufs // WriteTo consumes out; bufs keeps the array for reuse
-	_, err := b.out.WriteTo(t.c)
+	_, err := writeBuffers(t.c, &b.out)
 	b.reset()
 	if err != nil {
 		return ioErr("send", err)

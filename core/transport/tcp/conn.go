@@ -152,6 +152,7 @@ func dialOnce(ctx context.Context, addr string, peer transport.Peer, table *peer
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
+	c = unpoll(c)
 	t := &conn{c: c, cut: func() { c.Close() }, local: local, w: bufio.NewWriterSize(c, 256<<10), timeout: timeout,
 		mark: gen, echoed: gen, peer: table, macReplies: cfg.MACReplies}
 	t.reach = t.joinReach
@@ -185,8 +186,8 @@ func shutEarly(what string, err error) error {
 // Close aborts the connection (RST): bytes still queued for a peer we gave
 // up on must not arrive later and overwrite a newer transfer's.
 func (t *conn) Close() {
-	if tc, ok := t.c.(*net.TCPConn); ok {
-		tc.SetLinger(0)
+	if l, ok := t.c.(interface{ SetLinger(int) error }); ok {
+		l.SetLinger(0)
 	}
 	t.c.Close()
 	for _, o := range t.owed {
