@@ -28,18 +28,20 @@ def test_peerbench_runs_and_checks_every_destination():
     assert set(rows) == {"mooncake", "mcguard-off", "mcguard-tail", "mcguard-digest", "socket",
                          "mcguard-socket-digest+sync", "mcguard-socket-off+ping"}
     assert "(x" in rows["mcguard-tail"], "ratios to Mooncake in the same run"
-    cols = {tuple(line.split()[:2]): line.split()[2:] for line in profiled.splitlines() if len(line.split()) == 9}
+    cols = {tuple(line.split()[:2]): line.split()[2:] for line in profiled.splitlines() if len(line.split()) == 10}
     for kind in rows:
         for shape in ("1x4KiB", "512x16KiB"):
             cells = cols[(kind, shape)]
             if kind in ("mooncake", "socket"):
                 assert cells[0] != "-" and set(cells[1:]) == {"-"}, "no guard, no library time: " + str(cells)
                 continue
-            whole, library, engine, checks, own, outside, sync = cells
+            whole, library, engine, checks, own, outside, call, sync = cells
             assert engine == "-", "mcguard's own planes call no engine"
             assert 0 < float(library) <= float(whole) * 1.01, "the library's time is part of the transfer's"
             assert abs(float(library) - float(checks) - float(own)) < 0.2, "the checks and the rest make it up"
             assert (sync != "-") == ("+sync" in kind), "the receiver's sync calls are timed where there are some"
+            assert (call != "-") == ("+sync" in kind or "+ping" in kind), "the receiver's call, where it is asked"
+            assert "+sync" not in kind or float(call) >= float(sync), "the call as its process timed it holds the sync"
     assert out.stderr.count("round 1/1") == 14, "a progress line per measurement"
     progress = [line for line in out.stderr.splitlines() if line.startswith("round 1/1")]
     for line in progress:
@@ -95,7 +97,8 @@ def test_goals_table_says_met_not_met_and_not_run():
     figs = {k: {"1x4KiB": 10.0, "64x256KiB": 4.0, "512x16KiB": 1.0, "4096x4KiB": 0.3} for k in peergoals.ENGINES}
     results = {(k, s): [v, v] for k, by in figs.items() for s, v in by.items()}
     rows = peergoals.rows(results, "tcp")
-    assert len(rows) == 10 and all(set(r) == set(peergoals.COLUMNS) | {"profiled"} for r in rows)
+    assert len(rows) == 10 and all(set(r) == set(peergoals.COLUMNS) | {"profiled", "why"} for r in rows)
+    assert all(r["why"] == "" for r in rows), "a goal met needs no why"
     assert all(tuple(p) in results for r in rows for p in r["profiled"]), "each row names the figures it judges"
     assert peergoals.missed_pairs(rows) == []
     assert all(r["met"] == "yes" for r in rows), "equal figures meet every goal"
@@ -110,7 +113,7 @@ def test_goals_table_says_met_not_met_and_not_run():
     assert "4 of 10" not in peergoals.table(list(rows.values()))
     assert "goals met (medians of this run)" in peergoals.table(list(rows.values()))
     consecutive = peergoals.table(list(rows.values()), "consecutive")
-    assert consecutive.endswith("layout consecutive: " + peergoals.LAYOUT_NOTES["consecutive"])
+    assert "layout consecutive: " + peergoals.LAYOUT_NOTES["consecutive"] in consecutive.splitlines()
     assert "joins consecutive blocks" in consecutive and "--layout scattered" in consecutive
     assert "nothing is joined" in peergoals.table(list(rows.values()), "scattered")
     missed = peergoals.missed_pairs(list(rows.values()))
@@ -139,6 +142,47 @@ def test_goals_table_says_in_how_many_rounds_each_goal_is_met():
     assert rows[("one host", "64 x 256 KiB GB/s: off / tail")]["rounds met"] == "0 of 3", "the same NIXL"
     tail = [r for (p, f), r in rows.items() if f.startswith("tail: fraction")][0]
     assert (tail["met"], tail["rounds met"]) == ("yes", "3 of 3")
+
+
+def test_goals_say_why_a_goal_was_missed():
+    from mcguard.tools import peergoals
+    figs = {k: {"1x4KiB": 10.0, "64x256KiB": 4.0, "512x16KiB": 1.0, "4096x4KiB": 0.3} for k in peergoals.ENGINES}
+    results = {(k, s): [v, v] for k, by in figs.items() for s, v in by.items()}
+    results[("mcguard-digest+sync-read", "1x4KiB")] = [20.0, 20.0]  # twice off + done
+    results[("mooncake", "1x4KiB")] = [50.0, 50.0]
+    results[("guarded-mooncake-tail", "1x4KiB")] = [80.0, 82.0]
+    results[("guarded-mooncake-digest", "1x4KiB")] = [70.0, 70.0]
+    results[("nixl", "64x256KiB")] = [4.4, 4.8]  # above tail (4.0) in both rounds
+    profiles = {
+        ("mcguard-off+ping", "1x4KiB"): [{"a transfer": 10.0, "in the library": 4.0, "checks": 0.1}],
+        ("mcguard-digest+sync-read", "1x4KiB"): [
+            {"a transfer": 20.0, "in the library": 6.5, "checks": 1.0, "receiver's call": 6.0,
+             "receiver's sync": 3.5}],
+        ("mooncake", "1x4KiB"): [{"a transfer": 52.0}, {"a transfer": 54.0}],
+        ("guarded-mooncake-tail", "1x4KiB"): [{"a transfer": 82.0, "engine's calls": 72.0}],
+    }
+    rows = {(r["path"], r["figure"]): r for r in peergoals.rows(results, "tcp", profiles)}
+    done = rows[("one host", "off + done / digest + the receiver's sync, µs")]
+    assert done["met"] == "NO"
+    assert done["why"] == ("the goal leaves 2.0 µs above off + done; digest + sync took 10.0 more: the receiver's "
+                           "sync_transfers call 6.0 µs in its process (3.5 in the library), and the sender's "
+                           "transfer 4.0 µs more than off's (in the library 2.5 more, its fence and check 1.0)")
+    lat = rows[("over Mooncake's engine", "1 x 4 KiB µs: tail / digest")]
+    assert lat["why"].startswith("the goal leaves 15.0 µs above Mooncake alone (50.0); tail: Mooncake's calls "
+                                 "inside the guard 72.0 µs a transfer against 53.0 for Mooncake alone, the guard's "
+                                 "own time (checks, its path, the wrapper) 10.0")
+    assert "digest:" not in lat["why"], "no profile of digest: no sentence about it"
+    tput = rows[("sockets", "64 x 256 KiB GB/s: off / tail")]
+    assert tput["why"] == "by round, tail 4.00 / 4.00 GB/s; NIXL 4.40 / 4.80 GB/s"
+    assert rows[("sockets", "1 x 4 KiB µs: off / tail / digest")]["why"] == "", "met"
+    text = peergoals.table(list(rows.values()))
+    assert "Why, for the goals not met" in text
+    assert "- one host, off + done / digest + the receiver's sync, µs: the goal leaves 2.0 µs" in text
+    # Without profiles, the figures alone.
+    bare = {(r["path"], r["figure"]): r for r in peergoals.rows(results, "tcp")}
+    assert bare[("one host", "off + done / digest + the receiver's sync, µs")]["why"] == \
+        "the goal leaves 2.0 µs above off + done; digest + sync took 10.0 more"
+    assert peergoals.table(list(bare.values())).count("\n- ") == 4, "one line per goal missed"
 
 
 def test_profile_splits_a_transfers_time():

@@ -474,6 +474,7 @@ def measure(sender, name, count, size, iters, seconds):
     prof = peerprofile.profile(before, guard_reading(sender), len(piped), wall)
     if not any(piped):
         return fig, "", prof
+    prof["receiver's call"] = statistics.mean(sender.recv.synced) * 1e6
     return fig, "   (the receiver's call: median %.1f µs; the pipe to it, left out: %.1f µs)" % (
         statistics.median(sender.recv.synced) * 1e6, statistics.median(piped) * 1e6), prof
 
@@ -621,7 +622,7 @@ def run_bench(argv=None):
             recv.close()
     print(summary(results, engines, a.sizes))
     print("layout: %s destination blocks" % a.layout)
-    goals = peergoals.rows(results, a.nixl_tls) if a.goals else None
+    goals = peergoals.rows(results, a.nixl_tls, profiles) if a.goals else None
     print()
     if goals:
         print(peergoals.table(goals, a.layout))

@@ -3,11 +3,13 @@ peerbench --goals runs the engines below in one run and prints a row per
 path and figure (mcguard's figures, the peer's, the goal, whether the
 medians of this run meet it, and in how many rounds the figures of that
 round meet it: the engines of a round run one after the other, so a goal
-met in some rounds and not in others is within this machine's noise)."""
+met in some rounds and not in others is within this machine's noise).
+Under a goal not met, why: its figures round by round, and where the
+time went from the profiles (peerprofile)."""
 
 import statistics
 
-from . import texttable
+from . import peerprofile, texttable
 
 # Every engine the goals table needs (peerbench kinds).
 ENGINES = ["mooncake", "mooncake+ping", "nixl",
@@ -19,11 +21,14 @@ SIZES = ["1x4KiB", "64x256KiB", "512x16KiB", "4096x4KiB"]
 COLUMNS = ("path", "figure", "mcguard", "peer", "goal", "met", "rounds met")
 
 
-def rows(results, nixl_tls):
+def rows(results, nixl_tls, profiles=None):
     """The goals table's rows (dicts of COLUMNS) from peerbench's results,
     {(engine, size): [figure per round]}; a row whose engines did not run
-    says so in "met"."""
-    out = judged(results, nixl_tls, statistics.median)
+    says so in "met". Each row's "why" says, for a goal not met, what its
+    figures were round by round and where the time went, from profiles
+    ({(engine, size): [per-round peerprofile.profile]}, None: figures
+    only)."""
+    out = judged(results, nixl_tls, statistics.median, profiles or {})
     rounds = min((len(figs) for figs in results.values()), default=0)
     per_round = [judged(results, nixl_tls, lambda figs, r=r: figs[r]) for r in range(rounds)]
     for i, row in enumerate(out):
@@ -32,20 +37,23 @@ def rows(results, nixl_tls):
     return out
 
 
-def judged(results, nixl_tls, pick):
+def judged(results, nixl_tls, pick, profiles=None):
     """The rows, every figure pick(its figures per round): their median,
-    or one round's."""
+    or one round's; with profiles (the medians' pass), why for each goal
+    not met."""
     def med(kind, size):
         figs = results.get((kind, size))
         return pick(figs) if figs else None
 
     nixl = "NIXL (UCX_TLS=%s)" % nixl_tls
     out = []
+    why = Why(results, profiles or {})
 
-    def row(path, figure, ours, peer, goal, met, pairs):
+    def row(path, figure, ours, peer, goal, met, pairs, reason=None):
         out.append({"path": path, "figure": figure, "mcguard": ours, "peer": peer, "goal": goal,
                     "met": "not run" if met is None else ("yes" if met else "NO"),
-                    "profiled": [list(p) for p in pairs]})
+                    "profiled": [list(p) for p in pairs],
+                    "why": reason() if met is False and reason and profiles is not None else ""})
 
     def need(*vals):
         return None if any(v is None for v in vals) else True
@@ -59,12 +67,13 @@ def judged(results, nixl_tls, pick):
         if path == "sockets":
             row(path, "1 x 4 KiB µs: off / tail / digest", fmt(off, tail, dig),
                 "Mooncake %s; %s %s" % (fmt(mc), nixl, fmt(nx)), "digest <= 1.15 x off",
-                need(off, dig) and dig <= 1.15 * off, at(pre, ("off", "digest"), "1x4KiB"))
+                need(off, dig) and dig <= 1.15 * off, at(pre, ("off", "digest"), "1x4KiB"),
+                lambda pre=pre: why.latency(pre))
         else:
             row(path, "1 x 4 KiB µs: off / tail / digest", fmt(off, tail, dig), "%s %s" % (nixl, fmt(nx)),
                 "tail <= 1.1 x NIXL; digest <= 1.5 x off",
                 need(off, tail, dig, nx) and tail <= 1.1 * nx and dig <= 1.5 * off,
-                at(pre, ("off", "tail", "digest"), "1x4KiB"))
+                at(pre, ("off", "tail", "digest"), "1x4KiB"), lambda pre=pre: why.latency(pre, "nixl"))
         done, synced = med(pre + "off+ping", "1x4KiB"), med(pre + "digest+sync-read", "1x4KiB")
         mdone = med("mooncake+ping", "1x4KiB")
         goal = "digest + sync <= 1.2 x (off + done)"
@@ -74,12 +83,14 @@ def judged(results, nixl_tls, pick):
             met = need(done, synced, mdone) and met and done <= mdone
         row(path, "off + done / digest + the receiver's sync, µs", fmt(done, synced),
             "Mooncake + done %s" % fmt(mdone) if path == "sockets" else "-", goal, met,
-            at(pre, ("off+ping", "digest+sync-read"), "1x4KiB"))
+            at(pre, ("off+ping", "digest+sync-read"), "1x4KiB"),
+            lambda pre=pre, done=done, synced=synced, mdone=mdone: why.done(pre, done, synced, mdone))
         off, tail = (med(pre + m, "64x256KiB") for m in ("off", "tail"))
         nx, mc = med("nixl", "64x256KiB"), med("mooncake", "64x256KiB")
         row(path, "64 x 256 KiB GB/s: off / tail", fmt(off, tail, unit="GB/s"),
             "%s %s; Mooncake %s" % (nixl, fmt(nx, unit="GB/s"), fmt(mc, unit="GB/s")), "tail >= NIXL",
-            need(tail, nx) and tail >= nx, at(pre, ("off", "tail"), "64x256KiB"))
+            need(tail, nx) and tail >= nx, at(pre, ("off", "tail"), "64x256KiB"),
+            lambda pre=pre: why.by_round([(pre + "tail", "tail"), ("nixl", "NIXL")], "64x256KiB", "GB/s"))
     shapes = ("64x256KiB", "512x16KiB", "4096x4KiB")
     for mode, want in (("tail", 0.9), ("sample", 0.9), ("digest", 0.95)):
         fr = [None if None in (med("guarded-mooncake-" + mode, s), med("mooncake", s)) else
@@ -88,12 +99,96 @@ def judged(results, nixl_tls, pick):
             fmt(*fr, unit="GB/s"), "Mooncake alone = 1 (%s GB/s)" % fmt(*(med("mooncake", s) for s in shapes),
                                                                           unit="GB/s"),
             ">= %.2f" % want, need(*fr) and all(f >= want for f in fr),
-            [p for s in shapes for p in (("mooncake", s), ("guarded-mooncake-" + mode, s))])
+            [p for s in shapes for p in (("mooncake", s), ("guarded-mooncake-" + mode, s))],
+            lambda mode=mode, fr=fr, want=want: why.fractions(mode, [s for s, f in zip(shapes, fr) if f < want]))
     tail, dig, mc = (med(k, "1x4KiB") for k in ("guarded-mooncake-tail", "guarded-mooncake-digest", "mooncake"))
     row("over Mooncake's engine", "1 x 4 KiB µs: tail / digest", fmt(tail, dig), "Mooncake alone %s" % fmt(mc),
         "<= 1.3 x Mooncake alone", need(tail, dig, mc) and max(tail, dig) <= 1.3 * mc,
-        [("mooncake", "1x4KiB"), ("guarded-mooncake-tail", "1x4KiB"), ("guarded-mooncake-digest", "1x4KiB")])
+        [("mooncake", "1x4KiB"), ("guarded-mooncake-tail", "1x4KiB"), ("guarded-mooncake-digest", "1x4KiB")],
+        lambda: why.engine_latency(mc))
     return out
+
+
+class Why:
+    """The sentences under a goal not met: figures round by round (the
+    run's own), and from the profiles (means per transfer, the median over
+    rounds) where the time went."""
+
+    def __init__(self, results, profiles):
+        self.results, self.profiles = results, profiles
+
+    def prof(self, kind, size="1x4KiB"):
+        return peerprofile.combined(self.profiles.get((kind, size), []))
+
+    def rounds(self, kind, size, unit):
+        figs = self.results.get((kind, size), [])
+        return " / ".join(("%.1f" if unit == "µs" else "%.2f") % f for f in figs) + " " + unit
+
+    def by_round(self, kinds, size, unit):
+        """Each (kind, label)'s figures round by round."""
+        return "by round, %s" % "; ".join("%s %s" % (label, self.rounds(kind, size, unit)) for kind, label in kinds)
+
+    def ratios(self, a, b, size="1x4KiB"):
+        return " / ".join("%.2f" % (x / y) for x, y in zip(self.results.get((a, size), []),
+                                                            self.results.get((b, size), [])) if y)
+
+    def latency(self, pre, nixl=None):
+        text = "digest / off by round %s" % self.ratios(pre + "digest", pre + "off")
+        if nixl:
+            text = "tail / NIXL by round %s; %s" % (self.ratios(pre + "tail", "nixl"), text)
+        off, dig = self.prof(pre + "off"), self.prof(pre + "digest")
+        if "in the library" in off and "in the library" in dig:
+            text += "; in the library off took %.1f µs, digest %.1f (%.1f of it its fence and check)" % (
+                off["in the library"], dig["in the library"], dig.get("checks", 0.0))
+        return text
+
+    def done(self, pre, done, synced, mdone):
+        """Digest plus the receiver's sync against off plus "done": what the
+        goal leaves, and where the difference went."""
+        text = "the goal leaves %.1f µs above off + done; digest + sync took %.1f more" % (0.2 * done, synced - done)
+        ping, sync = self.prof(pre + "off+ping"), self.prof(pre + "digest+sync-read")
+        call = sync.get("receiver's call")
+        if call is not None:
+            text += ": the receiver's sync_transfers call %.1f µs in its process (%.1f in the library)" % (
+                call, sync.get("receiver's sync", 0.0))
+            if "in the library" in sync and "in the library" in ping:
+                text += ", and the sender's transfer %.1f µs more than off's (in the library %.1f more, its " \
+                        "fence and check %.1f)" % (synced - call - done, sync["in the library"] -
+                                                  ping["in the library"], sync.get("checks", 0.0))
+        if pre == "mcguard-socket-" and mdone is not None and done > mdone:
+            text += "; off + done took %.1f µs against Mooncake + done %.1f" % (done, mdone)
+        return text
+
+    def engine_split(self, kind, size):
+        """Mooncake's calls inside the guard, and the guard's own time (a
+        transfer less those calls), means in µs; None where not profiled."""
+        p = self.prof(kind, size)
+        if "engine's calls" not in p:
+            return None
+        return p["engine's calls"], p["a transfer"] - p["engine's calls"]
+
+    def fractions(self, mode, shapes):
+        parts = []
+        for s in shapes:
+            text = "at %s the fraction by round %s" % (s, self.ratios("guarded-mooncake-" + mode, "mooncake", s) or "-")
+            split, alone = self.engine_split("guarded-mooncake-" + mode, s), self.prof("mooncake", s)
+            if split and "a transfer" in alone:
+                text += ": Mooncake's calls inside the guard took %.0f µs a transfer against %.0f for Mooncake " \
+                        "alone, the guard's own time (checks, its path, the wrapper) %.0f" % (
+                            split[0], alone["a transfer"], split[1])
+            parts.append(text)
+        return "; ".join(parts)
+
+    def engine_latency(self, mc):
+        text = "the goal leaves %.1f µs above Mooncake alone (%.1f)" % (0.3 * mc, mc)
+        alone = self.prof("mooncake")
+        for mode in ("tail", "digest"):
+            split = self.engine_split("guarded-mooncake-" + mode, "1x4KiB")
+            if split and "a transfer" in alone:
+                text += "; %s: Mooncake's calls inside the guard %.1f µs a transfer against %.1f for Mooncake " \
+                        "alone, the guard's own time (checks, its path, the wrapper) %.1f" % (
+                            mode, split[0], alone["a transfer"], split[1])
+        return text
 
 
 def at(prefix, modes, shape):
@@ -122,12 +217,17 @@ LAYOUT_NOTES = {
 
 
 def table(rs, layout=None):
-    """The rows as a text table, the count of goals met, and what the
-    layout means for them."""
+    """The rows as a text table, the count of goals met, what the layout
+    means for them, and why each goal not met was missed."""
     lines = texttable.lines([list(COLUMNS)] + [[r[c] for c in COLUMNS] for r in rs])
     met = sum(r["met"] == "yes" for r in rs)
     lines.append("%d of %d goals met (medians of this run); \"rounds met\": in how many rounds that "
                  "round's figures meet it" % (met, len(rs)))
     if layout in LAYOUT_NOTES:
         lines.append("layout %s: %s" % (layout, LAYOUT_NOTES[layout]))
+    whys = [r for r in rs if r.get("why")]
+    if whys:
+        lines.append("")
+        lines.append("Why, for the goals not met (means per transfer from the profiles below):")
+        lines += ["- %s, %s: %s" % (r["path"], r["figure"], r["why"]) for r in whys]
     return "\n".join(lines)

@@ -17,7 +17,7 @@ from . import texttable
 COUNTERS = ("transfers", "transfer_ns", "check_ns", "engine_calls", "engine_call_ns")
 RECEIVER_COUNTERS = ("sync_calls", "sync_ns")
 COLUMNS = ("engine", "shape", "a transfer", "in the library", "engine's calls", "checks", "the rest",
-           "outside the library", "receiver's sync")
+           "outside the library", "receiver's call", "receiver's sync")
 
 
 def reading(sender_stats, receiver_stats):
@@ -75,6 +75,7 @@ def table(profiles, pairs=None):
     lines.append("µs per transfer: means over each round's transfers, the median over rounds. \"In the library\": "
                  "inside mc_guard_transfer; of it the engine's own calls, the fences and checks after the writes, "
                  "and the rest (over an engine the guard's own path; on mcguard's planes the writes too); "
-                 "\"outside the library\": the Python wrapper around it; "
-                 "\"receiver's sync\": per sync call, in the receiving guard")
+                 "\"outside the library\": the Python wrapper around it (for a kind that syncs, the receiver's "
+                 "call too); \"receiver's call\": its sync_transfers as the receiving process timed it, and of "
+                 "that \"receiver's sync\", in the receiving guard")
     return "\n".join(lines)
