@@ -230,17 +230,21 @@ def serve_socket():
     view = memoryview(mem)
     ctl = os.fdopen(0, "r")
 
+    def fill(into):  # all of into, or False at the end of the stream
+        got = 0
+        while got < len(into):  # recv may return less, as when the process is stopped (pause) meanwhile
+            k = conn.recv_into(into[got:])
+            if k == 0:
+                return False
+            got += k
+        return True
+
     def pump():  # each message: 8-byte length, then that many bytes at offset 0; answered with one byte
-        while True:
-            hdr = conn.recv(8, socket.MSG_WAITALL)
-            if len(hdr) < 8:
+        hdr = bytearray(8)
+        while fill(memoryview(hdr)):
+            n = int.from_bytes(hdr, "little")
+            if not fill(view[:n]):
                 return
-            n, got = int.from_bytes(hdr, "little"), 0
-            while got < n:
-                k = conn.recv_into(view[got:n], n - got)
-                if k == 0:
-                    return
-                got += k
             conn.sendall(b"\x01")
     threading.Thread(target=pump, daemon=True).start()
     for line in ctl:
