@@ -104,8 +104,8 @@ func (u *unpolledConn) Close() error {
 	return nil
 }
 
-// SetLinger(0) makes Close reset the connection, as (*net.TCPConn).SetLinger
-// does; other values keep the default close.
+// SetLinger with sec 0 makes Close reset the connection, as
+// (*net.TCPConn).SetLinger does; other values keep the default close.
 func (u *unpolledConn) SetLinger(sec int) error {
 	u.linger.Store(sec == 0)
 	return nil
