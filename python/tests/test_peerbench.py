@@ -153,6 +153,7 @@ def test_goals_say_why_a_goal_was_missed():
     results[("guarded-mooncake-tail", "1x4KiB")] = [80.0, 82.0]
     results[("guarded-mooncake-digest", "1x4KiB")] = [70.0, 70.0]
     results[("nixl", "64x256KiB")] = [4.4, 4.8]  # above tail (4.0) in both rounds
+    results[("guarded-mooncake-digest", "64x256KiB")] = [2.0, 3.0]  # half and three quarters of Mooncake's 4.0
     profiles = {
         ("mcguard-off+ping", "1x4KiB"): [{"a transfer": 10.0, "in the library": 4.0, "checks": 0.1}],
         ("mcguard-digest+sync-read", "1x4KiB"): [
@@ -160,6 +161,8 @@ def test_goals_say_why_a_goal_was_missed():
              "receiver's sync": 3.5}],
         ("mooncake", "1x4KiB"): [{"a transfer": 52.0}, {"a transfer": 54.0}],
         ("guarded-mooncake-tail", "1x4KiB"): [{"a transfer": 82.0, "engine's calls": 72.0}],
+        ("mooncake", "64x256KiB"): [{"a transfer": 900.0}],
+        ("guarded-mooncake-digest", "64x256KiB"): [{"a transfer": 1000.0, "engine's calls": 950.0}],
     }
     rows = {(r["path"], r["figure"]): r for r in peergoals.rows(results, "tcp", profiles)}
     done = rows[("one host", "off + done / digest + the receiver's sync, µs")]
@@ -168,10 +171,14 @@ def test_goals_say_why_a_goal_was_missed():
                            "sync_transfers call 6.0 µs in its process (3.5 in the library), and the sender's "
                            "transfer 4.0 µs more than off's (in the library 2.5 more, its fence and check 1.0)")
     lat = rows[("over Mooncake's engine", "1 x 4 KiB µs: tail / digest")]
-    assert lat["why"].startswith("the goal leaves 15.0 µs above Mooncake alone (50.0); tail: Mooncake's calls "
-                                 "inside the guard 72.0 µs a transfer against 53.0 for Mooncake alone, the guard's "
-                                 "own time (checks, its path, the wrapper) 10.0")
-    assert "digest:" not in lat["why"], "no profile of digest: no sentence about it"
+    assert lat["why"] == ("the goal leaves 15.0 µs above Mooncake alone (50.0); tail: Mooncake's calls inside the "
+                          "guard took 72.0 µs a transfer against 53.0 for Mooncake alone, the guard's own time "
+                          "(checks, its path, the wrapper) 10.0")
+    # no profile of digest: no sentence about it (the assert above)
+    frac = [r for (p, f), r in rows.items() if f.startswith("digest: fraction")][0]
+    assert frac["why"] == ("at 64x256KiB the fraction by round 0.50 / 0.75: Mooncake's calls inside the guard took "
+                           "950 µs a transfer against 900 for Mooncake alone, the guard's own time (checks, its "
+                           "path, the wrapper) 50"), "only the shape that missed"
     tput = rows[("sockets", "64 x 256 KiB GB/s: off / tail")]
     assert tput["why"] == "by round, tail 4.00 / 4.00 GB/s; NIXL 4.40 / 4.80 GB/s"
     assert rows[("sockets", "1 x 4 KiB µs: off / tail / digest")]["why"] == "", "met"
@@ -182,7 +189,7 @@ def test_goals_say_why_a_goal_was_missed():
     bare = {(r["path"], r["figure"]): r for r in peergoals.rows(results, "tcp")}
     assert bare[("one host", "off + done / digest + the receiver's sync, µs")]["why"] == \
         "the goal leaves 2.0 µs above off + done; digest + sync took 10.0 more"
-    assert peergoals.table(list(bare.values())).count("\n- ") == 4, "one line per goal missed"
+    assert peergoals.table(list(bare.values())).count("\n- ") == 5, "one line per goal missed"
 
 
 def test_profile_splits_a_transfers_time():

@@ -159,37 +159,32 @@ class Why:
             text += "; off + done took %.1f µs against Mooncake + done %.1f" % (done, mdone)
         return text
 
-    def engine_split(self, kind, size):
-        """Mooncake's calls inside the guard, and the guard's own time (a
-        transfer less those calls), means in µs; None where not profiled."""
-        p = self.prof(kind, size)
-        if "engine's calls" not in p:
-            return None
-        return p["engine's calls"], p["a transfer"] - p["engine's calls"]
+    def inside(self, kind, size, fmt):
+        """Mooncake's calls inside the guard against Mooncake alone as a
+        whole, and the guard's own time (a transfer less those calls),
+        each in fmt; "" where either is not profiled."""
+        p, alone = self.prof(kind, size), self.prof("mooncake", size)
+        if "engine's calls" not in p or "a transfer" not in alone:
+            return ""
+        return ("Mooncake's calls inside the guard took %s µs a transfer against %s for Mooncake alone, the "
+                "guard's own time (checks, its path, the wrapper) %s" % (fmt, fmt, fmt)) % (
+                    p["engine's calls"], alone["a transfer"], p["a transfer"] - p["engine's calls"])
 
     def fractions(self, mode, shapes):
         parts = []
         for s in shapes:
             text = "at %s the fraction by round %s" % (s, self.ratios("guarded-mooncake-" + mode, "mooncake", s) or "-")
-            split, alone = self.engine_split("guarded-mooncake-" + mode, s), self.prof("mooncake", s)
-            if split and "a transfer" in alone:
-                text += ": Mooncake's calls inside the guard took %.0f µs a transfer against %.0f for Mooncake " \
-                        "alone, the guard's own time (checks, its path, the wrapper) %.0f" % (
-                            split[0], alone["a transfer"], split[1])
-            parts.append(text)
+            inside = self.inside("guarded-mooncake-" + mode, s, "%.0f")
+            parts.append(text + (": " + inside if inside else ""))
         return "; ".join(parts)
 
     def engine_latency(self, mc):
         text = "the goal leaves %.1f µs above Mooncake alone (%.1f)" % (0.3 * mc, mc)
-        alone = self.prof("mooncake")
         for mode in ("tail", "digest"):
-            split = self.engine_split("guarded-mooncake-" + mode, "1x4KiB")
-            if split and "a transfer" in alone:
-                text += "; %s: Mooncake's calls inside the guard %.1f µs a transfer against %.1f for Mooncake " \
-                        "alone, the guard's own time (checks, its path, the wrapper) %.1f" % (
-                            mode, split[0], alone["a transfer"], split[1])
+            inside = self.inside("guarded-mooncake-" + mode, "1x4KiB", "%.1f")
+            if inside:
+                text += "; %s: %s" % (mode, inside)
         return text
-
 
 def at(prefix, modes, shape):
     """The (engine, shape) pairs of prefix+mode for each mode."""
