@@ -169,13 +169,16 @@ func keepFlooding(t *testing.T, endpoint string, sockets int, d time.Duration, e
 				return
 			}
 			syscall.Setpriority(syscall.PRIO_PROCESS, p.Process.Pid, 19)
-			err := p.Wait()
-			if err == nil {
+			note, failure := p.outcome(p.Wait())
+			switch {
+			case failure != nil:
+				done <- fmt.Errorf("after %d restarts: %w", restarts, failure)
+				return
+			case note == "":
 				done <- nil
 				return
-			}
-			if !p.libzmqAsserted() || restarts == maxFloodRestarts {
-				done <- fmt.Errorf("the flood helper (%d restarts): %v: %s", restarts, err, p.said())
+			case restarts == maxFloodRestarts:
+				done <- fmt.Errorf("the flood helper ended %d times: %s", restarts+1, note)
 				return
 			}
 			restarted = append(restarted, fmt.Sprintf("libzmq in the flood helper asserted (%s) with %v of the flood left",

@@ -83,14 +83,19 @@ func (p *pollReader) Read(b []byte) (int, error) {
 	}
 }
 
-// readerOf is c's reader: a pollReader where c exposes its socket and
-// the process has more than one P. With one (GOMAXPROCS 1: a container
-// limited to one CPU), a thread blocked in poll holds the only P until
-// sysmon takes it back, and every other goroutine (this guard's target,
-// its control channel) waits that long: 245 µs per 4 KiB transfer,
-// measured, against 40 µs with the netpoller.
+// callerPolls says whether a sender's connection is read (and waited on)
+// by the calling thread in poll(2): where the process has more than one
+// P. With one (GOMAXPROCS 1: a container limited to one CPU), a thread
+// blocked in poll holds the only P until sysmon takes it back, and every
+// other goroutine (this guard's target, its control channel) waits that
+// long: 245 µs per 4 KiB transfer, measured, against 40 µs with the
+// netpoller.
+func callerPolls() bool { return runtime.GOMAXPROCS(0) >= 2 }
+
+// readerOf is c's reader: a pollReader where c exposes its socket and the
+// caller's thread polls (callerPolls).
 func readerOf(c interface{}, until *time.Time, spin time.Duration, counts *SpinCounts) (io.Reader, error) {
-	if runtime.GOMAXPROCS(0) < 2 {
+	if !callerPolls() {
 		return nil, errors.New("one P: the netpoller serves better")
 	}
 	sc, ok := c.(syscall.Conn)

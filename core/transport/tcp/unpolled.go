@@ -4,7 +4,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"runtime"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -39,11 +38,11 @@ type unpolledConn struct {
 const closedBit = int64(1) << 62
 
 // unpoll takes c out of the netpoller where that serves: a TCP socket,
-// and more than one P (with one, a thread blocked in poll(2) holds the
-// only P: readerOf says why). Otherwise, or if it fails, c is returned.
+// where the caller's thread polls (callerPolls). Otherwise, or if it
+// fails, c is returned.
 func unpoll(c net.Conn) net.Conn {
 	tc, ok := c.(*net.TCPConn)
-	if !ok || runtime.GOMAXPROCS(0) < 2 {
+	if !ok || !callerPolls() {
 		return c
 	}
 	rc, err := tc.SyscallConn()
@@ -160,53 +159,63 @@ func (u *unpolledConn) wait(events int16, dl *atomic.Int64) error {
 	}
 }
 
-// Read reads into b, waiting in poll(2) for bytes.
-func (u *unpolledConn) Read(b []byte) (int, error) {
+// retry holds fd for op and runs it until it neither would block nor
+// was interrupted, waiting in poll(2) for events (until the deadline in
+// dl) between tries; it returns op's last error, or the wait's.
+func (u *unpolledConn) retry(events int16, dl *atomic.Int64, op func(fd int) error) error {
 	if !u.use() {
-		return 0, net.ErrClosed
+		return net.ErrClosed
 	}
 	defer u.done()
 	for {
-		n, err := unix.Read(u.fd, b)
-		switch {
-		case err == unix.EINTR:
-			continue
-		case err == unix.EAGAIN:
-			if err := u.wait(unix.POLLIN, &u.rdl); err != nil {
-				return 0, err
+		switch err := op(u.fd); err {
+		case unix.EINTR:
+		case unix.EAGAIN:
+			if err := u.wait(events, dl); err != nil {
+				return err
 			}
-			continue
-		case err != nil:
-			return 0, os.NewSyscallError("read", err)
-		case n == 0 && len(b) > 0:
-			return 0, io.EOF
+		default:
+			return err
 		}
-		return n, nil
 	}
+}
+
+// syscallErr names the call an errno came from; the connection's own
+// errors (closed, past the deadline) are returned as they are.
+func syscallErr(call string, err error) error {
+	if errno, ok := err.(syscall.Errno); ok {
+		return os.NewSyscallError(call, errno)
+	}
+	return err
+}
+
+// Read reads into b, waiting in poll(2) for bytes.
+func (u *unpolledConn) Read(b []byte) (n int, err error) {
+	err = u.retry(unix.POLLIN, &u.rdl, func(fd int) (err error) {
+		n, err = syscall.Read(fd, b)
+		return err
+	})
+	switch {
+	case err != nil:
+		return 0, syscallErr("read", err)
+	case n == 0 && len(b) > 0:
+		return 0, io.EOF
+	}
+	return n, nil
 }
 
 // Write writes all of b, waiting in poll(2) for room. It writes with
 // syscall.Write, as Go's own sockets do: the race detector takes a write
 // there and a read of the bytes elsewhere (syscall.Read) as ordered.
-func (u *unpolledConn) Write(b []byte) (int, error) {
-	if !u.use() {
-		return 0, net.ErrClosed
-	}
-	defer u.done()
-	var done int
+func (u *unpolledConn) Write(b []byte) (done int, err error) {
 	for done < len(b) {
-		n, err := syscall.Write(u.fd, b[done:])
-		if n > 0 {
-			done += n
-		}
-		switch {
-		case err == unix.EINTR || err == nil:
-		case err == unix.EAGAIN:
-			if err := u.wait(unix.POLLOUT, &u.wdl); err != nil {
-				return done, err
-			}
-		default:
-			return done, os.NewSyscallError("write", err)
+		err = u.retry(unix.POLLOUT, &u.wdl, func(fd int) error {
+			n, err := syscall.Write(fd, b[done:])
+			done += max(n, 0)
+			return err
+		})
+		if err != nil {
+			return done, syscallErr("write", err)
 		}
 	}
 	return done, nil
@@ -215,43 +224,37 @@ func (u *unpolledConn) Write(b []byte) (int, error) {
 // writeBuffers writes every byte of bufs by writev, as net.Buffers'
 // WriteTo does for Go's own sockets (it writes buffer by buffer to any
 // other writer), consuming bufs.
-func (u *unpolledConn) writeBuffers(bufs *net.Buffers) (int64, error) {
-	if !u.use() {
-		return 0, net.ErrClosed
-	}
-	defer u.done()
-	var total int64
+func (u *unpolledConn) writeBuffers(bufs *net.Buffers) (total int64, err error) {
+	defer clear(u.iov[:cap(u.iov)]) // let go of the buffers
 	for len(*bufs) > 0 {
 		u.iov = u.iov[:0]
 		for _, b := range *bufs {
-			if len(b) == 0 {
-				continue
-			}
 			if len(u.iov) == maxIOV {
 				break
 			}
-			u.iov = append(u.iov, unix.Iovec{Base: &b[0], Len: uint64(len(b))})
+			if len(b) > 0 {
+				u.iov = append(u.iov, unix.Iovec{Base: &b[0], Len: uint64(len(b))})
+			}
 		}
 		if len(u.iov) == 0 {
 			*bufs = (*bufs)[:0]
 			break
 		}
-		r, _, e := unix.Syscall(unix.SYS_WRITEV, uintptr(u.fd), uintptr(unsafe.Pointer(&u.iov[0])), uintptr(len(u.iov)))
-		switch {
-		case e == unix.EINTR:
-			continue
-		case e == unix.EAGAIN:
-			if err := u.wait(unix.POLLOUT, &u.wdl); err != nil {
-				return total, err
+		var wrote uintptr
+		err = u.retry(unix.POLLOUT, &u.wdl, func(fd int) error {
+			r, _, e := unix.Syscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&u.iov[0])), uintptr(len(u.iov)))
+			if e != 0 {
+				return e
 			}
-			continue
-		case e != 0:
-			return total, os.NewSyscallError("writev", e)
+			wrote = r
+			return nil
+		})
+		if err != nil {
+			return total, syscallErr("writev", err)
 		}
-		total += int64(r)
-		consume(bufs, int64(r))
+		total += int64(wrote)
+		consume(bufs, int64(wrote))
 	}
-	clear(u.iov[:cap(u.iov)]) // let go of the buffers
 	return total, nil
 }
 
@@ -304,14 +307,10 @@ func (r unpolledRaw) Write(f func(fd uintptr) bool) error {
 
 // loop calls f until it says it is done, waiting for events between calls.
 func (r unpolledRaw) loop(f func(fd uintptr) bool, events int16, deadline *atomic.Int64) error {
-	if !r.u.use() {
-		return net.ErrClosed
-	}
-	defer r.u.done()
-	for !f(uintptr(r.u.fd)) {
-		if err := r.u.wait(events, deadline); err != nil {
-			return err
+	return r.u.retry(events, deadline, func(fd int) error {
+		if f(uintptr(fd)) {
+			return nil
 		}
-	}
-	return nil
+		return unix.EAGAIN
+	})
 }

@@ -133,7 +133,9 @@ func TestUnpolledConnCloseEndsWaitingReadsAndWrites(t *testing.T) {
 		_, err := u.Write(make([]byte, 64<<20)) // the peer reads nothing: it waits for room
 		writeErr <- err
 	}()
-	time.Sleep(20 * time.Millisecond) // both are waiting in poll(2) by now, or soon will be
+	// Both hold the descriptor before Close: each is waiting in poll(2)
+	// or about to (a wait looks at Close first), never refused at entry.
+	require.Eventually(t, func() bool { return u.state.Load() == 2 }, 10*time.Second, time.Millisecond)
 	require.NoError(t, u.Close())
 	require.NoError(t, u.Close(), "a second Close is harmless")
 	for name, ch := range map[string]chan error{"read": readErr, "write": writeErr} {

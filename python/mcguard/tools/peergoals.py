@@ -58,9 +58,6 @@ def judged(results, nixl_tls, pick, profiles=None):
     def need(*vals):
         return None if any(v is None for v in vals) else True
 
-    def fmt(*vals, unit="µs"):
-        return " / ".join("-" if v is None else ("%.1f" % v if unit == "µs" else "%.2f" % v) for v in vals)
-
     for path, pre in (("sockets", "mcguard-socket-"), ("one host", "mcguard-")):
         off, tail, dig = (med(pre + m, "1x4KiB") for m in ("off", "tail", "digest"))
         mc, nx = med("mooncake", "1x4KiB"), med("nixl", "1x4KiB")
@@ -73,7 +70,7 @@ def judged(results, nixl_tls, pick, profiles=None):
             row(path, "1 x 4 KiB µs: off / tail / digest", fmt(off, tail, dig), "%s %s" % (nixl, fmt(nx)),
                 "tail <= 1.1 x NIXL; digest <= 1.5 x off",
                 need(off, tail, dig, nx) and tail <= 1.1 * nx and dig <= 1.5 * off,
-                at(pre, ("off", "tail", "digest"), "1x4KiB"), lambda pre=pre: why.latency(pre, "nixl"))
+                at(pre, ("off", "tail", "digest"), "1x4KiB"), lambda pre=pre: why.latency(pre, against_nixl=True))
         done, synced = med(pre + "off+ping", "1x4KiB"), med(pre + "digest+sync-read", "1x4KiB")
         mdone = med("mooncake+ping", "1x4KiB")
         goal = "digest + sync <= 1.2 x (off + done)"
@@ -121,8 +118,7 @@ class Why:
         return peerprofile.combined(self.profiles.get((kind, size), []))
 
     def rounds(self, kind, size, unit):
-        figs = self.results.get((kind, size), [])
-        return " / ".join(("%.1f" if unit == "µs" else "%.2f") % f for f in figs) + " " + unit
+        return fmt(*self.results.get((kind, size), []), unit=unit) + " " + unit
 
     def by_round(self, kinds, size, unit):
         """Each (kind, label)'s figures round by round."""
@@ -132,9 +128,9 @@ class Why:
         return " / ".join("%.2f" % (x / y) for x, y in zip(self.results.get((a, size), []),
                                                             self.results.get((b, size), [])) if y)
 
-    def latency(self, pre, nixl=None):
+    def latency(self, pre, against_nixl=False):
         text = "digest / off by round %s" % self.ratios(pre + "digest", pre + "off")
-        if nixl:
+        if against_nixl:
             text = "tail / NIXL by round %s; %s" % (self.ratios(pre + "tail", "nixl"), text)
         off, dig = self.prof(pre + "off"), self.prof(pre + "digest")
         if "in the library" in off and "in the library" in dig:
@@ -185,6 +181,12 @@ class Why:
             if inside:
                 text += "; %s: %s" % (mode, inside)
         return text
+
+def fmt(*vals, unit="µs"):
+    """Figures as the goals table writes them: µs to 0.1, the rest (GB/s,
+    fractions) to 0.01; "-" for one not measured."""
+    return " / ".join("-" if v is None else ("%.1f" % v if unit == "µs" else "%.2f" % v) for v in vals)
+
 
 def at(prefix, modes, shape):
     """The (engine, shape) pairs of prefix+mode for each mode."""
