@@ -25,8 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from pd import BLOCK_SIZE, HEADS, HEAD_SIZE, LAYERS, NUM_BLOCKS, SECRET, block_bytes, decode_blocks, model_dir, \
-    seed_of  # noqa: E402
+from pd import BLOCK_SIZE, SECRET, KVCaches, decode_blocks, model_dir  # noqa: E402
 from pd_common import PYTHON_DIR, finished_sending, free_port, plugin_metadata, run_pair, take_env  # noqa: E402
 
 # Each case: the settings in both processes, and which request's blocks the
@@ -44,7 +43,7 @@ CASES = {
 }
 
 
-class Side:
+class Side(KVCaches):
     """One vLLM process's NixlConnector, its scheduler and worker halves
     built as vLLM builds them, over a KV cache of real tensors."""
 
@@ -53,61 +52,27 @@ class Side:
         torch.accelerator.current_device_index = lambda: 0  # PyPI's torch is a CUDA build (see pd.py)
         from vllm.plugins import load_general_plugins
         load_general_plugins()
-        from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig, set_current_vllm_config
-        from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+        from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.distributed.kv_transfer.kv_connector.v1 import nixl
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
-        self.torch, self.nixl = torch, nixl
+        self.nixl = nixl
         model_config = ModelConfig(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=2048)
         kv = KVTransferConfig(kv_connector="NixlConnector", kv_role=role, engine_id=engine_id,
                               kv_buffer_device="cpu", kv_connector_extra_config={"backends": ["UCX"]})
-        self.config = VllmConfig(model_config=model_config, cache_config=CacheConfig(block_size=BLOCK_SIZE),
-                                 kv_transfer_config=kv)
+        config = VllmConfig(model_config=model_config, cache_config=CacheConfig(block_size=BLOCK_SIZE),
+                            kv_transfer_config=kv)
         # What vLLM's engine core resolves before the workers start: the
         # layout the CPU backend and the connector share.
-        self.config.cache_config.kv_cache_layout = "LBHNC"
-        spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=HEADS, head_size=HEAD_SIZE, dtype=torch.float32)
-        page = spec.page_size_bytes
-        kv_cache_config = KVCacheConfig(
-            num_blocks=NUM_BLOCKS,
-            kv_cache_tensors=[KVCacheTensor(size=page * NUM_BLOCKS, layers=[name], layer_stride=page * NUM_BLOCKS,
-                                            block_stride=page) for name in LAYERS],
-            kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)])
-        self.shape = (2, BLOCK_SIZE, HEADS, HEAD_SIZE)
-        self._ctx = set_current_vllm_config(self.config)
-        self._ctx.__enter__()
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method="tcp://127.0.0.1:%d" % dist_port)
-        ensure_model_parallel_initialized(1, 1)
+        config.cache_config.kv_cache_layout = "LBHNC"
+        kv_cache_config = self.enter_worker(torch, config, dist_port)
         self.scheduler = nixl.NixlConnector(self.config, KVConnectorRole.SCHEDULER, kv_cache_config)
         self.connector = nixl.NixlConnector(self.config, KVConnectorRole.WORKER, kv_cache_config)
         self.worker = self.connector.connector_worker
-        self.caches = {name: torch.zeros((NUM_BLOCKS,) + self.shape, dtype=torch.float32) for name in LAYERS}
-        self.connector.register_kv_caches(self.caches)
+        self.register_caches()
         if role == "kv_producer":
             # What vLLM's engine does once the workers registered: the
             # scheduler serves their agent metadata on the side channel.
             self.scheduler.set_xfer_handshake_metadata_pp_aware({(0, 0): self.connector.get_handshake_metadata()})
-
-    def fill(self, request, blocks):
-        for li, name in enumerate(LAYERS):
-            for i, b in enumerate(blocks):
-                self.caches[name][b].copy_(block_bytes(self.torch, seed_of(request, li, i), self.shape))
-
-    def digest(self, b):
-        import hashlib
-        h = hashlib.sha256()
-        for name in LAYERS:
-            h.update(self.caches[name][b].numpy().tobytes())
-        return h.hexdigest()
-
-    def expected(self, request, i):
-        import hashlib
-        h = hashlib.sha256()
-        for li in range(len(LAYERS)):
-            h.update(block_bytes(self.torch, seed_of(request, li, i), self.shape).numpy().tobytes())
-        return h.hexdigest()
 
     def step(self):
         """One engine step: the scheduler's connector metadata, then the

@@ -99,30 +99,19 @@ def model_dir():
     return d
 
 
-class Side:
-    """One vLLM worker process's connector, built as vLLM's model runner
-    builds it, over a KV cache of real tensors."""
+class KVCaches:
+    """What both connectors' test processes share: vLLM's configuration
+    entered as its worker enters it, the KV cache config and its block-major
+    tensors (block b of a layer is caches[layer][b]), and their contents."""
 
-    def __init__(self, role, engine_id, dist_port, model):
-        import torch
-        # The one stand-in: PyPI's torch is a CUDA build, and the worker
-        # asks it for the current device, which needs a CUDA driver.
-        torch.accelerator.current_device_index = lambda: 0
-        # What vLLM's worker process does first: its general plugins,
-        # mcguard's among them (MC_GUARD_VLLM=1 switches it on).
-        from vllm.plugins import load_general_plugins
-        load_general_plugins()
-        from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    def enter_worker(self, torch, config, dist_port):
+        """Enters config as vLLM's worker does and returns the KVCacheConfig
+        of NUM_BLOCKS blocks per layer; sets self.torch, self.config and
+        self.shape."""
+        from vllm.config import set_current_vllm_config
         from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
-        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector as mc
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
-        self.torch, self.mc = torch, mc
-        model_config = ModelConfig(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=2048)
-        kv = KVTransferConfig(kv_connector="MooncakeConnector", kv_role=role, engine_id=engine_id,
-                              kv_connector_extra_config={"mooncake_protocol": "tcp"})
-        self.config = VllmConfig(model_config=model_config, cache_config=CacheConfig(block_size=BLOCK_SIZE),
-                                 kv_transfer_config=kv)
+        self.torch, self.config = torch, config
         spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=HEADS, head_size=HEAD_SIZE, dtype=torch.float32)
         page = spec.page_size_bytes
         kv_cache_config = KVCacheConfig(
@@ -131,15 +120,16 @@ class Side:
                                             block_stride=page) for name in LAYERS],
             kv_cache_groups=[KVCacheGroupSpec(list(LAYERS), spec)])
         self.shape = (2, BLOCK_SIZE, HEADS, HEAD_SIZE)
-        self._ctx = set_current_vllm_config(self.config)
+        self._ctx = set_current_vllm_config(config)
         self._ctx.__enter__()
         init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                      distributed_init_method="tcp://127.0.0.1:%d" % dist_port)
         ensure_model_parallel_initialized(1, 1)
-        self.connector = mc.MooncakeConnector(self.config, KVConnectorRole.WORKER, kv_cache_config)
-        self.worker = self.connector.connector_worker
-        # Block-major tensors: block b of a layer is caches[layer][b].
-        self.caches = {name: torch.zeros((NUM_BLOCKS,) + self.shape, dtype=torch.float32) for name in LAYERS}
+        return kv_cache_config
+
+    def register_caches(self):
+        self.caches = {name: self.torch.zeros((NUM_BLOCKS,) + self.shape, dtype=self.torch.float32)
+                       for name in LAYERS}
         self.connector.register_kv_caches(self.caches)
 
     def fill(self, request, blocks):
@@ -158,6 +148,34 @@ class Side:
         for li in range(len(LAYERS)):
             h.update(block_bytes(self.torch, seed_of(request, li, i), self.shape).numpy().tobytes())
         return h.hexdigest()
+
+
+class Side(KVCaches):
+    """One vLLM worker process's connector, built as vLLM's model runner
+    builds it, over a KV cache of real tensors."""
+
+    def __init__(self, role, engine_id, dist_port, model):
+        import torch
+        # The one stand-in: PyPI's torch is a CUDA build, and the worker
+        # asks it for the current device, which needs a CUDA driver.
+        torch.accelerator.current_device_index = lambda: 0
+        # What vLLM's worker process does first: its general plugins,
+        # mcguard's among them (MC_GUARD_VLLM=1 switches it on).
+        from vllm.plugins import load_general_plugins
+        load_general_plugins()
+        from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector as mc
+        self.mc = mc
+        model_config = ModelConfig(model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=2048)
+        kv = KVTransferConfig(kv_connector="MooncakeConnector", kv_role=role, engine_id=engine_id,
+                              kv_connector_extra_config={"mooncake_protocol": "tcp"})
+        config = VllmConfig(model_config=model_config, cache_config=CacheConfig(block_size=BLOCK_SIZE),
+                            kv_transfer_config=kv)
+        kv_cache_config = self.enter_worker(torch, config, dist_port)
+        self.connector = mc.MooncakeConnector(self.config, KVConnectorRole.WORKER, kv_cache_config)
+        self.worker = self.connector.connector_worker
+        self.register_caches()
 
     def start(self, meta):
         self.connector.bind_connector_metadata(meta)
