@@ -147,10 +147,13 @@ class Why:
         if call is not None:
             text += ": the receiver's sync_transfers call %.1f µs in its process (%.1f in the library)" % (
                 call, sync.get("receiver's sync", 0.0))
-            if "in the library" in sync and "in the library" in ping:
+            if all(k in p for p in (sync, ping) for k in ("a transfer", "in the library")):
+                # From the profiles alone, as the header says: the means of
+                # the same transfers, not the figures' medians less a mean.
                 text += ", and the sender's transfer %.1f µs more than off's (in the library %.1f more, its " \
-                        "fence and check %.1f)" % (synced - call - done, sync["in the library"] -
-                                                  ping["in the library"], sync.get("checks", 0.0))
+                        "fence and check %.1f)" % (sync["a transfer"] - call - ping["a transfer"],
+                                                  sync["in the library"] - ping["in the library"],
+                                                  sync.get("checks", 0.0))
         if pre == "mcguard-socket-" and mdone is not None and done > mdone:
             text += "; off + done took %.1f µs against Mooncake + done %.1f" % (done, mdone)
         return text
@@ -181,6 +184,7 @@ class Why:
             if inside:
                 text += "; %s: %s" % (mode, inside)
         return text
+
 
 def fmt(*vals, unit="µs"):
     """Figures as the goals table writes them: µs to 0.1, the rest (GB/s,
