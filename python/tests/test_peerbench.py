@@ -191,6 +191,15 @@ def test_goals_say_why_a_goal_was_missed():
     assert bare[("one host", "off + done / digest + the receiver's sync, µs")]["why"] == \
         "the goal leaves 2.0 µs above off + done; digest + sync took 10.0 more"
     assert peergoals.table(list(bare.values())).count("\n- ") == 5, "one line per goal missed"
+    # Sockets: digest + sync within 1.2 x, but off + done above Mooncake + done.
+    results[("mcguard-socket-off+ping", "1x4KiB")] = [85.0, 85.0]
+    results[("mcguard-socket-digest+sync-read", "1x4KiB")] = [92.0, 92.0]
+    results[("mooncake+ping", "1x4KiB")] = [80.0, 80.0]
+    sock = {(r["path"], r["figure"]): r for r in peergoals.rows(results, "tcp")}[
+        ("sockets", "off + done / digest + the receiver's sync, µs")]
+    assert sock["met"] == "NO"
+    assert sock["why"] == ("the goal leaves 17.0 µs above off + done; digest + sync took 7.0 more (within it); "
+                           "off + done took 85.0 µs against Mooncake + done 80.0")
 
 
 def test_profile_splits_a_transfers_time():

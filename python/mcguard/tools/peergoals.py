@@ -141,7 +141,8 @@ class Why:
     def done(self, pre, done, synced, mdone):
         """Digest plus the receiver's sync against off plus "done": what the
         goal leaves, and where the difference went."""
-        text = "the goal leaves %.1f µs above off + done; digest + sync took %.1f more" % (0.2 * done, synced - done)
+        text = "the goal leaves %.1f µs above off + done; digest + sync took %.1f more%s" % (
+            0.2 * done, synced - done, " (within it)" if synced <= 1.2 * done else "")
         ping, sync = self.prof(pre + "off+ping"), self.prof(pre + "digest+sync-read")
         call = sync.get("receiver's call")
         if call is not None:
